@@ -1,0 +1,162 @@
+"""Every constant of the world as frozen configuration; defaults are the paper's values.
+
+Configs load from YAML or JSON (``load_config``), and ``to_dict`` writes them into results files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class FailureModel:
+    """SPEC 2: p = base * uncalled**N_u * failed**N_f * history**N_h."""
+
+    base_success: float = 0.8
+    uncalled_dependency_factor: float = 0.5
+    failed_dependency_factor: float = 0.7
+    failure_history_factor: float = 0.9
+
+
+@dataclass(frozen=True)
+class TrainingDynamics:
+    """Paper D.4: the optional training profile (base rate set by the running success rate)."""
+
+    base_by_success_rate: tuple[tuple[float, float], ...] = ((0.1, 0.95), (0.3, 0.90), (1.01, 0.85))
+    dependency_factor: float = 0.8
+    retry_factor: float = 0.95
+    semantic_factor_range: tuple[float, float] = (1.0, 1.3)
+
+    def base_success(self, success_rate: float) -> float:
+        for upper, base in self.base_by_success_rate:
+            if success_rate < upper:
+                return base
+        return self.base_by_success_rate[-1][1]
+
+
+@dataclass(frozen=True)
+class EpisodeRules:
+    """SPEC 2b: one rule set for every front end."""
+
+    turn_limit: int = 10
+    max_consecutive_failures: int = 5
+    max_same_tool_failures: int = 3
+    strict_dependencies: bool = False
+    profile: str = "test"  # "test" (SPEC 2 formula) or "training" (paper D.4)
+
+    def __post_init__(self) -> None:
+        if self.turn_limit < 1:
+            raise ValueError(f"turn_limit must be >= 1, got {self.turn_limit}")
+        if self.profile not in ("test", "training"):
+            raise ValueError(f"profile must be 'test' or 'training', got {self.profile!r}")
+        if self.max_consecutive_failures < 1 or self.max_same_tool_failures < 1:
+            raise ValueError("failure limits must be >= 1")
+
+
+@dataclass(frozen=True)
+class EvaluatorConfig:
+    """SPEC 4: thresholds of the success levels."""
+
+    min_coverage: dict[str, float] = field(
+        default_factory=lambda: {
+            "basic_file_processing": 0.5,
+            "simple_data_transformation": 0.5,
+            "complex_validation_pipeline": 0.6,
+            "complex_network_integration": 0.6,
+            "advanced_computation_pipeline": 0.6,
+        }
+    )
+    partial_conditions_needed: int = 2
+    completion_phrases: tuple[str, ...] = (
+        "task completed",
+        "task complete",
+        "task is complete",
+        "finished executing",
+        "all steps completed",
+        "workflow completed",
+    )
+
+
+@dataclass(frozen=True)
+class ShapedReward:
+    """Paper D.3: weights of the two-phase (coverage, sequence) shaped reward."""
+
+    adapt_threshold: float = 0.3
+    attempt: float = 3.0
+    novel: float = 30.0
+    required_success: float = 50.0
+    progress: float = 100.0
+    milestone: float = 40.0
+    order_correct: float = 15.0
+    order_misplaced: float = -5.0
+    step_efficiency: float = 10.0
+    error_free: float = 10.0
+    error_penalty_by_success_rate: tuple[tuple[float, float], ...] = ((0.1, 0.0), (0.3, -2.0), (1.01, -5.0))
+    repetition_coverage: float = 1.0
+    repetition_sequence: float = 5.0
+    terminal_coverage: tuple[float, float] = (150.0, 50.0)
+    terminal_sequence: tuple[float, float] = (100.0, 50.0)
+    terminal_failure: float = 50.0
+    success_rate_window: int = 100
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    """The whole world: failure model, episode rules, evaluator, rewards."""
+
+    failure: FailureModel = field(default_factory=FailureModel)
+    training: TrainingDynamics = field(default_factory=TrainingDynamics)
+    rules: EpisodeRules = field(default_factory=EpisodeRules)
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+    reward: ShapedReward = field(default_factory=ShapedReward)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **sections: Any) -> WorldConfig:
+        """A copy with whole sections or single fields replaced, e.g. ``rules={"turn_limit": 12}``."""
+        updates = {}
+        for name, value in sections.items():
+            current = getattr(self, name)
+            updates[name] = _from_dict(type(current), value, base=current) if isinstance(value, dict) else value
+        return dataclasses.replace(self, **updates)
+
+
+def _from_dict(cls: type[T], data: dict[str, Any], base: T | None = None) -> T:
+    """Build a config dataclass from a dict, naming unknown keys and recursing into sections."""
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; accepted: {sorted(known)}")
+    base = base if base is not None else cls()
+    kwargs = {}
+    for key, value in data.items():
+        current = getattr(base, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            kwargs[key] = _from_dict(type(current), value, base=current)
+        elif isinstance(current, tuple) and isinstance(value, list):
+            kwargs[key] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        else:
+            kwargs[key] = value
+    return dataclasses.replace(base, **kwargs)
+
+
+def load_config(path: str | Path | None = None) -> WorldConfig:
+    """Load a WorldConfig from YAML or JSON; missing fields keep their defaults."""
+    if path is None:
+        return WorldConfig()
+    text = Path(path).read_text()
+    if str(path).endswith((".yaml", ".yml")):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    else:
+        data = json.loads(text)
+    return _from_dict(WorldConfig, data)

@@ -1,0 +1,73 @@
+"""The planner observation (SPEC 6): layout, the 20-dim task features, and encoding of an Episode.
+
+Layout of the flat float32 vector (N = 30 tools):
+    [0, 4N)        tool status one-hot, tool-major: NOT_ATTEMPTED, SUCCESS, FAILED, DEPENDENCY_FAILED
+    [4N, 5N)       required-tool mask
+    [5N, 6N)       next-required tool one-hot (all zero once every required tool has succeeded)
+    6N             progress (share of required tools that succeeded)
+    6N + 1         step fraction (turns used / turn limit)
+    6N + 2         failed calls so far N_h / turn limit
+    6N + 3         consecutive failures / their limit
+    [6N + 4, +20)  task features (``task_features``)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from resilibench.envs.registry import CATEGORIES, ToolRegistry
+from resilibench.envs.tasks import COMPLEXITIES, TASK_TYPE_NAMES, Task
+
+N_STATUS = 4
+N_TASK_FEATURES = 20
+
+
+class ObservationLayout:
+    """Offsets of each block for a registry of ``n_tools`` tools."""
+
+    def __init__(self, n_tools: int):
+        self.n_tools = n_tools
+        self.status = 0
+        self.required = N_STATUS * n_tools
+        self.next_required = self.required + n_tools
+        self.progress = self.next_required + n_tools
+        self.step = self.progress + 1
+        self.failures = self.step + 1
+        self.consecutive = self.failures + 1
+        self.task = self.consecutive + 1
+        self.size = self.task + N_TASK_FEATURES
+
+
+def task_features(task: Task, registry: ToolRegistry) -> np.ndarray:
+    """20 normalised features: type (5), complexity (3), size, category mix (6), dependency and limits (5)."""
+    required = task.required_ids(registry)
+    f = np.zeros(N_TASK_FEATURES, dtype=np.float32)
+    f[TASK_TYPE_NAMES.index(task.task_type)] = 1.0
+    f[5 + COMPLEXITIES.index(task.complexity)] = 1.0
+    n = max(len(required), 1)
+    f[8] = len(required) / 6.0
+    categories = list(CATEGORIES)
+    for t in required:
+        f[9 + categories.index(registry.tools[t].category)] += 1.0 / n
+    f[15] = sum(1 for t in required if registry.dependency_ids[t]) / n
+    f[16] = float(any(t in registry.output_ids for t in required))
+    f[17] = task.max_retries / 5.0
+    f[18] = float(task.constraints.get("timeout", 300)) / 600.0
+    ancestors = set().union(*(registry.ancestors(t) for t in required)) if required else set()
+    f[19] = len(ancestors - set(required)) / 5.0
+    return f
+
+
+def initial_observation(task: Task, registry: ToolRegistry, layout: ObservationLayout) -> np.ndarray:
+    """Observation at the start of an episode of ``task``."""
+    obs = np.zeros(layout.size, dtype=np.float32)
+    obs[layout.status : layout.required : N_STATUS] = 1.0  # every tool NOT_ATTEMPTED
+    required = task.required_ids(registry)
+    for t in required:
+        obs[layout.required + t] = 1.0
+    if required:
+        obs[layout.next_required + required[0]] = 1.0
+    else:
+        obs[layout.progress] = 1.0
+    obs[layout.task :] = task_features(task, registry)
+    return obs

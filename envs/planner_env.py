@@ -1,0 +1,270 @@
+"""``ResiliBench-v0``: the planner MDP over the 30 simulated tools."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from resilibench.envs.config import WorldConfig
+from resilibench.envs.observation import N_STATUS, ObservationLayout, initial_observation
+from resilibench.envs.registry import ToolRegistry, default_registry
+from resilibench.envs.rewards import REWARD_MODES, ShapedRewarder
+from resilibench.envs.simulator import SUCCESS, Episode, episode_seed
+from resilibench.envs.tasks import SPLITS, Task, get_task, load_tasks
+
+
+def make_world_config(
+    config: WorldConfig | None,
+    turn_limit: int | None,
+    strict_dependencies: bool | None,
+    profile: str | None,
+) -> WorldConfig:
+    """Apply the env's convenience keyword arguments on top of a WorldConfig."""
+    config = config or WorldConfig()
+    overrides = {
+        k: v
+        for k, v in {"turn_limit": turn_limit, "strict_dependencies": strict_dependencies, "profile": profile}.items()
+        if v is not None
+    }
+    return config.replace(rules=overrides) if overrides else config
+
+
+def select_tasks(tasks: Sequence[Task] | None, split: str | None, task_types) -> list[Task]:
+    """The env's task pool: given tasks, or the shipped library filtered by split and task types."""
+    if tasks is not None:
+        pool = list(tasks)
+    else:
+        pool = load_tasks(split=split, task_types=task_types)
+    if not pool:
+        raise ValueError(f"no tasks for split={split!r}, task_types={task_types!r}")
+    return pool
+
+
+class ResiliBenchEnv(gym.Env):
+    """
+    ## Description
+
+    A planner chooses which of 30 simulated tools to call, one per turn, to complete a task from the
+    ResiliBench library (5,040 generated tasks, five types). Tools fail the way APIs fail: a call succeeds
+    with probability ``0.8 * 0.5**N_u * 0.7**N_f * 0.9**N_h`` (dependencies never called, dependencies
+    called but never successful, failed calls so far); a failure carries an error code drawn from the
+    tool's list (TIMEOUT, INVALID_INPUT, ...). The episode is graded by the shared evaluator as
+    ``full_success``, ``partial_success`` or ``failure``.
+
+    ## Action Space
+
+    ``Discrete(31)``: action ``i < 30`` calls tool ``i`` (order of ``resilibench.envs.registry``), action
+    ``30`` is FINISH (the completion signal; it costs no turn). ``info["action_mask"]`` (int8) marks legal
+    actions: a tool is legal while it has not succeeded, is under its call cap (1 + the task's
+    ``max_retries``) and a turn is left; FINISH is always legal. A masked tool action is still executed
+    under the shared episode rules (a succeeded tool returns its earlier result and costs the turn, a
+    capped tool returns ``RETRY_LIMIT_EXCEEDED``); a tool action after the last turn ends the episode
+    without completion (truncated). Actions outside ``[0, 31)`` raise ``ValueError``.
+
+    ## Observation Space
+
+    ``Box(0, 1, (204,), float32)``: per-tool status one-hot (NOT_ATTEMPTED, SUCCESS, FAILED,
+    DEPENDENCY_FAILED), required-tool mask, next-required one-hot, progress, step fraction, failed calls
+    N_h / turn limit, consecutive failures / limit, and 20 task features. See
+    ``resilibench.envs.observation`` for the exact layout.
+
+    ## Rewards
+
+    ``reward="sparse"``: 1 when the episode ends in full success, else 0. ``reward="shaped"``: the paper's
+    two-phase reward (D.3): coverage phase (attempt, novelty, required-tool success, progress and milestone
+    increments) while the running success rate is below 0.3, then the sequence phase (order bonus or
+    misplacement penalty, progress, efficiency), with error and repetition penalties and a terminal bonus.
+    Weights live in ``resilibench.envs.config.ShapedReward``.
+
+    ## Starting State
+
+    A task sampled uniformly from the pool (split and task types chosen at make), or the task named by
+    ``reset(options={"task_id": ...})``; every tool NOT_ATTEMPTED.
+
+    ## Episode End
+
+    Terminated on FINISH, after ``max_consecutive_failures`` (5) consecutive failed calls, or when the same
+    tool fails ``max_same_tool_failures`` (3) times in a row (both grade as failure). Truncated when a tool
+    action is chosen after the turn limit (10 calls). ``info["level"]`` and ``info["evaluation"]`` are set
+    at the end; ``info["trace"]`` always holds the calls so far (tool, success, error_code, ...).
+
+    ## Arguments
+
+    ```python
+    import gymnasium as gym
+    import resilibench
+
+    env = gym.make("ResiliBench-v0", split="test", task_types=["complex_network_integration"],
+                   reward="shaped", strict_dependencies=False, turn_limit=10)
+    obs, info = env.reset(seed=0, options={"task_id": "task_1a2b3c4d"})
+    ```
+
+    * ``split``: "train" (default), "validation", "test" or None for all tasks.
+    * ``task_types``: a task type name or list of them (default: all five).
+    * ``tasks``: an explicit list of ``Task`` objects instead of the shipped library.
+    * ``reward``: "sparse" (default) or "shaped"; ``reward_phase``: "adaptive", "coverage", "sequence".
+    * ``config``: a ``WorldConfig``; ``turn_limit``, ``strict_dependencies`` and ``profile``
+      ("test" or "training") override its rules.
+
+    ## Version History
+
+    * v0: initial release (rules of SPEC 2/2b; any change to them bumps the version).
+    """
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+
+    def __init__(
+        self,
+        split: str | None = "train",
+        task_types: Sequence[str] | str | None = None,
+        tasks: Sequence[Task] | None = None,
+        reward: str = "sparse",
+        reward_phase: str = "adaptive",
+        config: WorldConfig | None = None,
+        turn_limit: int | None = None,
+        strict_dependencies: bool | None = None,
+        profile: str | None = None,
+        registry: ToolRegistry | None = None,
+        render_mode: str | None = None,
+    ):
+        if reward not in REWARD_MODES:
+            raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
+        if split is not None and split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.config = make_world_config(config, turn_limit, strict_dependencies, profile)
+        self.registry = registry or default_registry()
+        self.tasks = select_tasks(tasks, split, task_types)
+        self.reward_mode = reward
+        self.rewarder = ShapedRewarder(self.config.reward, reward_phase)
+        self.render_mode = render_mode
+        self.n_tools = len(self.registry)
+        self.finish_action = self.n_tools
+        self.layout = ObservationLayout(self.n_tools)
+        self.action_space = spaces.Discrete(self.n_tools + 1)
+        self.observation_space = spaces.Box(0.0, 1.0, (self.layout.size,), np.float32)
+        self.episode: Episode | None = None
+        self._obs = np.zeros(self.layout.size, dtype=np.float32)
+        self._required_left: list[int] = []
+
+    # --- Gymnasium API -------------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        task_id = options.pop("task_id", None)
+        if options:
+            raise ValueError(f"unknown reset option(s) {sorted(options)}; accepted: ['task_id']")
+        if task_id is not None:
+            task = self._task_by_id(task_id)
+        else:
+            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        self.episode = Episode.start(task, episode_seed(self.np_random), self.config, self.registry,
+                                     success_rate=self.rewarder.success_rate)
+        self._obs = initial_observation(task, self.registry, self.layout)
+        return self._obs.copy(), self._info()
+
+    def step(self, action):
+        episode = self.episode
+        if episode is None:
+            raise RuntimeError("call reset() before step()")
+        if episode.done:
+            raise RuntimeError("episode has ended; call reset()")
+        try:
+            action = int(action)
+        except (TypeError, ValueError):
+            raise ValueError(f"action must be an integer in [0, {self.n_tools}], got {action!r}") from None
+        if not 0 <= action <= self.n_tools:
+            raise ValueError(f"action must be in [0, {self.n_tools}] (FINISH = {self.n_tools}), got {action}")
+        reward, truncated = 0.0, False
+        if action == self.finish_action:
+            episode.finish()
+        elif episode.turns_left == 0:
+            episode.end_out_of_turns()
+            truncated = True
+        else:
+            progress, prefix = episode.progress, episode.next_required
+            record = episode.call(action)
+            self._update_observation(action)
+            if self.reward_mode == "shaped":
+                reward += self.rewarder.step_reward(episode, record, progress, prefix)
+        evaluation = episode.evaluation
+        if evaluation is not None:
+            if self.reward_mode == "shaped":
+                reward += self.rewarder.terminal_reward(episode, evaluation)
+            else:
+                self.rewarder.recent.append(evaluation.level == "full_success")
+                reward = 1.0 if evaluation.level == "full_success" else 0.0
+        if self.render_mode == "human":
+            print(self.render_text())
+        return self._obs.copy(), float(reward), evaluation is not None and not truncated, truncated, self._info()
+
+    def render(self):
+        if self.render_mode == "ansi":
+            return self.render_text()
+        if self.render_mode == "human":
+            print(self.render_text())
+        return None
+
+    # --- helpers -------------------------------------------------------------------------------------
+
+    def render_text(self) -> str:
+        """A readable summary of the episode so far."""
+        ep = self.episode
+        if ep is None:
+            return "(not reset)"
+        lines = [f"task {ep.task.instance_id} ({ep.task.task_type}); required: {', '.join(ep.task.required_tools)}"]
+        for r in ep.trace:
+            outcome = "ok" if r.success else r.error_code
+            lines.append(f"  turn {r.turn}: {r.tool} -> {outcome}")
+        if ep.evaluation is not None:
+            lines.append(f"  end: {ep.end_reason}, level {ep.evaluation.level}")
+        return "\n".join(lines)
+
+    def _task_by_id(self, task_id: str) -> Task:
+        for task in self.tasks:
+            if task.instance_id == task_id:
+                return task
+        return get_task(task_id)
+
+    def _update_observation(self, tool: int) -> None:
+        ep, obs, lay = self.episode, self._obs, self.layout
+        status = ep.status[tool]
+        block = lay.status + N_STATUS * tool
+        obs[block : block + N_STATUS] = 0.0
+        obs[block + status] = 1.0
+        if status == SUCCESS and tool in ep.required_position:
+            obs[lay.next_required : lay.progress] = 0.0
+            if ep.next_required < len(ep.required):
+                obs[lay.next_required + ep.required[ep.next_required]] = 1.0
+            obs[lay.progress] = ep.progress
+        rules = ep.config.rules
+        obs[lay.step] = ep.turns_used / rules.turn_limit
+        obs[lay.failures] = min(ep.n_failures / rules.turn_limit, 1.0)
+        obs[lay.consecutive] = min(ep.consecutive_failures / rules.max_consecutive_failures, 1.0)
+
+    def _info(self) -> dict[str, Any]:
+        ep = self.episode
+        info: dict[str, Any] = {
+            "action_mask": ep.action_mask.copy() if not ep.done else _finished_mask(self.n_tools),
+            "trace": tuple(ep.trace),
+            "task_id": ep.task.instance_id,
+            "task_type": ep.task.task_type,
+        }
+        if ep.evaluation is not None:
+            info["level"] = ep.evaluation.level
+            info["evaluation"] = ep.evaluation
+            info["end_reason"] = ep.end_reason
+        return info
+
+
+def _finished_mask(n_tools: int) -> np.ndarray:
+    """Mask after the end: only FINISH, so masked samplers always have a legal action."""
+    mask = np.zeros(n_tools + 1, dtype=np.int8)
+    mask[n_tools] = 1
+    return mask

@@ -1,0 +1,13 @@
+"""Gymnasium registration of the ResiliBench environments."""
+
+import gymnasium as gym
+
+
+def register_envs() -> None:
+    """Register every ResiliBench env id with Gymnasium (idempotent)."""
+    if "ResiliBench-v0" not in gym.registry:
+        gym.register(
+            id="ResiliBench-v0",
+            entry_point="resilibench.envs.planner_env:ResiliBenchEnv",
+            vector_entry_point="resilibench.envs.planner_vector_env:ResiliBenchVectorEnv",
+        )
