@@ -42,12 +42,30 @@ class Evaluation:
 
 def classify(full_coverage, coverage_met, sequence_correct, output, completed, failed_termination,
              conditions_needed: int = 2):
-    """Level code (0 failure, 1 partial, 2 full) from the conditions; scalars or arrays."""
+    """Level code (0 failure, 1 partial, 2 full) from the conditions; Python bools or numpy bool arrays.
+
+    Written with bool arithmetic only, so scalars stay cheap Python ints and arrays stay arrays.
+    """
     full = full_coverage & sequence_correct & output & completed
-    partial_count = (np.asarray(coverage_met, dtype=np.int8) + np.asarray(output, dtype=np.int8)
-                     + np.asarray(completed, dtype=np.int8) + np.asarray(sequence_correct, dtype=np.int8))
-    level = np.where(full, FULL, np.where(partial_count >= conditions_needed, PARTIAL, FAILURE))
-    return np.where(failed_termination, FAILURE, level)
+    partial_count = coverage_met * 1 + output * 1 + completed * 1 + sequence_correct * 1
+    partial = partial_count >= conditions_needed
+    level = full * FULL + (partial > full) * PARTIAL  # ``partial > full``: partial and not full
+    return level * (1 - failed_termination * 1)
+
+
+def grade(n_covered, n_required, sequence_correct, output_generated, completed, failed_termination,
+          min_coverage, conditions_needed: int = 2):
+    """(coverage, coverage_met, level code) from counts; scalars or numpy arrays.
+
+    The one place coverage is computed and graded: ``evaluate`` (from a trace) and the batched vector env
+    (from counters) both call it. Coverage is 1.0 for a task without required tools.
+    """
+    empty = n_required == 0
+    coverage = (n_covered + empty) / (n_required + empty)
+    coverage_met = coverage >= min_coverage
+    code = classify(coverage >= 1.0, coverage_met, sequence_correct, output_generated, completed,
+                    failed_termination, conditions_needed)
+    return coverage, coverage_met, code
 
 
 def signals_completion(message: str, config: EvaluatorConfig | None = None) -> bool:
@@ -95,7 +113,6 @@ def evaluate(
             succeeded.add(tool)
             if tool in position:
                 first_successes.append(position[tool])
-    coverage = len(first_successes) / len(required) if required else 1.0
     sequence_correct = bool(first_successes) and all(a < b for a, b in zip(first_successes, first_successes[1:]))
     outputs = output_tool_ids(required, registry)
     output_generated = any(t in succeeded for t in outputs) if outputs else True
@@ -105,8 +122,8 @@ def evaluate(
         raise ValueError(
             f"no min_coverage for task type {task.task_type!r}; configured: {sorted(config.min_coverage)}"
         ) from None
-    coverage_met = coverage >= min_coverage
-    code = classify(coverage >= 1.0, coverage_met, sequence_correct, output_generated, bool(completed),
-                    end_reason in FAILURE_TERMINATIONS, config.partial_conditions_needed)
+    coverage, coverage_met, code = grade(len(first_successes), len(required), sequence_correct, output_generated,
+                                         bool(completed), end_reason in FAILURE_TERMINATIONS, min_coverage,
+                                         config.partial_conditions_needed)
     return Evaluation(LEVELS[int(code)], coverage, coverage_met, sequence_correct, output_generated,
                       bool(completed), end_reason)

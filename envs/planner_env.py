@@ -150,35 +150,40 @@ class ResiliBenchEnv(gym.Env):
         self.observation_space = spaces.Box(0.0, 1.0, (self.layout.size,), np.float32)
         self.episode: Episode | None = None
         self._obs = np.zeros(self.layout.size, dtype=np.float32)
-        self._required_left: list[int] = []
+        self._shaped = reward == "shaped"
+        self._initial_obs: dict[int, tuple[Task, np.ndarray]] = {}  # id(task) -> (task, first observation)
+        self._finished_mask = _finished_mask(self.n_tools)
 
     # --- Gymnasium API -------------------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        options = dict(options or {})
-        task_id = options.pop("task_id", None)
+        task_id = None
         if options:
-            raise ValueError(f"unknown reset option(s) {sorted(options)}; accepted: ['task_id']")
+            options = dict(options)
+            task_id = options.pop("task_id", None)
+            if options:
+                raise ValueError(f"unknown reset option(s) {sorted(options)}; accepted: ['task_id']")
         if task_id is not None:
             task = self._task_by_id(task_id)
         else:
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         self.episode = Episode.start(task, episode_seed(self.np_random), self.config, self.registry,
                                      success_rate=self.rewarder.success_rate)
-        self._obs = initial_observation(task, self.registry, self.layout)
+        self._obs = self._initial_observation(task)
         return self._obs.copy(), self._info()
 
     def step(self, action):
         episode = self.episode
         if episode is None:
             raise RuntimeError("call reset() before step()")
-        if episode.done:
+        if episode.end_reason is not None:
             raise RuntimeError("episode has ended; call reset()")
-        try:
-            action = int(action)
-        except (TypeError, ValueError):
-            raise ValueError(f"action must be an integer in [0, {self.n_tools}], got {action!r}") from None
+        if action.__class__ is not int:
+            try:
+                action = int(action)
+            except (TypeError, ValueError):
+                raise ValueError(f"action must be an integer in [0, {self.n_tools}], got {action!r}") from None
         if not 0 <= action <= self.n_tools:
             raise ValueError(f"action must be in [0, {self.n_tools}] (FINISH = {self.n_tools}), got {action}")
         reward, truncated = 0.0, False
@@ -188,18 +193,23 @@ class ResiliBenchEnv(gym.Env):
             episode.end_out_of_turns()
             truncated = True
         else:
-            progress, prefix = episode.progress, episode.next_required
-            record = episode.call(action)
-            self._update_observation(action)
-            if self.reward_mode == "shaped":
+            status_before, prefix = episode.status[action], episode.next_required
+            if self._shaped:
+                progress = episode.progress
+                record = episode.call(action)
+                self._update_observation(action, status_before, prefix)
                 reward += self.rewarder.step_reward(episode, record, progress, prefix)
+            else:
+                episode.call(action)
+                self._update_observation(action, status_before, prefix)
         evaluation = episode.evaluation
         if evaluation is not None:
-            if self.reward_mode == "shaped":
+            if self._shaped:
                 reward += self.rewarder.terminal_reward(episode, evaluation)
             else:
-                self.rewarder.recent.append(evaluation.level == "full_success")
-                reward = 1.0 if evaluation.level == "full_success" else 0.0
+                full = evaluation.level == "full_success"
+                self.rewarder.recent.append(full)
+                reward = 1.0 if full else 0.0
         if self.render_mode == "human":
             print(self.render_text())
         return self._obs.copy(), float(reward), evaluation is not None and not truncated, truncated, self._info()
@@ -232,16 +242,29 @@ class ResiliBenchEnv(gym.Env):
                 return task
         return get_task(task_id)
 
-    def _update_observation(self, tool: int) -> None:
+    def _initial_observation(self, task: Task) -> np.ndarray:
+        """A fresh copy of the first observation of ``task`` (computed once per task object)."""
+        entry = self._initial_obs.get(id(task))
+        if entry is None or entry[0] is not task:
+            entry = (task, initial_observation(task, self.registry, self.layout))
+            self._initial_obs[id(task)] = entry
+        return entry[1].copy()
+
+    def _update_observation(self, tool: int, status_before: int, next_required_before: int) -> None:
+        """Update the observation after a call of ``tool``, given the tool's status and the episode's
+        next-required index before the call (each one-hot block holds a single 1, so only the changed
+        entries are written)."""
         ep, obs, lay = self.episode, self._obs, self.layout
         status = ep.status[tool]
         block = lay.status + N_STATUS * tool
-        obs[block : block + N_STATUS] = 0.0
+        obs[block + status_before] = 0.0
         obs[block + status] = 1.0
         if status == SUCCESS and tool in ep.required_position:
-            obs[lay.next_required : lay.progress] = 0.0
-            if ep.next_required < len(ep.required):
-                obs[lay.next_required + ep.required[ep.next_required]] = 1.0
+            required = ep.required
+            if next_required_before < len(required):
+                obs[lay.next_required + required[next_required_before]] = 0.0
+            if ep.next_required < len(required):
+                obs[lay.next_required + required[ep.next_required]] = 1.0
             obs[lay.progress] = ep.progress
         rules = ep.config.rules
         obs[lay.step] = ep.turns_used / rules.turn_limit
@@ -250,17 +273,24 @@ class ResiliBenchEnv(gym.Env):
 
     def _info(self) -> dict[str, Any]:
         ep = self.episode
-        info: dict[str, Any] = {
-            "action_mask": ep.action_mask.copy() if not ep.done else _finished_mask(self.n_tools),
+        task = ep.task
+        evaluation = ep.evaluation
+        if evaluation is None:
+            return {
+                "action_mask": ep.action_mask.copy(),
+                "trace": tuple(ep.trace),
+                "task_id": task.instance_id,
+                "task_type": task.task_type,
+            }
+        return {
+            "action_mask": self._finished_mask.copy(),
             "trace": tuple(ep.trace),
-            "task_id": ep.task.instance_id,
-            "task_type": ep.task.task_type,
+            "task_id": task.instance_id,
+            "task_type": task.task_type,
+            "level": evaluation.level,
+            "evaluation": evaluation,
+            "end_reason": ep.end_reason,
         }
-        if ep.evaluation is not None:
-            info["level"] = ep.evaluation.level
-            info["evaluation"] = ep.evaluation
-            info["end_reason"] = ep.end_reason
-        return info
 
 
 def _finished_mask(n_tools: int) -> np.ndarray:

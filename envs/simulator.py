@@ -15,6 +15,7 @@ import numpy as np
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.evaluator import Evaluation, evaluate
 from resilibench.envs.registry import DEPENDENCY_ERROR, ToolRegistry, default_registry
+from resilibench.envs.rng import scratch_default_rng
 from resilibench.envs.tasks import Task
 
 RETRY_LIMIT_ERROR = "RETRY_LIMIT_EXCEEDED"
@@ -32,24 +33,44 @@ FINISHED, OUT_OF_TURNS, CONSECUTIVE_FAILURES, REPETITION_LOOP = (
 )
 
 
+# Codes of end reasons, for array front ends (the vector env): index into END_REASONS; 0 = still running.
+END_REASONS = (None, FINISHED, OUT_OF_TURNS, CONSECUTIVE_FAILURES, REPETITION_LOOP)
+RUNNING_CODE, FINISHED_CODE, OUT_OF_TURNS_CODE, CONSECUTIVE_FAILURES_CODE, REPETITION_LOOP_CODE = range(5)
+
+
+def _table_power(factor: float, exponent: np.ndarray) -> np.ndarray:
+    """``factor**k`` elementwise for an integer array, each value computed by Python's float power (numpy's
+    vectorised pow may differ from it in the last ulp), so array callers match scalar callers bit for bit."""
+    table = np.array([factor**k for k in range(int(np.max(exponent, initial=0)) + 1)], dtype=np.float64)
+    return table[exponent]
+
+
 def success_probability(base, n_uncalled, n_failed, n_history, failure_model):
-    """SPEC 2 success formula; works on scalars and numpy arrays alike."""
+    """SPEC 2 success formula; works on scalars and numpy integer arrays alike (bit-identical results)."""
     fm = failure_model
+    arrays = isinstance(n_uncalled, np.ndarray) or isinstance(n_failed, np.ndarray) or isinstance(
+        n_history, np.ndarray)
+    power = _table_power if arrays else pow
     return (
         base
-        * fm.uncalled_dependency_factor**n_uncalled
-        * fm.failed_dependency_factor**n_failed
-        * fm.failure_history_factor**n_history
+        * power(fm.uncalled_dependency_factor, n_uncalled)
+        * power(fm.failed_dependency_factor, n_failed)
+        * power(fm.failure_history_factor, n_history)
     )
+
+
+def termination_code(consecutive_failures, same_tool_streak, rules):
+    """The failure-termination rule of SPEC 2b as a code (0 = go on, else an index into ``END_REASONS``);
+    scalars or numpy arrays. Too many consecutive failures takes precedence over a repetition loop."""
+    consecutive = consecutive_failures >= rules.max_consecutive_failures
+    repetition = same_tool_streak >= rules.max_same_tool_failures
+    # ``repetition > consecutive`` is "repetition and not consecutive" for bools and bool arrays alike.
+    return consecutive * CONSECUTIVE_FAILURES_CODE + (repetition > consecutive) * REPETITION_LOOP_CODE
 
 
 def termination_reason(consecutive_failures: int, same_tool_streak: int, rules) -> str | None:
     """The failure-termination rule of SPEC 2b, or None while the episode may go on."""
-    if consecutive_failures >= rules.max_consecutive_failures:
-        return CONSECUTIVE_FAILURES
-    if same_tool_streak >= rules.max_same_tool_failures:
-        return REPETITION_LOOP
-    return None
+    return END_REASONS[termination_code(consecutive_failures, same_tool_streak, rules)]
 
 
 def draw_stream(rng: np.random.Generator, turn_limit: int) -> np.ndarray:
@@ -60,6 +81,37 @@ def draw_stream(rng: np.random.Generator, turn_limit: int) -> np.ndarray:
 def episode_seed(np_random: np.random.Generator) -> int:
     """The seed of the next episode drawn from an env's generator (the same rule in every front end)."""
     return int(np_random.integers(2**63 - 1))
+
+
+# --- per-registry and per-task tables, built once (hot-path lookups) ----------------------------------
+
+_REGISTRY_TABLES: dict[int, tuple] = {}
+_TASK_TABLES: dict[tuple[int, int], tuple] = {}
+_TASK_TABLES_MAX = 1 << 16
+
+
+def registry_tables(registry: ToolRegistry) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...], tuple]:
+    """(names, dependency ids, error codes) per tool of ``registry``, cached."""
+    entry = _REGISTRY_TABLES.get(id(registry))
+    if entry is None or entry[0] is not registry:
+        codes = tuple(t.error_codes for t in registry.tools)
+        entry = (registry, registry.names, registry.dependency_ids, codes)
+        _REGISTRY_TABLES[id(registry)] = entry
+    return entry[1], entry[2], entry[3]
+
+
+def task_tables(task: Task, registry: ToolRegistry) -> tuple[tuple[int, ...], dict[int, int]]:
+    """(required tool ids, position of each required tool) of ``task``, cached per task object.
+    The position dict is shared: copy it before changing it."""
+    key = (id(task), id(registry))
+    entry = _TASK_TABLES.get(key)
+    if entry is None or entry[0] is not task or entry[1] is not registry:
+        if len(_TASK_TABLES) >= _TASK_TABLES_MAX:
+            _TASK_TABLES.clear()
+        required = task.required_ids(registry)
+        entry = (task, registry, required, {t: i for i, t in enumerate(required)})
+        _TASK_TABLES[key] = entry
+    return entry[2], entry[3]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +136,26 @@ class CallRecord:
             "unmet_dependencies": list(self.unmet_dependencies),
             "replayed": self.replayed,
         }
+
+
+
+_RECORD_SLOTS = tuple(CallRecord.__dict__[f].__set__ for f in (
+    "tool", "success", "error_code", "turn", "probability", "unmet_dependencies", "replayed"))
+
+
+def _new_record(tool: str, success: bool, error_code: str | None, turn: int, probability: float | None,
+                unmet_dependencies: tuple[str, ...] = (), replayed: bool = False) -> CallRecord:
+    """Build a CallRecord without the frozen dataclass's per-field ``object.__setattr__`` (hot path)."""
+    record = object.__new__(CallRecord)
+    set_tool, set_success, set_code, set_turn, set_p, set_unmet, set_replayed = _RECORD_SLOTS
+    set_tool(record, tool)
+    set_success(record, success)
+    set_code(record, error_code)
+    set_turn(record, turn)
+    set_p(record, probability)
+    set_unmet(record, unmet_dependencies)
+    set_replayed(record, replayed)
+    return record
 
 
 @dataclass
@@ -111,14 +183,20 @@ class Episode:
     evaluation: Evaluation | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        n = len(self.registry)
+        names, dependency_ids, error_codes = registry_tables(self.registry)
+        n = len(names)
         self.action_mask = np.ones(n + 1, dtype=np.int8)  # tools, then the completion signal
         self.calls = [0] * n
         self.status = [NOT_ATTEMPTED] * n
         self.succeeded = [False] * n
-        self.required = self.task.required_ids(self.registry)
-        self.required_position = {t: i for i, t in enumerate(self.required)}
+        self.required, position = task_tables(self.task, self.registry)
+        self.required_position = dict(position)
         self.max_calls = 1 + self.task.max_retries
+        # Hot-path constants (the config is frozen; the registry is read-only).
+        rules = self.config.rules
+        self._names, self._dependency_ids, self._error_codes, self._n_tools = names, dependency_ids, error_codes, n
+        self._rules, self._turn_limit = rules, rules.turn_limit
+        self._strict, self._training = rules.strict_dependencies, rules.profile == "training"
 
     @classmethod
     def start(
@@ -131,7 +209,8 @@ class Episode:
     ) -> Episode:
         """Begin an episode; its whole random stream comes from ``seed``."""
         config = config or WorldConfig()
-        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        # ``scratch_default_rng(seed)`` is ``np.random.default_rng(seed)`` without the SeedSequence cost.
+        rng = seed if isinstance(seed, np.random.Generator) else scratch_default_rng(seed)
         return cls(task, config, registry or default_registry(), draw_stream(rng, config.rules.turn_limit),
                    success_rate)
 
@@ -143,23 +222,30 @@ class Episode:
 
     @property
     def turns_left(self) -> int:
-        return self.config.rules.turn_limit - self.turns_used
+        return self._turn_limit - self.turns_used
 
     def unmet_dependencies(self, tool: int) -> tuple[int, ...]:
-        return tuple(d for d in self.registry.dependency_ids[tool] if not self.succeeded[d])
+        succeeded = self.succeeded
+        return tuple(d for d in self._dependency_ids[tool] if not succeeded[d])
 
     def probability(self, tool: int) -> float:
         """Success probability of calling ``tool`` now (before strict-dependency checks)."""
-        deps = self.registry.dependency_ids[tool]
-        if self.config.rules.profile == "training":
+        deps = self._dependency_ids[tool]
+        if self._training:
             tr = self.config.training
             n_unmet = sum(1 for d in deps if not self.succeeded[d])
             semantic = tr.semantic_factor_range[1] if tool in self.required_position else tr.semantic_factor_range[0]
             p = (tr.base_success(self.success_rate) * tr.dependency_factor**n_unmet
                  * tr.retry_factor ** self.calls[tool] * semantic)
             return min(1.0, p)
-        n_uncalled = sum(1 for d in deps if self.calls[d] == 0)
-        n_failed = sum(1 for d in deps if self.calls[d] and not self.succeeded[d])
+        n_uncalled = n_failed = 0
+        if deps:
+            calls, succeeded = self.calls, self.succeeded
+            for d in deps:
+                if calls[d] == 0:
+                    n_uncalled += 1
+                elif not succeeded[d]:
+                    n_failed += 1
         fm = self.config.failure
         return success_probability(fm.base_success, n_uncalled, n_failed, self.n_failures, fm)
 
@@ -173,7 +259,8 @@ class Episode:
         """Share of required tools that have succeeded."""
         if not self.required:
             return 1.0
-        return sum(self.succeeded[t] for t in self.required) / len(self.required)
+        succeeded = self.succeeded
+        return sum(succeeded[t] for t in self.required) / len(self.required)
 
     # --- actions -------------------------------------------------------------------------------------
 
@@ -184,37 +271,46 @@ class Episode:
 
     def call(self, tool: int | str) -> CallRecord:
         """Call a tool: costs one turn; draws from the stream unless answered without a draw."""
-        self._require_running()
+        if self.end_reason is not None:
+            self._require_running()
         tool_id = self.registry.id_of(tool) if isinstance(tool, str) else int(tool)
-        if not 0 <= tool_id < len(self.registry):
-            raise ValueError(f"tool id must be in [0, {len(self.registry)}), got {tool_id}")
-        self._use_turn()
-        name = self.registry.names[tool_id]
-        if self.succeeded[tool_id]:  # already done: the earlier result, no draw, no failure
-            record = CallRecord(name, True, None, self.turns_used, None, replayed=True)
+        if not 0 <= tool_id < self._n_tools:
+            raise ValueError(f"tool id must be in [0, {self._n_tools}), got {tool_id}")
+        turn = self.turns_used + 1  # _use_turn, inlined
+        if turn > self._turn_limit:
+            self._use_turn()  # raises
+        self.turns_used = turn
+        if turn == self._turn_limit:
+            self.action_mask[:-1] = 0
+        name = self._names[tool_id]
+        succeeded = self.succeeded
+        if succeeded[tool_id]:  # already done: the earlier result, no draw, no failure
+            record = _new_record(name, True, None, turn, None, (), True)
             self.trace.append(record)
             return record
-        if self.calls[tool_id] >= self.max_calls:
-            return self._record_failure(tool_id, CallRecord(name, False, RETRY_LIMIT_ERROR, self.turns_used, None))
-        unmet = self.unmet_dependencies(tool_id)
-        unmet_names = tuple(self.registry.names[d] for d in unmet)
-        if unmet and self.config.rules.strict_dependencies:
-            record = CallRecord(name, False, DEPENDENCY_ERROR, self.turns_used, None, unmet_names)
-            self.calls[tool_id] += 1
+        calls = self.calls
+        if calls[tool_id] >= self.max_calls:
+            return self._record_failure(tool_id, _new_record(name, False, RETRY_LIMIT_ERROR, turn, None))
+        deps = self._dependency_ids[tool_id]
+        unmet_names = tuple(self._names[d] for d in deps if not succeeded[d]) if deps else ()
+        if unmet_names and self._strict:
+            calls[tool_id] += 1
+            record = _new_record(name, False, DEPENDENCY_ERROR, turn, None, unmet_names)
             return self._record_failure(tool_id, record, dependency_problem=True)
         p = self.probability(tool_id)
-        u_success, u_error = self.stream[self.draws_used]
-        self.draws_used += 1
-        self.calls[tool_id] += 1
+        draw = self.draws_used
+        u_success = self.stream.item(draw, 0)
+        self.draws_used = draw + 1
+        calls[tool_id] += 1
         if u_success < p:
-            record = CallRecord(name, True, None, self.turns_used, p, unmet_names)
+            record = _new_record(name, True, None, turn, p, unmet_names)
             self.trace.append(record)
             self._record_success(tool_id)
             return record
-        codes = self.registry.tools[tool_id].error_codes
-        code = codes[min(int(u_error * len(codes)), len(codes) - 1)]
-        record = CallRecord(name, False, code, self.turns_used, p, unmet_names)
-        return self._record_failure(tool_id, record, dependency_problem=bool(unmet))
+        codes = self._error_codes[tool_id]
+        code = codes[min(int(self.stream.item(draw, 1) * len(codes)), len(codes) - 1)]
+        record = _new_record(name, False, code, turn, p, unmet_names)
+        return self._record_failure(tool_id, record, dependency_problem=bool(unmet_names))
 
     def finish(self) -> Evaluation:
         """Signal completion (free of turns) and evaluate."""
@@ -230,14 +326,14 @@ class Episode:
     # --- internals -----------------------------------------------------------------------------------
 
     def _require_running(self) -> None:
-        if self.done:
+        if self.end_reason is not None:
             raise RuntimeError(f"episode already ended ({self.end_reason}); start a new one")
 
     def _use_turn(self) -> None:
-        if self.turns_used >= self.config.rules.turn_limit:
-            raise RuntimeError(f"no turns left (limit {self.config.rules.turn_limit}); only finishing is possible")
+        if self.turns_used >= self._turn_limit:
+            raise RuntimeError(f"no turns left (limit {self._turn_limit}); only finishing is possible")
         self.turns_used += 1
-        if self.turns_used == self.config.rules.turn_limit:
+        if self.turns_used == self._turn_limit:
             self.action_mask[:-1] = 0
 
     def _record_success(self, tool: int) -> None:
@@ -247,8 +343,10 @@ class Episode:
         self.consecutive_failures = 0
         self.last_tool, self.same_tool_streak = tool, 0
         if tool in self.required_position:
-            while self.next_required < len(self.required) and self.succeeded[self.required[self.next_required]]:
-                self.next_required += 1
+            required, succeeded, k = self.required, self.succeeded, self.next_required
+            while k < len(required) and succeeded[required[k]]:
+                k += 1
+            self.next_required = k
 
     def _record_failure(self, tool: int, record: CallRecord, dependency_problem: bool = False) -> CallRecord:
         self.trace.append(record)
@@ -259,13 +357,13 @@ class Episode:
         self.consecutive_failures += 1
         self.same_tool_streak = self.same_tool_streak + 1 if tool == self.last_tool else 1
         self.last_tool = tool
-        reason = termination_reason(self.consecutive_failures, self.same_tool_streak, self.config.rules)
-        if reason is not None:
-            self._end(reason)
+        code = termination_code(self.consecutive_failures, self.same_tool_streak, self._rules)
+        if code:
+            self._end(END_REASONS[code])
         return record
 
     def _end(self, reason: str) -> Evaluation:
-        self.action_mask[:] = 0
+        self.action_mask.fill(0)
         self.end_reason = reason
         self.evaluation = evaluate(self.task, self.trace, self.completed, reason, self.config.evaluator,
                                    self.registry)

@@ -17,6 +17,7 @@ text env alike. The training dynamics profile has no bound.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -28,6 +29,7 @@ from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_r
 from resilibench.envs.simulator import Episode, success_probability, termination_reason
 from resilibench.envs.tasks import Task
 from resilibench.metrics.workflow import Node, Workflow
+from resilibench.policies.base import Planner
 
 FILLER = -1  # action code of "call a fresh irrelevant tool" inside the DP
 SUCCEEDED = -1  # per-tool code of a tool that has succeeded
@@ -198,6 +200,8 @@ class ExactBound:
     def clairvoyant(self, stream: np.ndarray) -> bool:
         """Bound (ii) for one random stream: can any action sequence reach full success?"""
         seen: set[tuple[State, int]] = set()
+        success_draws = stream[:, 0]
+        fm = self.failure
 
         def search(state: State | None, draws: int) -> bool:
             if state is None:
@@ -206,6 +210,11 @@ class ExactBound:
             if k == self.m:
                 return True
             if self.rules.turn_limit - turns < self.m - k or (state, draws) in seen:
+                return False
+            # Every remaining required success needs a future draw below the best possible probability,
+            # which N_h only lowers: too few such draws left means no way through.
+            best_p = success_probability(fm.base_success, 0, 0, state[2], fm)
+            if int(np.count_nonzero(success_draws[draws:] < best_p)) < self.m - k:
                 return False
             seen.add((state, draws))
             for i in self._candidates(state):
@@ -287,3 +296,44 @@ class OptimalPlanner:
             if episode.calls[t] == 0:
                 return t
         raise RuntimeError("no fresh filler tool left")  # excluded by the constructor's check
+
+
+def _branch(episode: Episode) -> Episode:
+    """A copy of an episode whose mutable state (lists, arrays) is independent of the original."""
+    clone = copy.copy(episode)
+    for name, value in vars(episode).items():
+        if isinstance(value, list | np.ndarray):
+            setattr(clone, name, value.copy())
+    return clone
+
+
+def exact_policy_success(planner: Planner, task: Task, config: WorldConfig | None = None) -> float:
+    """The exact full-success probability of a deterministic planner on ``task``, by enumerating every
+    success/failure branch of the episode (at most 2**turn_limit leaves). Used to check bound (iii)."""
+    config = config or WorldConfig()
+    planner.reset(task, np.random.default_rng(0))
+    root = Episode.start(task, 0, config)
+    root.stream = np.zeros_like(root.stream)
+    finish = len(root.registry)
+
+    def expand(episode: Episode) -> float:
+        if episode.done:
+            return float(episode.evaluation.level == "full_success")
+        action = planner.act(episode, None)
+        if action == finish:
+            episode.finish()
+            return expand(episode)
+        if episode.turns_left == 0:
+            episode.end_out_of_turns()
+            return expand(episode)
+        success_branch = _branch(episode)
+        record = success_branch.call(action)
+        if success_branch.draws_used == episode.draws_used:  # answered without a draw
+            return expand(success_branch)
+        p = record.probability
+        failure_branch = _branch(episode)
+        failure_branch.stream[episode.draws_used, 0] = 1.0
+        failure_branch.call(action)
+        return p * expand(success_branch) + (1.0 - p) * expand(failure_branch)
+
+    return expand(root)

@@ -1,0 +1,131 @@
+"""Throughput of ResiliBench-v0 against Gymnasium's CartPole-v1, measured in one process.
+
+(a) Single env: ``gymnasium.make`` of each env (default wrappers included), driven by the same loop:
+    step with the next action of a precomputed action list, reset when the episode ends. CartPole gets
+    uniform random actions in {0, 1}; ResiliBench-v0 gets uniform random actions in [0, 31) (tools and
+    FINISH, masked ones included: the env executes them under the episode rules), so the loop measures
+    the env, not a policy. Resets are inside the timed loop for both.
+(b) Vector env: ``gymnasium.make_vec(..., num_envs=1024, vectorization_mode="vector_entry_point")`` of
+    each env (CartPoleVectorEnv and ResiliBenchVectorEnv), stepped with precomputed random action
+    batches (same distributions as above); both autoreset (NEXT_STEP) inside the timed loop. The figure
+    is env-steps/s = vector steps x num_envs / seconds.
+
+Each figure is the median of several timed repeats after a warm-up; the repeats of the two envs are
+interleaved and the ratio is the median of the per-repeat ratios, so load changes on a shared machine hit
+both sides alike. Run:
+``python benchmarks/bench_env.py`` (``--quick`` for a short run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+
+import resilibench  # noqa: F401  (registers ResiliBench-v0)
+
+
+class SingleEnvLoop:
+    """``gymnasium.make(env_id)`` stepped with a precomputed list of random actions, reset on episode end."""
+
+    def __init__(self, env_id: str, n_steps: int, seed: int = 0):
+        self.env = gym.make(env_id)
+        self.seed = seed
+        self.actions = np.random.default_rng(seed).integers(self.env.action_space.n, size=n_steps).tolist()
+        self.run(self.actions[: max(1, n_steps // 10)])  # warm-up
+
+    def run(self, actions) -> float:
+        """Steps per second over ``actions`` (resets included)."""
+        step, reset = self.env.step, self.env.reset
+        reset(seed=self.seed)
+        start = time.perf_counter()
+        for a in actions:
+            _, _, terminated, truncated, _ = step(a)
+            if terminated or truncated:
+                reset()
+        return len(actions) / (time.perf_counter() - start)
+
+
+class VectorEnvLoop:
+    """``gymnasium.make_vec(env_id, num_envs, "vector_entry_point")`` stepped with precomputed random action
+    batches; the env autoresets (NEXT_STEP) inside the loop."""
+
+    def __init__(self, env_id: str, num_envs: int, n_steps: int, seed: int = 0):
+        self.env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
+        self.seed, self.num_envs = seed, num_envs
+        n_actions = self.env.single_action_space.n
+        self.actions = np.random.default_rng(seed).integers(n_actions, size=(n_steps, num_envs))
+        self.run(self.actions[: max(1, n_steps // 10)])  # warm-up
+
+    def run(self, actions) -> float:
+        """Env-steps per second (vector steps x num_envs / s)."""
+        step = self.env.step
+        self.env.reset(seed=self.seed)
+        start = time.perf_counter()
+        for a in actions:
+            step(a)
+        return len(actions) * self.num_envs / (time.perf_counter() - start)
+
+
+def compare(anchor, ours, repeats: int) -> tuple[float, float, float]:
+    """Interleaved repeats (anchor, ours, anchor, ours, ...) so that load changes hit both alike:
+    (median anchor rate, median our rate, median of the per-repeat ratios)."""
+    anchor_rates, our_rates, ratios = [], [], []
+    for _ in range(repeats):
+        a = anchor.run(anchor.actions)
+        o = ours.run(ours.actions)
+        anchor_rates.append(a)
+        our_rates.append(o)
+        ratios.append(o / a)
+    return statistics.median(anchor_rates), statistics.median(our_rates), statistics.median(ratios)
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import os
+
+    return (f"{os.cpu_count()} CPUs ({cpu}); Python {platform.python_version()}; numpy {np.__version__}; "
+            f"gymnasium {gym.__version__}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short run (noisier figures)")
+    parser.add_argument("--num-envs", type=int, default=1024)
+    args = parser.parse_args(argv)
+    single_steps, vector_steps, repeats = (20_000, 100, 3) if args.quick else (200_000, 1_000, 5)
+
+    print(f"machine: {machine()}")
+    print(f"(a) single env, gymnasium.make, {single_steps} steps x {repeats} interleaved repeats (medians)")
+    cartpole, ours, ratio = compare(SingleEnvLoop("CartPole-v1", single_steps),
+                                    SingleEnvLoop("ResiliBench-v0", single_steps), repeats)
+    print(f"    CartPole-v1      {cartpole:12,.0f} steps/s")
+    print(f"    ResiliBench-v0   {ours:12,.0f} steps/s")
+    print(f"    ratio ResiliBench/CartPole = {ratio:.2f}  (target >= 0.5)")
+
+    n = args.num_envs
+    print(f"(b) vector env, make_vec(num_envs={n}, vector_entry_point), {vector_steps} steps x {repeats} "
+          "interleaved repeats (medians)")
+    cartpole_vec, ours_vec, ratio_vec = compare(VectorEnvLoop("CartPole-v1", n, vector_steps),
+                                                VectorEnvLoop("ResiliBench-v0", n, vector_steps), repeats)
+    print(f"    CartPoleVectorEnv      {cartpole_vec:14,.0f} env-steps/s")
+    print(f"    ResiliBenchVectorEnv   {ours_vec:14,.0f} env-steps/s")
+    print(f"    ratio ResiliBench/CartPole = {ratio_vec:.2f}  (target >= 0.5)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

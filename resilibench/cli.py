@@ -1,0 +1,580 @@
+"""The ``resilibench`` command line: tools, tasks, bounds and the quick planner benchmark.
+
+``main(argv)`` returns the exit status (0 ok, 2 bad arguments or input, 130 interrupted) and never raises
+for bad input: every error is one line naming the field and the accepted values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from resilibench import __version__
+
+PROG = "resilibench"
+SPLIT_CHOICES = ("train", "validation", "test", "all")
+RUN_KEY = ("planner", "task_id", "seed")
+
+
+class CliError(Exception):
+    """Bad arguments or input: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error message (no usage block) and exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+# --- shared helpers -----------------------------------------------------------------------------------
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _nonnegative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a positive integer, got 0")
+    return value
+
+
+def _dedupe(values: Sequence[Any]) -> list[Any]:
+    return list(dict.fromkeys(values))
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table; numbers right-aligned, floats with 4 decimals."""
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.4f}"
+        return str(value)
+
+    cells = [[cell(v) for v in row] for row in rows]
+    numeric = [all(isinstance(row[i], int | float) or row[i] is None for row in rows) if rows else False
+               for i in range(len(headers))]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)]
+        return "  ".join(parts).rstrip()
+
+    out = [line(headers), line(["-" * w for w in widths])]
+    out.extend(line(r) for r in cells)
+    return "\n".join(out)
+
+
+def _load_world_config(path: str | None, need_bounds: bool = False):
+    """The WorldConfig of ``--config`` (defaults when absent); CliError on any problem with the file."""
+    from resilibench.envs.config import WorldConfig, _from_dict
+
+    if path is None:
+        return WorldConfig()
+    file = Path(path)
+    if not file.is_file():
+        raise CliError(f"--config: file {path} does not exist")
+    suffix = file.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".json"):
+        raise CliError(f"--config: {path} must end in .yaml, .yml or .json, got {suffix or 'no suffix'!r}")
+    text = file.read_text(encoding="utf-8")
+    try:
+        if suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as exc:  # yaml.YAMLError, json.JSONDecodeError
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CliError(f"--config: cannot parse {path}: {first}") from None
+    if not isinstance(data, dict):
+        sections = sorted(WorldConfig.__dataclass_fields__)
+        raise CliError(f"--config: {path} must hold a mapping of sections {sections}, got {type(data).__name__}")
+    try:
+        config = _from_dict(WorldConfig, data)
+    except (ValueError, TypeError) as exc:
+        raise CliError(f"--config {path}: {exc}") from None
+    if need_bounds and config.rules.profile != "test":
+        raise CliError(f"--config {path}: rules.profile must be 'test' here (bounds exist only for the test "
+                       f"failure profile), got {config.rules.profile!r}")
+    return config
+
+
+def _library(path: str | None):
+    """(all tasks, description of their source with its sha256) for ``--tasks`` or the shipped library."""
+    from resilibench.envs.tasks import default_library_path, load_tasks, read_tasks
+
+    if path is None:
+        file = default_library_path()
+        tasks = load_tasks()
+    else:
+        file = Path(path)
+        if not file.is_file():
+            raise CliError(f"--tasks: file {path} does not exist (make one with `{PROG} tasks generate`)")
+        try:
+            tasks = read_tasks(file)
+        except (ValueError, OSError, EOFError) as exc:
+            raise CliError(f"--tasks: {exc}") from None
+    digest = hashlib.sha256(file.read_bytes()).hexdigest()
+    source = {"path": "default" if path is None else str(file), "sha256": digest, "count": len(tasks)}
+    return tasks, source
+
+
+def _select_tasks(tasks, split: str | None, task_types: Sequence[str] | None,
+                  task_ids: Sequence[str] | None = None, limit: int | None = None):
+    """Filter the library; task ids (when given) select tasks regardless of split. ``limit`` keeps the
+    first tasks of each task type in turn (one of each type, then a second of each, ...)."""
+    if task_ids:
+        by_id = {t.instance_id: t for t in tasks}
+        missing = [i for i in task_ids if i not in by_id]
+        if missing:
+            examples = ", ".join(t.instance_id for t in tasks[:3])
+            raise CliError(f"--task-id: unknown task id(s) {missing}; ids look like {examples} "
+                           f"(list them with `{PROG} tasks list`)")
+        selected = [by_id[i] for i in _dedupe(task_ids)]
+    else:
+        selected = [t for t in tasks if split in (None, "all") or t.split == split]
+    if task_types:
+        selected = [t for t in selected if t.task_type in task_types]
+    if limit is not None and limit < len(selected):
+        # Take task types in turn so a small --limit still covers every selected type.
+        queues = {}
+        for t in selected:
+            queues.setdefault(t.task_type, []).append(t)
+        depth = max(len(q) for q in queues.values())
+        selected = [q[i] for i in range(depth) for q in queues.values() if i < len(q)][:limit]
+    if not selected:
+        raise CliError("no task matches the selection (--split / --task-type / --task-id)")
+    return selected
+
+
+def _progress(total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="ep" if desc == "episodes" else "it", dynamic_ncols=True,
+                mininterval=0.5, file=sys.stderr)
+
+
+# --- tools --------------------------------------------------------------------------------------------
+
+
+def cmd_tools(args: argparse.Namespace) -> int:
+    from resilibench.envs.registry import default_registry
+    from resilibench.results import write_text_atomic
+
+    registry = default_registry()
+    if args.json or args.output:
+        text = registry.to_json() + "\n"
+        if args.output:
+            write_text_atomic(args.output, text)
+            print(f"wrote the registry of {len(registry)} tools to {args.output}")
+        else:
+            sys.stdout.write(text)
+        return 0
+    rows = [(t.name, t.category, t.role or "-", ", ".join(t.dependencies) or "-") for t in registry.tools]
+    print(format_table(("name", "category", "role", "dependencies"), rows))
+    return 0
+
+
+# --- tasks --------------------------------------------------------------------------------------------
+
+
+def cmd_tasks_generate(args: argparse.Namespace) -> int:
+    from resilibench.envs.tasks import (
+        COMPLEXITIES,
+        SPLITS,
+        TASK_TYPE_NAMES,
+        generate_tasks,
+        make_matcher,
+        write_tasks,
+    )
+
+    try:
+        matcher = make_matcher(args.matcher)
+    except ImportError as exc:
+        raise CliError(f"--matcher {args.matcher}: {exc}") from None
+    started = time.perf_counter()
+    tasks = generate_tasks(seed=args.seed, matcher=matcher)
+    path = write_tasks(tasks, args.output)
+    elapsed = time.perf_counter() - started
+    print(f"wrote {len(tasks)} tasks to {path} (seed {args.seed}, matcher {matcher.name}, {elapsed:.1f} s)")
+    by_type = Counter(t.task_type for t in tasks)
+    by_complexity = Counter(t.complexity for t in tasks)
+    by_split = Counter(t.split for t in tasks)
+    rows = [(name, by_type[name], *(sum(1 for t in tasks if t.task_type == name and t.split == s) for s in SPLITS))
+            for name in TASK_TYPE_NAMES]
+    rows.append(("total", len(tasks), *(by_split[s] for s in SPLITS)))
+    print(format_table(("task_type", "count", *SPLITS), rows))
+    print("complexity: " + ", ".join(f"{c} {by_complexity[c]}" for c in COMPLEXITIES))
+    return 0
+
+
+def cmd_tasks_show(args: argparse.Namespace) -> int:
+    from resilibench.policies.bounds import optimal_success, reference_workflow
+
+    config = _load_world_config(args.config, need_bounds=True)
+    tasks, _ = _library(args.tasks)
+    (task,) = _select_tasks(tasks, None, None, [args.task_id])
+    print(json.dumps(task.to_dict(), indent=2, sort_keys=True))
+    print()
+    print("Reference workflow (the bound-(iii) policy's happy path):")
+    print(reference_workflow(task, config).to_plan())
+    print()
+    print(f"Bound (iii), optimal full-success probability: {optimal_success(task, config):.6f}")
+    return 0
+
+
+def cmd_tasks_list(args: argparse.Namespace) -> int:
+    tasks, _ = _library(args.tasks)
+    selected = _select_tasks(tasks, args.split, args.task_type, limit=args.limit)
+    rows = [(t.instance_id, t.task_type, t.complexity, t.split, " > ".join(t.required_tools)) for t in selected]
+    print(format_table(("instance_id", "task_type", "complexity", "split", "required_tools"), rows))
+    return 0
+
+
+# --- bounds -------------------------------------------------------------------------------------------
+
+
+def _spread(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values)}
+
+
+def cmd_bounds(args: argparse.Namespace) -> int:
+    from resilibench.envs.planner_env import ResiliBenchEnv
+    from resilibench.envs.tasks import TASK_TYPE_NAMES
+    from resilibench.policies.bounds import exact_bound, optimal_success
+    from resilibench.policies.runner import task_seed
+    from resilibench.results import run_metadata, write_json_atomic
+
+    config = _load_world_config(args.config, need_bounds=True)
+    tasks, source = _library(args.tasks)
+    split = args.split or ("all" if args.task_id else "test")
+    selected = _select_tasks(tasks, split, args.task_type, args.task_id)
+    seeds = list(range(args.clairvoyant_seeds))
+    # Bound (ii) reads the random streams that `run` episodes meet for these run seeds (one stream per
+    # task and seed, drawn through the env exactly as the runner does), so the figures match `run`'s.
+    env = ResiliBenchEnv(tasks=selected, config=config, split=None) if seeds else None
+
+    def clairvoyant(task) -> float:
+        hits = 0
+        for seed in seeds:
+            env.reset(seed=task_seed(task.instance_id, seed), options={"task_id": task.instance_id})
+            hits += exact_bound(task, config).clairvoyant(env.episode.stream)
+        return hits / len(seeds)
+
+    results = []
+    with _progress(len(selected), "bounds") as bar:
+        for task in selected:
+            row = {"task_id": task.instance_id, "task_type": task.task_type, "split": task.split,
+                   "required_tools": list(task.required_tools), "bound_iii": optimal_success(task, config)}
+            if seeds:
+                row["bound_ii"] = clairvoyant(task)
+            results.append(row)
+            bar.update(1)
+    summary = {}
+    for name in [*TASK_TYPE_NAMES, "all"]:
+        mine = [r for r in results if name in ("all", r["task_type"])]
+        if mine:
+            summary[name] = {"count": len(mine), "bound_iii": _spread([r["bound_iii"] for r in mine])}
+            if seeds:
+                summary[name]["bound_ii"] = _spread([r["bound_ii"] for r in mine])
+    document = {
+        "metadata": run_metadata(
+            {"world": config.to_dict(), "tasks": source, "split": split, "task_types": args.task_type,
+             "task_ids": args.task_id, "clairvoyant_seeds": args.clairvoyant_seeds},
+            seeds,
+            extra={"bound_ii_streams": "the streams of `resilibench run` episodes for these run seeds"} if seeds else None,
+        ),
+        "tasks": results,
+        "summary": summary,
+    }
+    if args.output:
+        write_json_atomic(args.output, document)
+    if args.format == "json":
+        print(json.dumps(document, indent=2))
+    else:
+        headers = ["task_id", "task_type", "split", "tools", "bound_iii"] + (["bound_ii"] if seeds else [])
+        rows = [(r["task_id"], r["task_type"], r["split"], len(r["required_tools"]), f"{r['bound_iii']:.6f}",
+                 *([f"{r['bound_ii']:.4f}"] if seeds else [])) for r in results]
+        print(format_table(headers, rows))
+        print()
+        headers = ["task_type", "count", "iii mean", "iii min", "iii max"]
+        if seeds:
+            headers += [f"ii mean ({len(seeds)} seeds)", "ii min", "ii max"]
+        rows = []
+        for name, st in summary.items():
+            row = [name, st["count"], *st["bound_iii"].values()]
+            if seeds:
+                row += list(st["bound_ii"].values())
+            rows.append(row)
+        print(format_table(headers, rows))
+    if args.output:
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+# --- run ----------------------------------------------------------------------------------------------
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted paths where two JSON values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b), key=str):
+            out += _diff(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return [] if a == b else [f"{prefix or '<root>'}: {a!r} -> {b!r}"]
+
+
+def _check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has_rows: bool,
+                       identity: dict[str, Any]) -> None:
+    """Refuse to add rows to a directory whose results came from another world config or task library."""
+    summary_path = directory / "summary.json"
+    recorded = [("results.jsonl", m.get("config", {})) for m in existing_meta]
+    if summary_path.exists():
+        try:
+            recorded.append(("summary.json", json.loads(summary_path.read_text())["metadata"]["config"]))
+        except (ValueError, KeyError, TypeError):
+            raise CliError(f"--output-dir {directory}: summary.json is not a ResiliBench summary; use another "
+                           "--output-dir or --no-resume to start afresh") from None
+    if has_rows and not existing_meta:
+        raise CliError(f"--output-dir {directory}: results.jsonl has rows but no metadata record, so its config "
+                       "is unknown; use another --output-dir or --no-resume to start afresh")
+    for where, config in recorded:
+        theirs = {"world": config.get("world"), "tasks_sha256": (config.get("tasks") or {}).get("sha256")}
+        differences = _diff(theirs, identity)
+        if differences:
+            shown = "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more" if len(differences) > 3 else "")
+            raise CliError(f"--output-dir {directory}: {where} was produced with a different config ({shown}); "
+                           "refusing to mix results: use another --output-dir, or --no-resume to discard them")
+
+
+def _print_run_table(summary: dict[str, Any], task_types: Sequence[str]) -> None:
+    headers = ("planner", "task_type", "episodes", "full", "full 95% CI", "partial", "failure", "bound_iii",
+               "bound_ii", "full/iii")
+    rows = []
+    for planner, overall in summary["overall"].items():
+        per_type = summary["by_task_type"][planner]
+        for name, st in [("all", overall), *((t, per_type[t]) for t in task_types if t in per_type)]:
+            lo, hi = st["full_success_ci95"]
+            rows.append((planner, name, st["episodes"], st["full_success"], f"[{lo:.3f}, {hi:.3f}]",
+                         st["partial_success"], st["failure"], st["bound_iii"], st["bound_ii"],
+                         st["full_over_bound_iii"]))
+    print(format_table(headers, rows))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from resilibench.envs.tasks import TASK_TYPE_NAMES
+    from resilibench.policies.runner import episode_jobs, run_jobs
+    from resilibench.results import (
+        JsonlWriter,
+        completed_keys,
+        plot_full_success,
+        read_jsonl,
+        run_metadata,
+        summarize_levels,
+        to_jsonable,
+        write_json_atomic,
+    )
+
+    config = _load_world_config(args.config, need_bounds=True)
+    tasks, source = _library(args.tasks)
+    planners = _dedupe(args.planners)
+    seeds = _dedupe(args.seeds)
+    task_types = _dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
+    selected = _select_tasks(tasks, args.split, task_types, limit=args.limit)
+    jobs = episode_jobs(planners, selected, seeds)
+
+    directory = Path(args.output_dir)
+    if directory.exists() and not directory.is_dir():
+        raise CliError(f"--output-dir: {directory} exists and is not a directory")
+    results_path, summary_path, plot_path = (directory / n for n in ("results.jsonl", "summary.json", "summary.png"))
+    run_config = {
+        "world": config.to_dict(), "tasks": source, "planners": planners, "split": args.split,
+        "task_types": task_types, "limit": args.limit, "task_count": len(selected), "episodes": len(jobs),
+    }
+    identity = to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"]})
+
+    existing_rows: list[dict[str, Any]] = []
+    if args.resume:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                existing = read_jsonl(results_path)
+            except ValueError as exc:
+                raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
+        for w in caught:
+            print(f"warning: {w.message}", file=sys.stderr)
+        _check_same_config(directory, existing.metadata, bool(existing.rows), identity)
+        existing_rows = existing.rows
+    else:
+        for stale in (summary_path, plot_path):
+            stale.unlink(missing_ok=True)
+    done = completed_keys(existing_rows, RUN_KEY)
+    todo = [job for job in jobs if (job[0], job[1].instance_id, job[2]) not in done]
+    print(f"{len(jobs)} episodes ({len(planners)} planners x {len(selected)} tasks x {len(seeds)} seeds); "
+          f"{len(jobs) - len(todo)} already in {results_path}, {len(todo)} to run", file=sys.stderr)
+
+    new_rows: list[dict[str, Any]] = []
+    if todo:
+        metadata = run_metadata(run_config, seeds)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a truncated tail was reported above; the writer repairs it
+            writer = JsonlWriter(results_path, metadata=metadata, resume=args.resume)
+        bar = _progress(len(todo), "episodes")
+
+        def on_result(row: dict[str, Any]) -> None:
+            writer.write(row)
+            new_rows.append(row)
+            bar.update(1)
+
+        try:
+            run_jobs(todo, config, on_result=on_result)
+        except KeyboardInterrupt:
+            bar.close()
+            writer.close()
+            print(f"\ninterrupted after {len(new_rows)} new episodes; they are saved in {results_path}: "
+                  "rerun the same command to resume", file=sys.stderr)
+            return 130
+        bar.close()
+        writer.close()
+
+    wanted = {(p, t.instance_id, s) for p, t, s in jobs}
+    rows_by_key: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in [*existing_rows, *new_rows]:
+        key = tuple(row.get(f) for f in RUN_KEY)
+        if key in wanted:
+            rows_by_key.setdefault(key, row)
+    rows = list(rows_by_key.values())
+    levels = summarize_levels(rows, "planner", "task_type", groups=planners, subgroups=task_types)
+    summary = {
+        "metadata": run_metadata(run_config, seeds),
+        "files": {"results": results_path.name, "plot": plot_path.name},
+        **levels,
+    }
+    write_json_atomic(summary_path, summary)
+    _print_run_table(summary, task_types)
+    plot_full_success(levels["overall"], levels["by_task_type"], plot_path,
+                      title=f"Full success on {args.split} ({len(selected)} tasks x {len(seeds)} seeds)")
+    print(f"wrote {results_path}, {summary_path} and {plot_path}", file=sys.stderr)
+    return 0
+
+
+# --- parser -------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from resilibench.envs.tasks import DEFAULT_SEED, TASK_TYPE_NAMES
+    from resilibench.policies.runner import PLANNER_NAMES
+
+    parser = _Parser(prog=PROG, description="ResiliBench: tools, task library, exact bounds, quick benchmark.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+
+    tools = commands.add_parser("tools", help="list the 30 tools, or export the registry as JSON")
+    tools.add_argument("--json", action="store_true", help="print the registry JSON export")
+    tools.add_argument("--output", metavar="FILE", help="write the registry JSON to FILE (implies --json)")
+    tools.set_defaults(func=cmd_tools)
+
+    tasks = commands.add_parser("tasks", help="generate, list and show tasks")
+    task_commands = tasks.add_subparsers(dest="task_command", metavar="ACTION", required=True,
+                                         parser_class=_Parser)
+    generate = task_commands.add_parser("generate", help="generate the 5,040-task library")
+    generate.add_argument("--seed", type=_nonnegative_int, default=DEFAULT_SEED, help=f"default {DEFAULT_SEED}")
+    generate.add_argument("--matcher", choices=("auto", "semantic", "lexical"), default="auto",
+                          help="operation-to-tool matching (auto: semantic when the embed extra is installed)")
+    generate.add_argument("--output", default="tasks.jsonl", help="JSONL path, .gz allowed (default tasks.jsonl)")
+    generate.set_defaults(func=cmd_tasks_generate)
+
+    library = argparse.ArgumentParser(add_help=False)
+    library.add_argument("--tasks", metavar="FILE", help="task library JSONL(.gz) (default: the shipped one)")
+    world = argparse.ArgumentParser(add_help=False)
+    world.add_argument("--config", metavar="FILE", help="WorldConfig as YAML or JSON (default: paper values)")
+
+    show = task_commands.add_parser("show", parents=[library, world],
+                                    help="a task, its reference workflow and its bound (iii)")
+    show.add_argument("task_id", metavar="ID")
+    show.set_defaults(func=cmd_tasks_show)
+
+    listing = task_commands.add_parser("list", parents=[library], help="list tasks")
+    listing.add_argument("--split", choices=SPLIT_CHOICES, default="all")
+    listing.add_argument("--task-type", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE",
+                         help=f"repeatable; one of {', '.join(TASK_TYPE_NAMES)}")
+    listing.add_argument("--limit", type=_positive_int)
+    listing.set_defaults(func=cmd_tasks_list)
+
+    bounds = commands.add_parser("bounds", parents=[library, world], help="exact bound (iii), optional bound (ii)")
+    bounds.add_argument("--split", choices=SPLIT_CHOICES, default=None,
+                        help="default test (all when --task-id is given)")
+    bounds.add_argument("--task-type", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE",
+                        help=f"repeatable; one of {', '.join(TASK_TYPE_NAMES)}")
+    bounds.add_argument("--task-id", action="append", metavar="ID", help="repeatable; selects tasks of any split")
+    bounds.add_argument("--clairvoyant-seeds", type=_nonnegative_int, default=0, metavar="N",
+                        help="also compute bound (ii) averaged over run seeds 0..N-1, on the random streams "
+                        "`resilibench run` episodes meet (default 0: skip)")
+    bounds.add_argument("--format", choices=("table", "json"), default="table")
+    bounds.add_argument("--output", metavar="FILE", help="also write the JSON results (with metadata) to FILE")
+    bounds.set_defaults(func=cmd_bounds)
+
+    run = commands.add_parser("run", parents=[library, world], help="the quick planner benchmark")
+    run.add_argument("--planners", nargs="+", choices=PLANNER_NAMES, default=list(PLANNER_NAMES), metavar="NAME",
+                     help=f"default all: {' '.join(PLANNER_NAMES)}")
+    run.add_argument("--split", choices=SPLIT_CHOICES, default="test")
+    run.add_argument("--task-type", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE",
+                     help=f"repeatable (default all); one of {', '.join(TASK_TYPE_NAMES)}")
+    run.add_argument("--seeds", nargs="+", type=_nonnegative_int, default=[0, 1, 2], metavar="N")
+    run.add_argument("--limit", type=_positive_int, help="use only the first N selected tasks")
+    run.add_argument("--output-dir", default="runs/quick", metavar="DIR", help="default runs/quick")
+    run.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                     help="skip episodes already in DIR/results.jsonl (default); --no-resume starts afresh")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except SystemExit as exc:  # argparse: --help, --version, usage errors
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except CliError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `resilibench tasks list | head`
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

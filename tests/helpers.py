@@ -1,0 +1,41 @@
+"""Test helpers: small hand-made tasks and a way to script an episode's random stream."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from resilibench.envs.config import WorldConfig
+from resilibench.envs.simulator import Episode
+from resilibench.envs.tasks import Task
+
+PIPELINE = (
+    "file_operations_reader",
+    "data_processing_validator",
+    "data_processing_transformer",
+    "data_processing_aggregator",
+    "file_operations_writer",
+)
+
+
+def make_task(required=PIPELINE, task_type="complex_validation_pipeline", max_retries=3, task_id="task_test") -> Task:
+    return Task(
+        instance_id=task_id,
+        task_type=task_type,
+        description="hand-made test task",
+        inputs={},
+        expected_outputs={"success": True},
+        required_tools=tuple(required),
+        constraints={"timeout": 300, "max_retries": max_retries},
+        complexity="medium",
+    )
+
+
+def scripted_episode(task: Task, outcomes, config: WorldConfig | None = None) -> Episode:
+    """An episode whose i-th draw succeeds iff outcomes[i] (True/False); later draws fail."""
+    episode = Episode.start(task, 0, config)
+    stream = np.ones_like(episode.stream)
+    for i, ok in enumerate(outcomes):
+        stream[i, 0] = 0.0 if ok else 1.0
+    stream[:, 1] = 0.0
+    episode.stream = stream
+    return episode

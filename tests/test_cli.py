@@ -1,0 +1,261 @@
+"""The ``resilibench`` command line, run in-process through ``main``: files, resume, errors, exports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from resilibench.envs.registry import default_registry
+from resilibench.envs.tasks import TASK_TYPES, get_task, load_tasks, read_tasks
+from resilibench.policies.bounds import optimal_success
+from resilibench.policies.runner import PLANNER_NAMES
+
+from resilibench.cli import main
+from resilibench.results import METADATA_KEY, read_jsonl
+
+RUN = ["run", "--limit", "5", "--seeds", "0"]
+LEVELS = ("full_success", "partial_success", "failure")
+
+
+def _run(tmp_path: Path, *extra: str) -> int:
+    return main([*RUN, "--output-dir", str(tmp_path / "quick"), *extra])
+
+
+def _rows(path: Path) -> list[dict]:
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r for r in lines if METADATA_KEY not in r]
+
+
+def _row_set(rows: list[dict]) -> set[str]:
+    return {json.dumps(r, sort_keys=True) for r in rows}
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> tuple[Path, bytes]:
+    """One small run shared by the resume tests (each works on its own copy)."""
+    tmp = tmp_path_factory.mktemp("run")
+    assert _run(tmp) == 0
+    return tmp / "quick", (tmp / "quick" / "results.jsonl").read_bytes()
+
+
+def _copy_run(first_run, tmp_path: Path) -> Path:
+    directory, data = first_run
+    target = tmp_path / "quick"
+    target.mkdir()
+    for name in ("results.jsonl", "summary.json"):
+        (target / name).write_bytes((directory / name).read_bytes())
+    return target
+
+
+# --- run ----------------------------------------------------------------------------------------------
+
+
+def test_run_writes_results_summary_and_plot(first_run):
+    directory, _ = first_run
+    contents = read_jsonl(directory / "results.jsonl")
+    assert len(contents.metadata) == 1
+    assert len(contents.rows) == len(PLANNER_NAMES) * 5
+    assert {r["planner"] for r in contents.rows} == set(PLANNER_NAMES)
+    # --limit takes task types in turn: five tasks, one of each type.
+    assert len({r["task_type"] for r in contents.rows}) == 5
+
+    summary = json.loads((directory / "summary.json").read_text())
+    meta = summary["metadata"]
+    for key in ("config", "seeds", "packages", "git_revision", "timestamp", "python"):
+        assert key in meta
+    assert meta["seeds"] == [0]
+    assert meta["config"]["world"]["failure"]["base_success"] == 0.8
+    assert {"numpy", "gymnasium", "scipy", "networkx", "resilibench"} <= set(meta["packages"])
+    for planner in PLANNER_NAMES:
+        groups = [summary["overall"][planner], *summary["by_task_type"][planner].values()]
+        for stats in groups:
+            assert sum(stats[level] for level in LEVELS) == pytest.approx(1.0)
+            lo, hi = stats["full_success_ci95"]
+            assert 0.0 <= lo <= stats["full_success"] <= hi <= 1.0
+        assert summary["overall"][planner]["episodes"] == 5
+    tasks = {r["task_id"] for r in contents.rows}
+    expected = sum(optimal_success(get_task(t)) for t in tasks) / len(tasks)
+    assert summary["overall"]["optimal"]["bound_iii"] == pytest.approx(expected)
+    assert contents.metadata[0]["config"] == meta["config"]
+    png = (directory / "summary.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+
+
+def test_run_resume_skips_done_rows(first_run, tmp_path, capsys):
+    directory = _copy_run(first_run, tmp_path)
+    before = (directory / "results.jsonl").read_bytes()
+    assert _run(tmp_path) == 0
+    assert "0 to run" in capsys.readouterr().err
+    assert (directory / "results.jsonl").read_bytes() == before  # nothing run, nothing appended
+
+
+def test_run_resume_restores_deleted_rows(first_run, tmp_path):
+    directory = _copy_run(first_run, tmp_path)
+    path = directory / "results.jsonl"
+    original = _rows(path)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:4] + lines[9:]))  # drop five rows
+    assert len(_rows(path)) == len(original) - 5
+    assert _run(tmp_path) == 0
+    assert _row_set(_rows(path)) == _row_set(original)
+    assert len(_rows(path)) == len(original)
+
+
+def test_run_resume_after_truncated_last_line(first_run, tmp_path, capsys):
+    directory = _copy_run(first_run, tmp_path)
+    path = directory / "results.jsonl"
+    original = _rows(path)
+    data = path.read_bytes()
+    path.write_bytes(data[:-30])  # a crash in the middle of the last row
+    assert _run(tmp_path) == 0
+    assert "truncated" in capsys.readouterr().err
+    for line in path.read_text().splitlines():
+        json.loads(line)  # every line parses again
+    assert _row_set(_rows(path)) == _row_set(original)
+
+
+def test_run_refuses_a_different_config(first_run, tmp_path, capsys):
+    directory = _copy_run(first_run, tmp_path)
+    before = (directory / "results.jsonl").read_bytes()
+    config = tmp_path / "world.yaml"
+    config.write_text("failure:\n  base_success: 0.9\n")
+    assert _run(tmp_path, "--config", str(config)) == 2
+    err = capsys.readouterr().err
+    assert "different config" in err and "base_success" in err and "Traceback" not in err
+    assert (directory / "results.jsonl").read_bytes() == before  # untouched
+    # --no-resume discards the old results and starts afresh with the new config.
+    assert _run(tmp_path, "--config", str(config), "--no-resume") == 0
+    contents = read_jsonl(directory / "results.jsonl")
+    assert len(contents.metadata) == 1
+    assert contents.metadata[0]["config"]["world"]["failure"]["base_success"] == 0.9
+    assert len(contents.rows) == len(PLANNER_NAMES) * 5
+
+
+# --- errors -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["run", "--planners", "nope"], "random_legal"),
+        (["run", "--split", "dev"], "validation"),
+        (["run", "--task-type", "nope"], "basic_file_processing"),
+        (["run", "--seeds", "-1"], "non-negative"),
+        (["run", "--limit", "0"], "positive"),
+        (["run", "--config", "/nonexistent/world.yaml"], "does not exist"),
+        (["run", "--tasks", "/nonexistent/tasks.jsonl"], "does not exist"),
+        (["bounds", "--task-id", "task_nope"], "unknown task id"),
+        (["bounds", "--format", "xml"], "table"),
+        (["tasks", "show", "task_nope"], "unknown task id"),
+        (["tasks", "generate", "--matcher", "fuzzy"], "lexical"),
+        (["tasks"], "required"),
+        (["frobnicate"], "tools"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('{"failure": {"base": 0.9}}', "accepted"),
+        ('{"rules": {"profile": "training"}}', "profile"),
+        ('{"rules": {"profile": "nope"}}', "profile"),
+        ("[1, 2]", "mapping"),
+        ("{not json", "cannot parse"),
+    ],
+)
+def test_bad_config_exits_2(text, needle, tmp_path, capsys):
+    config = tmp_path / "world.json"
+    config.write_text(text)
+    assert _run(tmp_path, "--config", str(config)) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "quick").exists()
+
+
+# --- tools, tasks, bounds -----------------------------------------------------------------------------
+
+
+def test_tools_json_round_trips(tmp_path, capsys):
+    assert main(["tools", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(default_registry().to_json())
+    out = tmp_path / "registry.json"
+    assert main(["tools", "--json", "--output", str(out)]) == 0
+    assert json.loads(out.read_text()) == json.loads(default_registry().to_json())
+
+
+def test_tools_table(capsys):
+    assert main(["tools"]) == 0
+    out = capsys.readouterr().out
+    assert "file_operations_writer" in out and "data_processing_aggregator" in out
+    assert len(out.strip().splitlines()) == 2 + len(default_registry())
+
+
+def test_tasks_generate_is_byte_identical(tmp_path, capsys):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert main(["tasks", "generate", "--matcher", "lexical", "--output", str(a)]) == 0
+    assert main(["tasks", "generate", "--matcher", "lexical", "--output", str(b)]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    tasks = read_tasks(a)
+    assert len(tasks) == 5040
+    for task_type in TASK_TYPES:
+        assert sum(t.task_type == task_type.name for t in tasks) == task_type.count
+    out = capsys.readouterr().out
+    assert "5040" in out and "easy 1520, medium 2880, hard 640" in out
+
+
+def test_tasks_show_and_list(capsys):
+    task = load_tasks(split="test")[0]
+    assert main(["tasks", "show", task.instance_id]) == 0
+    out = capsys.readouterr().out
+    assert f'"instance_id": "{task.instance_id}"' in out
+    assert f"1. {task.required_tools[0]}" in out
+    assert f"{optimal_success(task):.6f}" in out
+    assert main(["tasks", "list", "--split", "test", "--task-type", "simple_data_transformation",
+                 "--limit", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 + 3
+    assert all("simple_data_transformation" in line for line in lines[2:])
+
+
+def test_bounds_task_id_matches_optimal_success(tmp_path, capsys):
+    task = load_tasks(split="validation")[3]
+    expected = optimal_success(task)
+    assert main(["bounds", "--task-id", task.instance_id]) == 0
+    assert f"{expected:.6f}" in capsys.readouterr().out
+    out = tmp_path / "bounds.json"
+    assert main(["bounds", "--task-id", task.instance_id, "--clairvoyant-seeds", "2", "--format", "json",
+                 "--output", str(out)]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["tasks"][0]["bound_iii"] == expected
+    assert 0.0 <= document["tasks"][0]["bound_ii"] <= 1.0
+    assert document["summary"]["all"]["count"] == 1
+    assert json.loads(out.read_text()) == document
+    assert document["metadata"]["seeds"] == [0, 1]
+
+
+def test_bounds_bound_ii_matches_run_rows(first_run, capsys):
+    directory, _ = first_run
+    rows = {r["task_id"]: r for r in read_jsonl(directory / "results.jsonl").rows if r["planner"] == "optimal"}
+    ids = [arg for task_id in rows for arg in ("--task-id", task_id)]
+    assert main(["bounds", *ids, "--clairvoyant-seeds", "1", "--format", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert len(document["tasks"]) == len(rows) == 5
+    for entry in document["tasks"]:
+        row = rows[entry["task_id"]]
+        assert row["seed"] == 0
+        assert (entry["bound_iii"], entry["bound_ii"]) == (row["bound_iii"], row["bound_ii"])
+
+
+def test_python_dash_m(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "resilibench", "--version"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0 and "resilibench" in done.stdout
