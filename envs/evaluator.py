@@ -9,9 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from resilibench.envs.config import EvaluatorConfig
 from resilibench.envs.registry import ToolRegistry, default_registry
@@ -113,7 +112,7 @@ def evaluate(
             succeeded.add(tool)
             if tool in position:
                 first_successes.append(position[tool])
-    sequence_correct = bool(first_successes) and all(a < b for a, b in zip(first_successes, first_successes[1:]))
+    sequence_correct = bool(first_successes) and all(a < b for a, b in pairwise(first_successes))
     outputs = output_tool_ids(required, registry)
     output_generated = any(t in succeeded for t in outputs) if outputs else True
     try:

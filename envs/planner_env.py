@@ -35,10 +35,7 @@ def make_world_config(
 
 def select_tasks(tasks: Sequence[Task] | None, split: str | None, task_types) -> list[Task]:
     """The env's task pool: given tasks, or the shipped library filtered by split and task types."""
-    if tasks is not None:
-        pool = list(tasks)
-    else:
-        pool = load_tasks(split=split, task_types=task_types)
+    pool = list(tasks) if tasks is not None else load_tasks(split=split, task_types=task_types)
     if not pool:
         raise ValueError(f"no tasks for split={split!r}, task_types={task_types!r}")
     return pool

@@ -24,9 +24,10 @@ from resilibench.envs.simulator import (
     END_REASONS,
     FAILED,
     FINISHED_CODE,
+    NOT_ATTEMPTED,
     OUT_OF_TURNS_CODE,
-    REPETITION_LOOP_CODE,
     SUCCESS,
+    draw_stream,
     episode_seed,
     success_probability,
     termination_code,
@@ -174,51 +175,64 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self._turn_limit = rules.turn_limit
         self._strict = rules.strict_dependencies
         N, T = self.num_envs, self._turn_limit
-        # Per-tool state, one uint8 per (sub-env, tool): calls so far, plus 64 once the tool has succeeded.
-        # Columns: the n tools, then MET (a satisfied dependency; pads dependency lists) and NEVER (a tool
-        # that never succeeds; pads required-tool lists).
-        self._met, self._never, self._cols = n, n + 1, n + 2
-        max_deps = max((len(d) for d in self.registry.dependency_ids), default=0)
-        self._n_deps = max(max_deps, 1)
-        self._dep_idx = np.full((n, self._n_deps), self._met, dtype=np.int64)
-        for t, deps in enumerate(self.registry.dependency_ids):
-            self._dep_idx[t, : len(deps)] = deps
-        # The success formula over every (uncalled, failed, failed calls so far) it can meet, flattened.
-        n_u, n_f, n_h = np.meshgrid(np.arange(self._n_deps + 1), np.arange(self._n_deps + 1), np.arange(T + 1),
-                                    indexing="ij")
+        # Per (sub-env, tool) one uint8: calls so far (bits 0-5), succeeded (64), last failure was a
+        # dependency problem (128). Columns: the n tools, then MET, a satisfied dependency that pads the
+        # dependency lists.
+        self._met, self._cols = n, n + 1
+        self._tc_init = np.zeros(self._cols, dtype=np.uint8)
+        self._tc_init[self._met] = _SUCCEEDED + 1
+        codes = np.arange(256)
+        calls_of, succeeded_of = codes & _CALLS, (codes & _SUCCEEDED) > 0
+        # Observation status of a code, and the kind of a dependency (0 uncalled, 1 failed so far, 2 met).
+        self._status_of = np.where(succeeded_of, SUCCESS, np.where(
+            calls_of == 0, NOT_ATTEMPTED, np.where(codes & _DEPENDENCY_PROBLEM, DEPENDENCY_FAILED, FAILED)))
+        kind = np.where(succeeded_of, 2, np.where(calls_of > 0, 1, 0))
+        deps = self.registry.dependency_ids
+        self._n_deps = max(max((len(d) for d in deps), default=0), 1)
+        dep_idx = np.full((n, self._n_deps), self._met, dtype=np.int64)
+        for t, d in enumerate(deps):
+            dep_idx[t, : len(d)] = d
+        self._dep_cols = [np.ascontiguousarray(dep_idx[:, j]) for j in range(self._n_deps)]
+        # The success formula over every (kinds of the dependencies, failed calls so far) it can meet:
+        # index = sum_j kind_j * 3**j * (T + 1) + N_h, read through ``_kind_index[j][code]``.
+        self._kind_index = [(kind * 3**j * (T + 1)).astype(np.int64) for j in range(self._n_deps)]
+        combos = np.array(np.meshgrid(*[np.arange(3)] * self._n_deps, indexing="ij")).reshape(self._n_deps, -1)
+        combo = (combos * (3 ** np.arange(self._n_deps))[:, None]).sum(axis=0)
+        order = np.argsort(combo)
+        n_uncalled = (combos == 0).sum(axis=0)[order]
+        n_failed = (combos == 1).sum(axis=0)[order]
         fm = self.config.failure
-        self._p_table = np.ascontiguousarray(
-            success_probability(fm.base_success, n_u, n_f, n_h, fm), dtype=np.float64).reshape(-1)
+        history = np.arange(T + 1)
+        self._p_table = np.ascontiguousarray(success_probability(
+            fm.base_success, np.repeat(n_uncalled, T + 1), np.repeat(n_failed, T + 1),
+            np.tile(history, len(order)), fm), dtype=np.float64)
+        self._unmet_table = np.repeat(n_uncalled + n_failed > 0, T + 1)
         self._finished_mask = np.zeros(n + 1, dtype=np.int8)
         self._finished_mask[n] = 1
         self._build_task_tables(self.known_tasks)
         self._source = _EpisodeSource(self)
 
-        # Batched state. Observation and mask buffers carry one extra row: a dump for masked scatters.
+        # Batched state. The observation and mask buffers carry one extra row: a dump for masked scatters.
         rows = np.arange(N, dtype=np.int64)
-        self._row_cols, self._row_tools = rows * self._cols, rows * n
-        self._row_obs, self._row_mask = rows * self.layout.size, rows * (n + 1)
+        self._row_cols, self._row_obs, self._row_mask = rows * self._cols, rows * self.layout.size, rows * (n + 1)
+        self._row_stream = rows * (T + 1)
         self._dump_obs, self._dump_mask = N * self.layout.size, N * (n + 1)
         self._obs_buf = np.zeros((N + 1, self.layout.size), dtype=np.float32)
         self._mask_buf = np.zeros((N + 1, n + 1), dtype=np.int8)
         self._tc = np.zeros((N, self._cols), dtype=np.uint8)
-        self._tc_init = np.zeros(self._cols, dtype=np.uint8)
-        self._tc_init[self._met] = 64 + 1
-        self._status = np.zeros((N, n), dtype=np.int64)
-        # Integer counters as rows of one matrix, so a reset clears them in one operation.
+        # Success draws of each episode's stream, plus a padding column read by rows that do not draw.
+        self._stream = np.ones((N, T + 1), dtype=np.float64)
+        # Integer state as rows of one matrix (a reset writes it in one operation); the last rows are
+        # copied from the task tables.
         self._ints = np.zeros((_N_INTS, N), dtype=np.int64)
+        (self._task, self._turns, self._draws, self._n_failures, self._consecutive, self._last_tool, self._streak,
+         self._next_req, self._covered, self._done_bits, self._max_calls_row, self._task_tools, self._task_req,
+         self._n_req_row) = self._ints
         self._ints_init = np.zeros((_N_INTS, 1), dtype=np.int64)
-        self._ints_init[_LAST_TOOL] = self._ints_init[_LAST_POS] = -1
-        (self._task, self._turns, self._n_failures, self._consecutive, self._last_tool, self._streak,
-         self._next_req, self._covered, self._last_pos) = self._ints
+        self._ints_init[_LAST_TOOL] = -1
         self._order_broken = np.zeros(N, dtype=bool)
         self._output_done = np.zeros(N, dtype=bool)
         self._autoreset = np.zeros(N, dtype=bool)
-        # Episode streams: ``_g`` is the generator state whose output is the next success draw ``_u``;
-        # ``_gc`` = inc * (mult + 1), so two steps are state * mult**2 + _gc.
-        self._g_hi, self._g_lo, self._gc_hi, self._gc_lo = (np.zeros(N, dtype=_U64) for _ in range(4))
-        self._u = np.zeros(N, dtype=np.float64)
-        self._mult2 = brng.jump(2)[0]
         self._started = False
 
     # --- construction ----------------------------------------------------------------------------------
@@ -227,35 +241,40 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         """Per-task arrays, built once: required ids, positions, outputs, limits, first observations."""
         n, reg, lay = self.n_tools, self.registry, self.layout
         required = [task.required_ids(reg) for task in tasks]
-        width = max((len(r) for r in required), default=0) + 1  # always one padding column
+        width = max((len(r) for r in required), default=0) + 1  # one padding position: "all done"
+        if width > 21:
+            raise ValueError(f"the batched env supports tasks with at most 20 required tools, got {width - 1}; "
+                             "use vectorization_mode='sync'")
         k = len(tasks)
-        self._req = np.full((k, width), self._never, dtype=np.int64)
-        req_pos = np.full((k, n), -1, dtype=np.int64)
+        pos_bit = np.zeros((k, n), dtype=np.int64)  # 1 << position of each required tool, 0 otherwise
         out_mask = np.zeros((k, n), dtype=bool)
-        self._n_req = np.zeros(k, dtype=np.int64)
+        next_obs = np.full((k, width), -1, dtype=np.int64)  # observation offset of "next required = j"
+        fields = np.zeros((_N_INTS, k), dtype=np.int64)  # the task-derived rows of the integer state
         self._has_outputs = np.zeros(k, dtype=bool)
-        self._max_calls = np.zeros(k, dtype=np.int64)
         self._min_cov = np.zeros(k, dtype=np.float64)
         self._init_obs = np.zeros((k, lay.size), dtype=np.float32)
         coverage = self.config.evaluator.min_coverage
         for i, (task, req) in enumerate(zip(tasks, required, strict=True)):
-            self._req[i, : len(req)] = req
-            req_pos[i, list(req)] = np.arange(len(req))
+            pos_bit[i, list(req)] = 1 << np.arange(len(req))
+            next_obs[i, : len(req)] = lay.next_required + np.asarray(req, dtype=np.int64)
             outputs = output_tool_ids(req, reg)
             out_mask[i, list(outputs)] = True
             self._has_outputs[i] = bool(outputs)
-            self._n_req[i] = len(req)
-            self._max_calls[i] = 1 + task.max_retries
-            if not 1 <= self._max_calls[i] <= 63:
-                raise ValueError(f"task {task.instance_id!r}: the batched env needs 0 <= max_retries <= 62, got "
-                                 f"{task.max_retries}; use vectorization_mode='sync'")
+            max_calls = 1 + task.max_retries
+            if not 1 <= max_calls <= _CALLS:
+                raise ValueError(f"task {task.instance_id!r}: the batched env needs 0 <= max_retries <= {_CALLS - 1}, "
+                                 f"got {task.max_retries}; use vectorization_mode='sync'")
+            fields[_TASK, i], fields[_MAX_CALLS, i], fields[_N_REQ, i] = i, max_calls, len(req)
+            fields[_TASK_TOOLS, i], fields[_TASK_REQ, i] = i * n, i * width
             if task.task_type not in coverage:
                 raise ValueError(f"no min_coverage for task type {task.task_type!r}; configured: {sorted(coverage)}")
             self._min_cov[i] = coverage[task.task_type]
             self._init_obs[i] = initial_observation(task, reg, lay)
-        self._req_pos, self._out_mask = req_pos.reshape(-1), out_mask.reshape(-1)
-        # Observation offsets of "next required = position j" (-1 past the last required tool).
-        self._next_obs = np.where(np.arange(width) < self._n_req[:, None], lay.next_required + self._req, -1)
+        self._pos_bit, self._out_mask, self._next_obs = pos_bit.reshape(-1), out_mask.reshape(-1), next_obs.reshape(-1)
+        self._task_fields = fields[_TASK_FIELDS]
+        # Next required position from the bit set of required positions done: its lowest zero bit.
+        bits = np.arange(1 << width, dtype=np.int64)
+        self._next_of_bits = _lowest_zero_bit(bits)
         self._task_row_of = {id(t): i for i, t in enumerate(tasks)}
 
     def _task_row(self, task: Task) -> int:
@@ -309,9 +328,9 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         a = np.asarray(actions)
         if a.shape != (N,) or not np.issubdtype(a.dtype, np.integer):
             raise ValueError(f"actions must be an integer array of shape ({N},), got {a.dtype} {a.shape}")
-        if a.min() < 0 or a.max() > n:
-            raise ValueError(f"actions must be in [0, {n}] (FINISH = {n}), got {a[(a < 0) | (a > n)][:5]}")
         a = a.astype(np.int64, copy=False)
+        if (a.astype(np.uint64) > n).any():  # negative actions wrap to huge values
+            raise ValueError(f"actions must be in [0, {n}] (FINISH = {n}), got {a[(a < 0) | (a > n)][:5]}")
         autoreset = self._autoreset
         if autoreset.any():
             self._start_episodes(np.flatnonzero(autoreset), {})
@@ -320,46 +339,37 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         tool_action = acting ^ finish
         out_of_turns = tool_action & (self._turns >= T)
         call = tool_action ^ out_of_turns
-        # Finish rows read tool n - 1: every write below leaves rows without a call unchanged.
+        # Rows without a call read tool min(a, n - 1); every write below leaves them unchanged.
         at = np.minimum(a, n - 1)
-        task = self._task
         tc_flat, obs_flat, mask_flat = self._tc.reshape(-1), self._obs_buf.reshape(-1), self._mask_buf.reshape(-1)
 
         cell = self._row_cols + at
         tc = tc_flat[cell]
-        replay = tc >= 64
-        calls_before = tc & 63
-        max_calls = self._max_calls[task]
-        live = call & ~replay & (calls_before < max_calls)  # not replayed, not over the call cap
-        dep = tc_flat[self._row_cols[:, None] + self._dep_idx[at]]
-        n_uncalled = (dep == 0).sum(axis=1)
-        n_met = (dep >= 64).sum(axis=1)
-        unmet = n_met < self._n_deps
+        replay = (tc & _SUCCEEDED) > 0
+        calls_before = tc & _CALLS
+        max_calls = self._max_calls_row
+        live = call & ~replay & (calls_before < max_calls)  # neither a replay nor over the call cap
+        p_index = self._n_failures.copy()
+        for j in range(self._n_deps):
+            p_index += self._kind_index[j][tc_flat[self._row_cols + self._dep_cols[j][at]]]
+        unmet = self._unmet_table[p_index]
         if self._strict:
             strict_fail = live & unmet
             draw = live ^ strict_fail
-            booked = live
         else:
-            strict_fail = None
-            draw = booked = live
-        p = self._p_table[((n_uncalled * (self._n_deps + 1)) + (self._n_deps - n_uncalled - n_met)) * (T + 1)
-                          + self._n_failures]
-        success = draw & (self._u < p)
-        self._advance_streams(draw)
-        tc_flat[cell] = tc + booked + success * 64
+            strict_fail, draw = None, live
+        success = draw & (self._stream.reshape(-1)[self._row_stream + self._draws] < self._p_table[p_index])
+        self._draws += draw
         changed = call & ~replay
         failed = changed ^ success
-        dependency_problem = (draw & unmet) if strict_fail is None else (strict_fail | (draw & unmet))
-
-        status_cell = self._row_tools + at
-        old_status = self._status.reshape(-1)[status_cell]
-        status = np.where(changed, success * SUCCESS + failed * (FAILED + dependency_problem * (DEPENDENCY_FAILED - FAILED)),
-                          old_status)
-        self._status.reshape(-1)[status_cell] = status
+        dependency_problem = draw & unmet if strict_fail is None else strict_fail | (draw & unmet)
+        new_tc = np.where(changed, calls_before + live + success * _SUCCEEDED
+                          + (failed & dependency_problem) * _DEPENDENCY_PROBLEM, tc)
+        tc_flat[cell] = new_tc
         block = self._row_obs + (lay.status + N_STATUS * at)
-        obs_flat[block + old_status] = 0.0
-        obs_flat[block + status] = 1.0
-        mask_off = success | (failed & (calls_before + booked >= max_calls))
+        obs_flat[block + self._status_of[tc]] = 0.0
+        obs_flat[block + self._status_of[new_tc]] = 1.0
+        mask_off = success | (failed & (calls_before + live >= max_calls))
         mask_flat[np.where(mask_off, self._row_mask + at, self._dump_mask)] = 0
 
         self._turns += call
@@ -374,81 +384,48 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self._last_tool[:] = np.where(changed, at, self._last_tool)
         end_code = termination_code(consecutive, streak, self.config.rules) * failed
 
-        task_cell = task * n + at
+        task_cell = self._task_tools + at
         self._output_done |= success & self._out_mask[task_cell]
-        pos = self._req_pos[task_cell]
-        hit = success & (pos >= 0)
+        pos_bit = self._pos_bit[task_cell] * success  # first success of a required tool: 1 << its position
+        hit = pos_bit > 0
         if hit.any():
-            self._required_success(np.flatnonzero(hit), pos)
+            bits = self._done_bits
+            self._order_broken |= hit & (bits > pos_bit)  # an earlier success at a later position
+            bits |= pos_bit
+            self._covered += hit
+            old_next, new_next = self._next_req.copy(), self._next_of_bits[bits]
+            self._next_req[:] = new_next
+            for position, value in ((old_next, 0.0), (new_next, 1.0)):  # unchanged rows: 0 then 1, same cell
+                offset = self._next_obs[self._task_req + position]
+                obs_flat[np.where(offset >= 0, self._row_obs + offset, self._dump_obs)] = value
+            empty = self._n_req_row == 0
+            obs_flat[np.where(hit, self._row_obs + lay.progress, self._dump_obs)] = (
+                (self._covered + empty) / (self._n_req_row + empty))
         obs = self._obs_buf
         obs[:N, lay.step] = self._turns / T
         obs[:N, lay.failures] = np.minimum(self._n_failures / T, 1.0)
         obs[:N, lay.consecutive] = np.minimum(consecutive / self.config.rules.max_consecutive_failures, 1.0)
 
         ended = finish | out_of_turns | (end_code > 0)
-        end_code = (end_code + finish * FINISHED_CODE + out_of_turns * OUT_OF_TURNS_CODE).astype(np.int8)
-        reward = np.zeros(N, dtype=np.float64)
-        level = np.full(N, -1, dtype=np.int8)
-        if ended.any():
-            rows = np.flatnonzero(ended)
-            codes = self._grade(rows, finish[rows], end_code[rows])
-            level[rows] = codes
-            reward[rows] = codes == FULL
-            self._mask_buf[rows] = self._finished_mask
+        end_code = end_code + finish * FINISHED_CODE + out_of_turns * OUT_OF_TURNS_CODE
+        covered = self._covered
+        _, _, code = grade(covered, self._n_req_row, (covered > 0) & ~self._order_broken,
+                           self._output_done | ~self._has_outputs[self._task], finish,
+                           end_code >= CONSECUTIVE_FAILURES_CODE, self._min_cov[self._task],
+                           self.config.evaluator.partial_conditions_needed)
+        level = np.where(ended, code, -1).astype(np.int8)
+        reward = (ended & (code == FULL)).astype(np.float64)
+        self._mask_buf[:N][ended] = self._finished_mask
         self._autoreset = ended
         info = self._info_arrays()
         info["level"], info["_level"] = level, ended.copy()
-        info["end_reason"], info["_end_reason"] = end_code, ended.copy()
+        info["end_reason"], info["_end_reason"] = end_code.astype(np.int8), ended.copy()
         return obs[:N].copy(), reward, ended ^ out_of_turns, out_of_turns, info
 
     def close_extras(self, **kwargs: Any) -> None:
         pass
 
-    # --- pieces of a step ------------------------------------------------------------------------------
-
-    def _advance_streams(self, draw: np.ndarray) -> None:
-        """Move the episode streams of the rows that drew to their next success draw (two outputs on: the
-        error-code draw is not needed without a trace)."""
-        hi, lo = brng.mul128(self._g_hi, self._g_lo, self._mult2)
-        hi, lo = brng.add128(hi, lo, self._gc_hi, self._gc_lo)
-        self._u = np.where(draw, brng.to_double(brng.output(hi, lo)), self._u)
-        self._g_hi = np.where(draw, hi, self._g_hi)
-        self._g_lo = np.where(draw, lo, self._g_lo)
-
-    def _required_success(self, rows: np.ndarray, pos: np.ndarray) -> None:
-        """Book first successes of required tools in ``rows``: coverage, order, next-required, progress."""
-        lay = self.layout
-        pos = pos[rows]
-        task = self._task[rows]
-        obs_flat = self._obs_buf.reshape(-1)
-        self._order_broken[rows] |= pos < self._last_pos[rows]
-        self._last_pos[rows] = pos
-        covered = self._covered[rows] + 1
-        self._covered[rows] = covered
-        req = self._req[task]
-        old_next = self._next_req[rows]
-        done = self._tc.reshape(-1)[self._row_cols[rows][:, None] + req] >= 64
-        new_next = np.argmin(done, axis=1)  # first required tool not yet done (padding never is)
-        self._next_req[rows] = new_next
-        base = self._row_obs[rows]
-        old_obs = self._next_obs[task, old_next]
-        obs_flat[np.where(old_obs >= 0, base + old_obs, self._dump_obs)] = 0.0
-        new_obs = self._next_obs[task, new_next]
-        obs_flat[np.where(new_obs >= 0, base + new_obs, self._dump_obs)] = 1.0
-        n_req = self._n_req[task]
-        empty = n_req == 0
-        obs_flat[base + lay.progress] = (covered + empty) / (n_req + empty)
-
-    def _grade(self, rows: np.ndarray, completed: np.ndarray, end_code: np.ndarray) -> np.ndarray:
-        """Level codes of the episodes ending in ``rows`` (the evaluator's ``grade`` on counters)."""
-        task = self._task[rows]
-        covered = self._covered[rows]
-        sequence = (covered > 0) & ~self._order_broken[rows]
-        output = self._output_done[rows] | ~self._has_outputs[task]
-        failed_termination = (end_code == CONSECUTIVE_FAILURES_CODE) | (end_code == REPETITION_LOOP_CODE)
-        _, _, code = grade(covered, self._n_req[task], sequence, output, completed, failed_termination,
-                           self._min_cov[task], self.config.evaluator.partial_conditions_needed)
-        return np.asarray(code, dtype=np.int8)
+    # --- pieces ----------------------------------------------------------------------------------------
 
     def _info_arrays(self) -> dict[str, Any]:
         N = self.num_envs
@@ -459,8 +436,6 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             "task_index": self._task.copy(),
             "_task_index": everywhere.copy(),
         }
-
-    # --- episodes --------------------------------------------------------------------------------------
 
     def _pinned_rows(self, task_id, rows: np.ndarray) -> dict[int, int]:
         """{row: task-table row} for ``options['task_id']`` (one id for all rows, or one per sub-env)."""
@@ -486,13 +461,12 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
 
     def _start_episodes(self, rows: np.ndarray, pinned: dict[int, int]) -> None:
         """Begin new episodes in ``rows``: next task and stream from each row's generator, state cleared."""
-        task, g_hi, g_lo, gc_hi, gc_lo, u = self._source.take(rows, pinned)
-        self._ints[:, rows] = self._ints_init
-        self._task[rows] = task
-        self._g_hi[rows], self._g_lo[rows], self._gc_hi[rows], self._gc_lo[rows], self._u[rows] = (
-            g_hi, g_lo, gc_hi, gc_lo, u)
+        task, stream = self._source.take(rows, pinned)
+        ints = self._ints
+        ints[:, rows] = self._ints_init
+        ints[_TASK_FIELDS[:, None], rows] = self._task_fields[:, task]
+        self._stream[rows, :-1] = stream
         self._tc[rows] = self._tc_init
-        self._status[rows] = 0
         self._order_broken[rows] = False
         self._output_done[rows] = False
         self._mask_buf[rows] = 1
@@ -515,9 +489,26 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         return np.array(END_REASONS, dtype=object)[np.asarray(codes, dtype=np.int64)]
 
 
-# Rows of the integer counter matrix.
-(_TASK, _TURNS, _N_FAILURES, _CONSECUTIVE, _LAST_TOOL, _STREAK, _NEXT_REQ, _COVERED, _LAST_POS) = range(9)
-_N_INTS = 9
+# Bits of the per-(sub-env, tool) code.
+_CALLS, _SUCCEEDED, _DEPENDENCY_PROBLEM = 63, 64, 128
+# Rows of the integer state matrix; the task-derived ones come last.
+(_TASK, _TURNS, _DRAWS, _N_FAILURES, _CONSECUTIVE, _LAST_TOOL, _STREAK, _NEXT_REQ, _COVERED, _DONE_BITS,
+ _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ) = range(14)
+_N_INTS = 14
+_CHUNK = 8192  # rows per batch of 128-bit arithmetic in queue refills
+_TASK_FIELDS = np.array([_TASK, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ])
+
+
+def _lowest_zero_bit(bits: np.ndarray) -> np.ndarray:
+    """Index of the lowest zero bit of each value (the number of trailing ones)."""
+    out = np.zeros(bits.shape, dtype=np.int64)
+    ones = bits.copy()
+    while True:
+        more = (ones & 1) == 1
+        if not more.any():
+            return out
+        out += more
+        ones = np.where(more, ones >> 1, 0)
 
 
 class _EpisodeSource:
@@ -525,29 +516,28 @@ class _EpisodeSource:
 
     Sub-env ``i`` owns a PCG64 generator, exactly as ``ResiliBenchEnv.np_random``. A new episode draws from
     it in the single env's order: ``integers(len(tasks))`` (unless the task is pinned), then
-    ``episode_seed``; the episode's stream is ``default_rng(episode seed)``. Those draws are computed ahead
-    for ``capacity`` episodes per sub-env at once (large numpy batches; ``resilibench.envs.rng``), and the
-    generator state before each queued episode is kept, so reseeding or pinning a sub-env simply recomputes
-    the queue from its current state. Rows where numpy's bounded-integer sampler would reject a draw (about
-    one in a million draws), pinned tasks, and every row when ``rng.checked()`` is False go through numpy's
-    own Generator instead.
+    ``episode_seed``; the episode's stream is ``draw_stream(default_rng(episode seed), T)``, of which the
+    batched env needs the success draws ``stream[:, 0]``. All of this is computed ahead for ``capacity``
+    episodes per sub-env at once (large numpy batches, ``resilibench.envs.rng``), and the generator state
+    before each queued episode is kept, so reseeding or pinning a sub-env recomputes the queue from its
+    current state. Rows where numpy's bounded-integer sampler would reject a draw (about one draw in a
+    million), pinned tasks, and every row when ``rng.checked()`` is False go through numpy's own Generator.
     """
 
     def __init__(self, env: ResiliBenchVectorEnv):
         self.env = env
         N = env.num_envs
-        self.capacity = M = int(min(64, max(8, 65536 // N)))
+        self.capacity = M = int(min(64, max(4, 65536 // N)))
         self.inc_hi, self.inc_lo = np.zeros(N, dtype=_U64), np.zeros(N, dtype=_U64)
         # Generator state before queued episode e (column M: after the last one).
         self.r_hi, self.r_lo = np.zeros((N, M + 1), dtype=_U64), np.zeros((N, M + 1), dtype=_U64)
         self.r_has32, self.r_u32 = np.zeros((N, M + 1), dtype=bool), np.zeros((N, M + 1), dtype=_U64)
         self.task = np.zeros((N, M), dtype=np.int64)
-        self.g_hi, self.g_lo, self.gc_hi, self.gc_lo = (np.zeros((N, M), dtype=_U64) for _ in range(4))
-        self.u = np.zeros((N, M), dtype=np.float64)
+        self.stream = np.zeros((N, M, env._turn_limit), dtype=np.float64)
         self.cursor = np.zeros(N, dtype=np.int64)
         self.seeded = np.zeros(N, dtype=bool)
         self.dirty = True
-        self.gc_factor = brng.jump(2)[1]
+        self.mult2, self.factor2 = brng.jump(2)
 
     # --- generator states ---
 
@@ -566,7 +556,7 @@ class _EpisodeSource:
         if fast:
             r = np.array([x[0] for x in fast], dtype=np.int64)
             hi, lo, inc_hi, inc_lo = brng.seed_states(np.array([x[1] for x in fast], dtype=_U64))
-            self._set_rows(r, hi, lo, inc_hi, inc_lo, np.zeros(r.size, dtype=bool), np.zeros(r.size, dtype=_U64))
+            self._set_rows(r, hi, lo, inc_hi, inc_lo, False, 0)
         for r, gen in slow:
             self._set_generator(r, gen)
 
@@ -580,9 +570,8 @@ class _EpisodeSource:
 
     def _set_generator(self, row: int, gen: np.random.Generator) -> None:
         state, inc, has32, u32 = brng.generator_state(gen)
-        r = np.array([row])
-        self._set_rows(r, _U64(state >> 64), _U64(state & brng.M64), _U64(inc >> 64), _U64(inc & brng.M64),
-                       bool(has32), _U64(u32))
+        self._set_rows(np.array([row]), _U64(state >> 64), _U64(state & brng.M64), _U64(inc >> 64),
+                       _U64(inc & brng.M64), bool(has32), _U64(u32))
 
     def generator(self, row: int) -> np.random.Generator:
         """A numpy Generator in ``row``'s current state."""
@@ -593,41 +582,34 @@ class _EpisodeSource:
 
     # --- episodes ---
 
-    def take(self, rows: np.ndarray, pinned: dict[int, int]):
-        """(task row, stream state, stream increment factor, first draw) of the next episode of each row."""
+    def take(self, rows: np.ndarray, pinned: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """(task row, success draws of the stream) of the next episode of each row."""
+        pin_task = pin_stream = None
+        free = rows
         if pinned:
-            self._pin(pinned)
-        free = rows if not pinned else rows[[r not in pinned for r in rows.tolist()]]
+            pin_rows = [i for i, r in enumerate(rows.tolist()) if r in pinned]
+            pin_task, pin_stream = self._pin([int(rows[i]) for i in pin_rows], pinned)
+            free = np.delete(rows, pin_rows)
         if self.dirty or (free.size and self.cursor[free].max() >= self.capacity):
             self._refill()
         slot = self.cursor[rows]
         self.cursor[free] += 1
         flat = rows * self.capacity + slot
-        out = [self.task.reshape(-1)[flat]] + [a.reshape(-1)[flat] for a in (self.g_hi, self.g_lo, self.gc_hi,
-                                                                              self.gc_lo, self.u)]
-        if pinned:  # pinned rows: their episode was put in the current slot by _pin (not consumed here)
-            for i, r in enumerate(rows.tolist()):
-                if r in pinned:
-                    out[0][i] = pinned[r]
-                    for k, arr in enumerate((self.pin_g_hi, self.pin_g_lo, self.pin_gc_hi, self.pin_gc_lo,
-                                             self.pin_u), start=1):
-                        out[k][i] = arr[r]
-        return out
+        task = self.task.reshape(-1)[flat]
+        stream = self.stream.reshape(-1, self.env._turn_limit)[flat]
+        if pinned:
+            task[pin_rows], stream[pin_rows] = pin_task, pin_stream
+        return task, stream
 
-    def _pin(self, pinned: dict[int, int]) -> None:
-        """Pinned task: the single env draws only ``episode_seed`` (numpy's Generator, row by row)."""
-        N = self.env.num_envs
-        self.pin_g_hi, self.pin_g_lo, self.pin_gc_hi, self.pin_gc_lo = (np.zeros(N, dtype=_U64) for _ in range(4))
-        self.pin_u = np.zeros(N, dtype=np.float64)
-        rows = np.array(sorted(pinned), dtype=np.int64)
+    def _pin(self, rows: list[int], pinned: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """Episodes of pinned tasks: the single env then draws only ``episode_seed`` (numpy, row by row)."""
         seeds = []
-        for r in rows.tolist():
+        for r in rows:
             gen = self.generator(r)
             seeds.append(episode_seed(gen))
             self._set_generator(r, gen)
-        g_hi, g_lo, gc_hi, gc_lo, u = self._streams(np.array(seeds, dtype=_U64))
-        self.pin_g_hi[rows], self.pin_g_lo[rows], self.pin_gc_hi[rows], self.pin_gc_lo[rows] = g_hi, g_lo, gc_hi, gc_lo
-        self.pin_u[rows] = u
+        task = np.array([pinned[r] for r in rows], dtype=np.int64)
+        return task, self._streams(np.array(seeds, dtype=_U64))
 
     def _refill(self) -> None:
         """Recompute ``capacity`` queued episodes for every row from its current generator state."""
@@ -669,22 +651,25 @@ class _EpisodeSource:
                 if e < M:
                     self.task[row, e] = int(gen.integers(n_pool))
                     seeds[row, e] = episode_seed(gen)
-        streams = self._streams(seeds.reshape(-1))
-        for dst, src in zip((self.g_hi, self.g_lo, self.gc_hi, self.gc_lo, self.u), streams, strict=True):
-            dst[:] = src.reshape(N, M)
+        self.stream[:] = self._streams(seeds.reshape(-1)).reshape(self.stream.shape)
         self.dirty = False
 
-    def _streams(self, seeds: np.ndarray):
-        """For episode seeds: the stream generator state of the first success draw, inc * (mult + 1), and
-        the first draw (``draw_stream(default_rng(seed), T)[0, 0]``)."""
-        if brng.checked():
-            s_hi, s_lo, inc_hi, inc_lo = brng.seed_states(seeds)
-        else:
-            states = [brng.generator_state(np.random.default_rng(int(s))) for s in seeds.tolist()]
-            s_hi = np.array([st[0] >> 64 for st in states], dtype=_U64)
-            s_lo = np.array([st[0] & brng.M64 for st in states], dtype=_U64)
-            inc_hi = np.array([st[1] >> 64 for st in states], dtype=_U64)
-            inc_lo = np.array([st[1] & brng.M64 for st in states], dtype=_U64)
-        g_hi, g_lo = brng.advance(s_hi, s_lo, inc_hi, inc_lo)
-        gc_hi, gc_lo = brng.mul128(inc_hi, inc_lo, self.gc_factor)
-        return g_hi, g_lo, gc_hi, gc_lo, brng.to_double(brng.output(g_hi, g_lo))
+    def _streams(self, seeds: np.ndarray) -> np.ndarray:
+        """``draw_stream(default_rng(seed), T)[:, 0]`` for each episode seed: (len(seeds), T)."""
+        T = self.env._turn_limit
+        out = np.empty((seeds.size, T), dtype=np.float64)
+        if not brng.checked():
+            for i, s in enumerate(seeds.tolist()):
+                out[i] = draw_stream(np.random.default_rng(int(s)), T)[:, 0]
+            return out
+        for start in range(0, seeds.size, _CHUNK):  # chunks: cache-sized temporaries, no page faults
+            part = slice(start, start + _CHUNK)
+            s_hi, s_lo, inc_hi, inc_lo = brng.seed_states(seeds[part])
+            gc_hi, gc_lo = brng.mul128(inc_hi, inc_lo, self.factor2)
+            hi, lo = brng.advance(s_hi, s_lo, inc_hi, inc_lo)  # output 0 = stream[0, 0]; then every second one
+            for k in range(T):
+                out[part, k] = brng.to_double(brng.output(hi, lo))
+                if k + 1 < T:
+                    hi, lo = brng.mul128(hi, lo, self.mult2)
+                    hi, lo = brng.add128(hi, lo, gc_hi, gc_lo)
+        return out

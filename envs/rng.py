@@ -158,30 +158,48 @@ def _u64(x) -> np.ndarray:
     return np.asarray(x, dtype=np.uint64)
 
 
+_U32_16 = np.uint32(16)
+_S11, _S32, _S58, _S63, _M32_64 = (np.uint64(k) for k in (11, 32, 58, 63, M32))
+_ONE64, _SIXTY_FOUR = np.uint64(1), np.uint64(64)
+
+
+def _mix32(value: np.ndarray, xor: int, mult: int, tmp: np.ndarray) -> np.ndarray:
+    """In place: value = hash((value ^ xor) * mult), the SeedSequence hashmix step on uint32 arrays."""
+    value ^= np.uint32(xor)
+    value *= np.uint32(mult)
+    np.right_shift(value, _U32_16, out=tmp)
+    value ^= tmp
+    return value
+
+
 def seed_states(seeds) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``seed_state`` for an array of seeds in [0, 2**64): (state_hi, state_lo, inc_hi, inc_lo)."""
     seeds = _u64(seeds)
-    words = [(seeds & M32).astype(np.uint32), (seeds >> 32).astype(np.uint32)]
-    n = seeds.shape
-    pool = []
-    for i in range(_POOL):
-        if i < len(words):
-            value = (words[i] ^ np.uint32(_HA[i])) * np.uint32(_HA[i + 1])
-            pool.append(value ^ (value >> np.uint32(16)))
-        else:
-            pool.append(np.full(n, _ZERO_POOL[i], dtype=np.uint32))
+    shape = seeds.shape
+    tmp = np.empty(shape, dtype=np.uint32)
+    pool = [_mix32((seeds & _M32_64).astype(np.uint32), _HA[0], _HA[1], tmp),
+            _mix32((seeds >> _S32).astype(np.uint32), _HA[1], _HA[2], tmp)]
+    pool += [np.full(shape, _ZERO_POOL[i], dtype=np.uint32) for i in range(2, _POOL)]
+    value = np.empty(shape, dtype=np.uint32)
     for k, (s, d) in enumerate(_MIX_ORDER, start=_POOL):
-        value = (pool[s] ^ np.uint32(_HA[k])) * np.uint32(_HA[k + 1])
-        value ^= value >> np.uint32(16)
-        mixed = np.uint32(_MIX_L) * pool[d] - np.uint32(_MIX_R) * value
-        pool[d] = mixed ^ (mixed >> np.uint32(16))
-    out = []
-    for i in range(2 * _POOL):
-        value = (pool[i % _POOL] ^ np.uint32(_HB[i])) * np.uint32(_HB[i + 1])
-        out.append((value ^ (value >> np.uint32(16))).astype(np.uint64))
-    w = [out[2 * i] | (out[2 * i + 1] << np.uint64(32)) for i in range(4)]
-    inc_hi = (w[2] << np.uint64(1)) | (w[3] >> np.uint64(63))
-    inc_lo = (w[3] << np.uint64(1)) | np.uint64(1)
+        np.copyto(value, pool[s])
+        _mix32(value, _HA[k], _HA[k + 1], tmp)
+        target = pool[d]  # target = mix(target, value) = hash(MIX_L * target - MIX_R * value)
+        target *= np.uint32(_MIX_L)
+        value *= np.uint32(_MIX_R)
+        target -= value
+        np.right_shift(target, _U32_16, out=tmp)
+        target ^= tmp
+    words = [_mix32(pool[i % _POOL].copy(), _HB[i], _HB[i + 1], tmp).astype(np.uint64) for i in range(2 * _POOL)]
+    w = []
+    for i in range(4):
+        words[2 * i + 1] <<= _S32
+        words[2 * i + 1] |= words[2 * i]
+        w.append(words[2 * i + 1])
+    inc_hi = w[2] << _ONE64
+    inc_hi |= w[3] >> _S63
+    inc_lo = w[3] << _ONE64
+    inc_lo |= _ONE64
     s_hi, s_lo = add128(inc_hi, inc_lo, w[0], w[1])
     s_hi, s_lo = mul128(s_hi, s_lo, PCG_MULT)
     s_hi, s_lo = add128(s_hi, s_lo, inc_hi, inc_lo)
@@ -191,17 +209,31 @@ def seed_states(seeds) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 def add128(a_hi, a_lo, b_hi, b_lo) -> tuple[np.ndarray, np.ndarray]:
     """(a + b) mod 2**128 on (hi, lo) uint64 arrays."""
     lo = a_lo + b_lo
-    return a_hi + b_hi + (lo < a_lo).astype(np.uint64), lo
+    hi = a_hi + b_hi
+    hi += lo < a_lo  # carry
+    return hi, lo
 
 
-def mul64(a, b_lo: int) -> tuple[np.ndarray, np.ndarray]:
-    """Full 128-bit product of uint64 array ``a`` and a 64-bit constant, as (hi, lo)."""
-    a0, a1 = a & np.uint64(M32), a >> np.uint64(32)
-    b0, b1 = np.uint64(b_lo & M32), np.uint64(b_lo >> 32)
-    p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1
-    mid = (p00 >> np.uint64(32)) + (p01 & np.uint64(M32)) + (p10 & np.uint64(M32))
-    lo = (p00 & np.uint64(M32)) | (mid << np.uint64(32))
-    hi = p11 + (p01 >> np.uint64(32)) + (p10 >> np.uint64(32)) + (mid >> np.uint64(32))
+def mul64(a, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Full 128-bit product of uint64 array ``a`` and a 64-bit constant ``b``, as (hi, lo)."""
+    b0, b1 = np.uint64(b & M32), np.uint64(b >> 32)
+    a0 = a & _M32_64
+    a1 = a >> _S32
+    lo = a0 * b0  # p00
+    a0 *= b1  # p01
+    hi = a1 * b1  # p11
+    a1 *= b0  # p10
+    mid = lo >> _S32
+    lo &= _M32_64
+    hi += a0 >> _S32
+    hi += a1 >> _S32
+    a0 &= _M32_64
+    a1 &= _M32_64
+    mid += a0
+    mid += a1
+    hi += mid >> _S32
+    mid <<= _S32
+    lo |= mid
     return hi, lo
 
 
@@ -209,7 +241,10 @@ def mul128(a_hi, a_lo, b: int) -> tuple[np.ndarray, np.ndarray]:
     """(a * b) mod 2**128 for (hi, lo) uint64 arrays ``a`` and a 128-bit constant ``b``."""
     b_hi, b_lo = b >> 64, b & M64
     hi, lo = mul64(a_lo, b_lo)
-    return hi + a_lo * np.uint64(b_hi) + a_hi * np.uint64(b_lo), lo
+    if b_hi:
+        hi += a_lo * np.uint64(b_hi)
+    hi += a_hi * np.uint64(b_lo)
+    return hi, lo
 
 
 @cache
@@ -232,24 +267,29 @@ def advance(s_hi, s_lo, inc_hi, inc_lo, k: int = 1) -> tuple[np.ndarray, np.ndar
 
 
 def output(s_hi, s_lo) -> np.ndarray:
-    """PCG64's XSL-RR output (uint64) of the given (already stepped) states."""
+    """PCG64's XSL-RR output (uint64) of the given (already stepped) states: rotr(hi ^ lo, hi >> 58)."""
     x = s_hi ^ s_lo
-    rot = s_hi >> np.uint64(58)
-    return (x >> rot) | (x << ((np.uint64(64) - rot) & np.uint64(63)))
+    rot = s_hi >> _S58
+    left = (_SIXTY_FOUR - rot) & _S63
+    out = x >> rot
+    x <<= left
+    out |= x
+    return out
 
 
 def to_double(out) -> np.ndarray:
-    """``Generator.random``'s double from a 64-bit output."""
-    return (out >> np.uint64(11)).astype(np.float64) * DOUBLE_SCALE
+    """``Generator.random``'s double from a 64-bit output: (out >> 11) * 2**-53."""
+    d = (out >> _S11).astype(np.float64)
+    d *= DOUBLE_SCALE
+    return d
 
 
 def bounded_uint32(values, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Lemire's bounded draw in [0, n) from 32-bit values (``Generator.integers(n)`` for 2 <= n < 2**32):
     (result, rejected). Where ``rejected`` is True numpy would draw again; callers redo those with numpy."""
     m = _u64(values) * np.uint64(n)
-    leftover = m & np.uint64(M32)
     threshold = ((1 << 32) - n) % n
-    return m >> np.uint64(32), leftover < np.uint64(threshold)
+    return m >> _S32, (m & _M32_64) < np.uint64(threshold)
 
 
 def bounded_uint64(values, n: int) -> tuple[np.ndarray, np.ndarray]:

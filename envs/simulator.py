@@ -8,6 +8,7 @@ reproducible from its seed and the clairvoyant bound can read the same stream.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -112,6 +113,12 @@ def task_tables(task: Task, registry: ToolRegistry) -> tuple[tuple[int, ...], di
         entry = (task, registry, required, {t: i for i, t in enumerate(required)})
         _TASK_TABLES[key] = entry
     return entry[2], entry[3]
+
+
+def task_seed(task_id: str, seed: int) -> int:
+    """The env seed of a run's episode of (task, run seed): every planner meets the same stream on the same
+    task and seed, and different tasks get independent streams."""
+    return int(np.random.SeedSequence([seed, zlib.crc32(task_id.encode())]).generate_state(1)[0])
 
 
 @dataclass(frozen=True, slots=True)

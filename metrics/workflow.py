@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,11 +188,3 @@ class Workflow:
         """A string key of the canonical form (for exact vote counting)."""
         return self.canonical().to_json()
 
-
-def dependency_edges(tools: Iterable[str], dependencies: dict[str, Sequence[str]]) -> list[tuple[int, int]]:
-    """Edges (i, j) where tool j directly depends on tool i, among the given tools (first occurrences)."""
-    tools = list(tools)
-    first = {}
-    for i, t in enumerate(tools):
-        first.setdefault(t, i)
-    return [(first[d], j) for j, t in enumerate(tools) for d in dependencies.get(t, ()) if d in first and first[d] < j]

@@ -21,12 +21,14 @@ import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
+from itertools import pairwise
 
 import numpy as np
 
 from resilibench.envs.config import EpisodeRules, FailureModel, WorldConfig
+from resilibench.envs.planner_env import ResiliBenchEnv
 from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
-from resilibench.envs.simulator import Episode, success_probability, termination_reason
+from resilibench.envs.simulator import Episode, success_probability, task_seed, termination_reason
 from resilibench.envs.tasks import Task
 from resilibench.metrics.workflow import Node, Workflow
 from resilibench.policies.base import Planner
@@ -249,10 +251,15 @@ def optimal_success(task: Task, config: WorldConfig | None = None) -> float:
 
 
 def clairvoyant_success(task: Task, seeds: Sequence[int], config: WorldConfig | None = None) -> float:
-    """Bound (ii) averaged over the episodes seeded with ``seeds`` (same streams as ``Episode.start``)."""
+    """Bound (ii) averaged over the streams that a run's episodes of ``task`` meet for run seeds ``seeds``
+    (``ResiliBench-v0`` reset with ``task_seed(task_id, seed)``, as ``policies.runner`` does)."""
     config = config or WorldConfig()
     bound = exact_bound(task, config)
-    hits = [bound.clairvoyant(Episode.start(task, s, config).stream) for s in seeds]
+    env = ResiliBenchEnv(tasks=[task], split=None, config=config)
+    hits = []
+    for seed in seeds:
+        env.reset(seed=task_seed(task.instance_id, seed), options={"task_id": task.instance_id})
+        hits.append(bound.clairvoyant(env.episode.stream))
     return float(np.mean(hits)) if hits else float("nan")
 
 
@@ -266,7 +273,7 @@ def reference_workflow(task: Task, config: WorldConfig | None = None) -> Workflo
     position = {t: i for i, t in enumerate(path)}
     edges = {(position[d], position[t]) for t in path for d in registry.dependency_ids[t] if d in position}
     required = [t for t in task.required_ids(registry) if t in position]
-    edges |= {(position[a], position[b]) for a, b in zip(required, required[1:])}
+    edges |= {(position[a], position[b]) for a, b in pairwise(required)}
     return Workflow(nodes, tuple(sorted(edges)))
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.planner_env import ResiliBenchEnv
+from resilibench.envs.simulator import task_seed
 from resilibench.envs.tasks import Task
 from resilibench.policies.base import Planner
 from resilibench.policies.bounds import OptimalPlanner, exact_bound, optimal_success
@@ -35,11 +36,6 @@ def make_planner(name: str, config: WorldConfig | None = None) -> Planner:
 def planner_rng(planner_name: str, seed: int) -> np.random.Generator:
     """The planner's own randomness for an episode, stable across processes."""
     return np.random.default_rng([seed, zlib.crc32(planner_name.encode())])
-
-
-def task_seed(task_id: str, seed: int) -> int:
-    """The env seed of (task, run seed): independent streams across tasks, shared across planners."""
-    return int(np.random.SeedSequence([seed, zlib.crc32(task_id.encode())]).generate_state(1)[0])
 
 
 def run_episode(env: ResiliBenchEnv, planner: Planner, task: Task, seed: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -262,27 +263,16 @@ def _spread(values: Sequence[float]) -> dict[str, float] | None:
 
 
 def cmd_bounds(args: argparse.Namespace) -> int:
-    from resilibench.envs.planner_env import ResiliBenchEnv
     from resilibench.envs.tasks import TASK_TYPE_NAMES
-    from resilibench.policies.bounds import exact_bound, optimal_success
-    from resilibench.policies.runner import task_seed
+    from resilibench.policies.bounds import clairvoyant_success, optimal_success
     from resilibench.results import run_metadata, write_json_atomic
 
     config = _load_world_config(args.config, need_bounds=True)
     tasks, source = _library(args.tasks)
     split = args.split or ("all" if args.task_id else "test")
     selected = _select_tasks(tasks, split, args.task_type, args.task_id)
+    # Bound (ii) reads the random streams that `run` episodes meet for these run seeds.
     seeds = list(range(args.clairvoyant_seeds))
-    # Bound (ii) reads the random streams that `run` episodes meet for these run seeds (one stream per
-    # task and seed, drawn through the env exactly as the runner does), so the figures match `run`'s.
-    env = ResiliBenchEnv(tasks=selected, config=config, split=None) if seeds else None
-
-    def clairvoyant(task) -> float:
-        hits = 0
-        for seed in seeds:
-            env.reset(seed=task_seed(task.instance_id, seed), options={"task_id": task.instance_id})
-            hits += exact_bound(task, config).clairvoyant(env.episode.stream)
-        return hits / len(seeds)
 
     results = []
     with _progress(len(selected), "bounds") as bar:
@@ -290,7 +280,7 @@ def cmd_bounds(args: argparse.Namespace) -> int:
             row = {"task_id": task.instance_id, "task_type": task.task_type, "split": task.split,
                    "required_tools": list(task.required_tools), "bound_iii": optimal_success(task, config)}
             if seeds:
-                row["bound_ii"] = clairvoyant(task)
+                row["bound_ii"] = clairvoyant_success(task, seeds, config)
             results.append(row)
             bar.update(1)
     summary = {}
@@ -385,9 +375,55 @@ def _print_run_table(summary: dict[str, Any], task_types: Sequence[str]) -> None
     print(format_table(headers, rows))
 
 
+@dataclass
+class _RunPlan:
+    """What `run` was asked to do, resolved and checked."""
+
+    config: Any  # WorldConfig
+    planners: list[str]
+    seeds: list[int]
+    task_types: list[str]
+    tasks: list[Any]  # the selected Tasks
+    jobs: list[tuple[str, Any, int]]
+    directory: Path
+    run_config: dict[str, Any]  # written into the metadata
+    identity: dict[str, Any]  # what must match for results to be mixed: world config, task library
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from resilibench.envs.tasks import TASK_TYPE_NAMES
-    from resilibench.policies.runner import episode_jobs, run_jobs
+    from resilibench.policies.runner import episode_jobs
+    from resilibench.results import exclusive_lock, to_jsonable
+
+    config = _load_world_config(args.config, need_bounds=True)
+    tasks, source = _library(args.tasks)
+    planners, seeds = _dedupe(args.planners), _dedupe(args.seeds)
+    task_types = _dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
+    selected = _select_tasks(tasks, args.split, task_types, limit=args.limit)
+    jobs = episode_jobs(planners, selected, seeds)
+    directory = Path(args.output_dir)
+    if directory.exists() and not directory.is_dir():
+        raise CliError(f"--output-dir: {directory} exists and is not a directory")
+    plan = _RunPlan(
+        config=config, planners=planners, seeds=seeds, task_types=task_types, tasks=selected, jobs=jobs,
+        directory=directory,
+        run_config={"world": config.to_dict(), "tasks": source, "planners": planners, "split": args.split,
+                    "task_types": task_types, "limit": args.limit, "task_count": len(selected),
+                    "episodes": len(jobs)},
+        identity=to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"]}),
+    )
+    lock = directory / ".lock"
+    try:
+        with exclusive_lock(lock):
+            return _execute_run(plan, resume=args.resume, split=args.split)
+    except BlockingIOError:
+        raise CliError(f"--output-dir {directory}: another `resilibench run` is writing there (lock {lock}); "
+                       "wait for it or use another --output-dir") from None
+
+
+def _execute_run(plan: _RunPlan, resume: bool, split: str) -> int:
+    """Run the missing episodes of ``plan`` into its directory, then write the summary and the plot."""
+    from resilibench.policies.runner import run_jobs
     from resilibench.results import (
         JsonlWriter,
         completed_keys,
@@ -395,30 +431,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         read_jsonl,
         run_metadata,
         summarize_levels,
-        to_jsonable,
         write_json_atomic,
     )
 
-    config = _load_world_config(args.config, need_bounds=True)
-    tasks, source = _library(args.tasks)
-    planners = _dedupe(args.planners)
-    seeds = _dedupe(args.seeds)
-    task_types = _dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
-    selected = _select_tasks(tasks, args.split, task_types, limit=args.limit)
-    jobs = episode_jobs(planners, selected, seeds)
-
-    directory = Path(args.output_dir)
-    if directory.exists() and not directory.is_dir():
-        raise CliError(f"--output-dir: {directory} exists and is not a directory")
+    directory = plan.directory
     results_path, summary_path, plot_path = (directory / n for n in ("results.jsonl", "summary.json", "summary.png"))
-    run_config = {
-        "world": config.to_dict(), "tasks": source, "planners": planners, "split": args.split,
-        "task_types": task_types, "limit": args.limit, "task_count": len(selected), "episodes": len(jobs),
-    }
-    identity = to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"]})
-
     existing_rows: list[dict[str, Any]] = []
-    if args.resume:
+    if resume:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -427,22 +446,22 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)
-        _check_same_config(directory, existing.metadata, bool(existing.rows), identity)
+        _check_same_config(directory, existing.metadata, bool(existing.rows), plan.identity)
         existing_rows = existing.rows
     else:
         for stale in (summary_path, plot_path):
             stale.unlink(missing_ok=True)
     done = completed_keys(existing_rows, RUN_KEY)
-    todo = [job for job in jobs if (job[0], job[1].instance_id, job[2]) not in done]
-    print(f"{len(jobs)} episodes ({len(planners)} planners x {len(selected)} tasks x {len(seeds)} seeds); "
-          f"{len(jobs) - len(todo)} already in {results_path}, {len(todo)} to run", file=sys.stderr)
+    todo = [job for job in plan.jobs if (job[0], job[1].instance_id, job[2]) not in done]
+    print(f"{len(plan.jobs)} episodes ({len(plan.planners)} planners x {len(plan.tasks)} tasks x "
+          f"{len(plan.seeds)} seeds); {len(plan.jobs) - len(todo)} already in {results_path}, {len(todo)} to run", file=sys.stderr)
 
     new_rows: list[dict[str, Any]] = []
     if todo:
-        metadata = run_metadata(run_config, seeds)
+        metadata = run_metadata(plan.run_config, plan.seeds)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a truncated tail was reported above; the writer repairs it
-            writer = JsonlWriter(results_path, metadata=metadata, resume=args.resume)
+            writer = JsonlWriter(results_path, metadata=metadata, resume=resume)
         bar = _progress(len(todo), "episodes")
 
         def on_result(row: dict[str, Any]) -> None:
@@ -451,7 +470,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             bar.update(1)
 
         try:
-            run_jobs(todo, config, on_result=on_result)
+            run_jobs(todo, plan.config, on_result=on_result)
         except KeyboardInterrupt:
             bar.close()
             writer.close()
@@ -461,23 +480,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         bar.close()
         writer.close()
 
-    wanted = {(p, t.instance_id, s) for p, t, s in jobs}
+    wanted = {(p, t.instance_id, s) for p, t, s in plan.jobs}
     rows_by_key: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in [*existing_rows, *new_rows]:
         key = tuple(row.get(f) for f in RUN_KEY)
         if key in wanted:
             rows_by_key.setdefault(key, row)
     rows = list(rows_by_key.values())
-    levels = summarize_levels(rows, "planner", "task_type", groups=planners, subgroups=task_types)
+    levels = summarize_levels(rows, "planner", "task_type", groups=plan.planners, subgroups=plan.task_types)
     summary = {
-        "metadata": run_metadata(run_config, seeds),
+        "metadata": run_metadata(plan.run_config, plan.seeds),
         "files": {"results": results_path.name, "plot": plot_path.name},
         **levels,
     }
     write_json_atomic(summary_path, summary)
-    _print_run_table(summary, task_types)
+    _print_run_table(summary, plan.task_types)
     plot_full_success(levels["overall"], levels["by_task_type"], plot_path,
-                      title=f"Full success on {args.split} ({len(selected)} tasks x {len(seeds)} seeds)")
+                      title=f"Full success on {split} ({len(plan.tasks)} tasks x {len(plan.seeds)} seeds)")
     print(f"wrote {results_path}, {summary_path} and {plot_path}", file=sys.stderr)
     return 0
 

@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from resilibench.cli import main
 from resilibench.envs.registry import default_registry
 from resilibench.envs.tasks import TASK_TYPES, get_task, load_tasks, read_tasks
 from resilibench.policies.bounds import optimal_success
 from resilibench.policies.runner import PLANNER_NAMES
-
-from resilibench.cli import main
-from resilibench.results import METADATA_KEY, read_jsonl
+from resilibench.results import METADATA_KEY, exclusive_lock, read_jsonl
 
 RUN = ["run", "--limit", "5", "--seeds", "0"]
 LEVELS = ("full_success", "partial_success", "failure")
@@ -132,6 +132,13 @@ def test_run_refuses_a_different_config(first_run, tmp_path, capsys):
     assert len(contents.metadata) == 1
     assert contents.metadata[0]["config"]["world"]["failure"]["base_success"] == 0.9
     assert len(contents.rows) == len(PLANNER_NAMES) * 5
+
+
+def test_run_refuses_a_directory_in_use(tmp_path, capsys):
+    with exclusive_lock(tmp_path / "quick" / ".lock"):
+        assert _run(tmp_path) == 2
+    assert "another `resilibench run`" in capsys.readouterr().err
+    assert not (tmp_path / "quick" / "results.jsonl").exists()
 
 
 # --- errors -------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from helpers import PIPELINE, make_task
 
+from helpers import PIPELINE, make_task
 from resilibench.envs.config import EvaluatorConfig
 from resilibench.envs.evaluator import classify, evaluate, signals_completion
 

@@ -4,8 +4,8 @@ import math
 
 import numpy as np
 import pytest
-from helpers import make_task, scripted_episode
 
+from helpers import make_task, scripted_episode
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.registry import DEPENDENCY_ERROR, default_registry
 from resilibench.envs.simulator import RETRY_LIMIT_ERROR, Episode

@@ -8,9 +8,9 @@ import pytest
 
 from resilibench.envs.registry import default_registry
 from resilibench.envs.tasks import (
+    TASK_TYPES,
     EmbeddingMatcher,
     LexicalMatcher,
-    TASK_TYPES,
     default_library_path,
     generate_tasks,
     get_task,

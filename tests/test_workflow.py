@@ -3,7 +3,7 @@
 import networkx as nx
 import pytest
 
-from resilibench.metrics.workflow import Node, Workflow, dependency_edges
+from resilibench.metrics.workflow import Node, Workflow
 
 
 def diamond():
@@ -56,7 +56,3 @@ def test_invalid_workflows_are_rejected():
     with pytest.raises(ValueError, match="numbered"):
         Workflow.from_plan("1. a\n3. b")
 
-
-def test_dependency_edges():
-    deps = {"t": ["p"], "w": ["a"]}
-    assert dependency_edges(["p", "t", "w"], deps) == [(0, 1)]
