@@ -33,6 +33,23 @@ def make_world_config(
     return config.replace(rules=overrides) if overrides else config
 
 
+def counter_features(turns_used, n_failures, consecutive_failures, rules):
+    """The observation's counters: step fraction, failed calls N_h / turn limit and consecutive failures /
+    their limit (both capped at 1). Python numbers, or numpy arrays for all three (the batched env builds
+    its tables from this function)."""
+    cap = np.minimum if isinstance(turns_used, np.ndarray) else min
+    limit = rules.turn_limit
+    return (turns_used / limit, cap(n_failures / limit, 1.0),
+            cap(consecutive_failures / rules.max_consecutive_failures, 1.0))
+
+
+def counter_tables(rules) -> tuple[list[float], list[float], list[float]]:
+    """``counter_features`` of every count an episode can reach (0 .. turn limit), as three lists (the same
+    numbers, looked up instead of recomputed on the hot path)."""
+    counts = np.arange(rules.turn_limit + 1)
+    return tuple(np.asarray(x, dtype=np.float64).tolist() for x in counter_features(counts, counts, counts, rules))
+
+
 def select_tasks(tasks: Sequence[Task] | None, split: str | None, task_types) -> list[Task]:
     """The env's task pool: given tasks, or the shipped library filtered by split and task types."""
     pool = list(tasks) if tasks is not None else load_tasks(split=split, task_types=task_types)
@@ -150,6 +167,7 @@ class ResiliBenchEnv(gym.Env):
         self._shaped = reward == "shaped"
         self._initial_obs: dict[int, tuple[Task, np.ndarray]] = {}  # id(task) -> (task, first observation)
         self._finished_mask = _finished_mask(self.n_tools)
+        self._counters = counter_tables(self.config.rules)
 
     # --- Gymnasium API -------------------------------------------------------------------------------
 
@@ -263,10 +281,10 @@ class ResiliBenchEnv(gym.Env):
             if ep.next_required < len(required):
                 obs[lay.next_required + required[ep.next_required]] = 1.0
             obs[lay.progress] = ep.progress
-        rules = ep.config.rules
-        obs[lay.step] = ep.turns_used / rules.turn_limit
-        obs[lay.failures] = min(ep.n_failures / rules.turn_limit, 1.0)
-        obs[lay.consecutive] = min(ep.consecutive_failures / rules.max_consecutive_failures, 1.0)
+        step, failures, consecutive = self._counters
+        obs[lay.step] = step[ep.turns_used]
+        obs[lay.failures] = failures[ep.n_failures]
+        obs[lay.consecutive] = consecutive[ep.consecutive_failures]
 
     def _info(self) -> dict[str, Any]:
         ep = self.episode

@@ -15,7 +15,7 @@ from resilibench.envs import rng as brng
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.evaluator import FULL, LEVELS, grade, output_tool_ids
 from resilibench.envs.observation import N_STATUS, ObservationLayout, initial_observation
-from resilibench.envs.planner_env import make_world_config, select_tasks
+from resilibench.envs.planner_env import counter_features, make_world_config, select_tasks
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import PHASES, REWARD_MODES
 from resilibench.envs.simulator import (
@@ -46,12 +46,16 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     sub-envs). Sub-env ``i`` behaves exactly like a ``ResiliBenchEnv`` (see ``resilibench.envs.planner_env``)
     reset with seed ``seed + i``: the same task sampling, the same episode random stream, and step for step
     the same observations, rewards, terminations, truncations, action masks and final levels (a test
-    checks this against N single envs). It applies the rule functions of ``resilibench.envs.simulator``
-    (``success_probability``, ``termination_code``, ``episode_seed``) and the evaluator's ``grade``
-    (coverage, level rule) to arrays; the random draws of each sub-env's generator (PCG64 via
-    ``np.random.default_rng``/``SeedSequence``) are reproduced bit for bit by ``resilibench.envs.rng``,
-    batched; rare cases (a rejected bounded-integer draw, a pinned task, or a failed self-check of
-    ``resilibench.envs.rng``) run numpy's own Generator for the rows concerned.
+    checks this against N single envs). No rule is written twice: at construction the env evaluates the
+    rule functions on arrays of every input an episode can reach, ``success_probability`` and
+    ``termination_code`` (``resilibench.envs.simulator``), ``grade`` (``resilibench.envs.evaluator``) and
+    ``counter_features`` (``resilibench.envs.planner_env``), and a step looks the results up. Each sub-env
+    keeps its own ``np_random`` (PCG64) and draws from it in the single env's order (task index, then
+    ``episode_seed``, then the stream ``draw_stream(default_rng(seed), T)``); those numpy draws are
+    reproduced bit for bit, batched, by ``resilibench.envs.rng`` and computed ahead for a few dozen
+    episodes per sub-env. Rare cases (a rejected bounded-integer draw, a pinned task, or a failed
+    self-check of ``resilibench.envs.rng``) use numpy's own Generator for the rows concerned. Throughput:
+    see ``docs/benchmarks.md``.
 
     ```python
     import gymnasium as gym
@@ -207,6 +211,12 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             fm.base_success, np.repeat(n_uncalled, T + 1), np.repeat(n_failed, T + 1),
             np.tile(history, len(order)), fm), dtype=np.float64)
         self._unmet_table = np.repeat(n_uncalled + n_failed > 0, T + 1)
+        # Failure termination and the observation's counters for every count an episode can reach.
+        counts = np.arange(T + 1)
+        consecutive, streak = np.meshgrid(counts, counts, indexing="ij")
+        self._end_table = np.asarray(termination_code(consecutive, streak, rules), dtype=np.int64).reshape(-1)
+        self._step_table, self._failures_table, self._consecutive_table = (
+            np.asarray(x, dtype=np.float64) for x in counter_features(counts, counts, counts, rules))
         self._finished_mask = np.zeros(n + 1, dtype=np.int8)
         self._finished_mask[n] = 1
         self._build_task_tables(self.known_tasks)
@@ -227,7 +237,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self._ints = np.zeros((_N_INTS, N), dtype=np.int64)
         (self._task, self._turns, self._draws, self._n_failures, self._consecutive, self._last_tool, self._streak,
          self._next_req, self._covered, self._done_bits, self._max_calls_row, self._task_tools, self._task_req,
-         self._n_req_row) = self._ints
+         self._n_req_row, self._grade_base) = self._ints
         self._ints_init = np.zeros((_N_INTS, 1), dtype=np.int64)
         self._ints_init[_LAST_TOOL] = -1
         self._order_broken = np.zeros(N, dtype=bool)
@@ -250,6 +260,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         out_mask = np.zeros((k, n), dtype=bool)
         next_obs = np.full((k, width), -1, dtype=np.int64)  # observation offset of "next required = j"
         fields = np.zeros((_N_INTS, k), dtype=np.int64)  # the task-derived rows of the integer state
+        classes: dict[tuple[int, float], int] = {}  # (number of required tools, min coverage) -> grade class
         self._has_outputs = np.zeros(k, dtype=bool)
         self._min_cov = np.zeros(k, dtype=np.float64)
         self._init_obs = np.zeros((k, lay.size), dtype=np.float32)
@@ -269,9 +280,22 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             if task.task_type not in coverage:
                 raise ValueError(f"no min_coverage for task type {task.task_type!r}; configured: {sorted(coverage)}")
             self._min_cov[i] = coverage[task.task_type]
+            grade_class = classes.setdefault((len(req), self._min_cov[i]), len(classes))
+            fields[_GRADE_BASE, i] = grade_class * width * 16
             self._init_obs[i] = initial_observation(task, reg, lay)
         self._pos_bit, self._out_mask, self._next_obs = pos_bit.reshape(-1), out_mask.reshape(-1), next_obs.reshape(-1)
         self._task_fields = fields[_TASK_FIELDS]
+        # The evaluator's ``grade`` over every (class, covered, sequence, output, completion, failure
+        # termination) an episode can end in: index = base + covered * 16 + sequence * 8 + output * 4
+        # + completed * 2 + failed.
+        grid = np.array(np.meshgrid(np.arange(len(classes)), np.arange(width), *[[0, 1]] * 4,
+                                    indexing="ij")).reshape(6, -1)
+        class_n_req = np.array([c[0] for c in classes], dtype=np.int64)
+        class_cov = np.array([c[1] for c in classes], dtype=np.float64)
+        flags = grid[2:].astype(bool)
+        _, _, code = grade(grid[1], class_n_req[grid[0]], flags[0], flags[1], flags[2], flags[3],
+                           class_cov[grid[0]], self.config.evaluator.partial_conditions_needed)
+        self._grade_table = np.asarray(code, dtype=np.int8)
         # Next required position from the bit set of required positions done: its lowest zero bit.
         bits = np.arange(1 << width, dtype=np.int64)
         self._next_of_bits = _lowest_zero_bit(bits)
@@ -283,6 +307,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         if row is None or self.known_tasks[row] is not task:
             self.known_tasks.append(task)
             self._build_task_tables(self.known_tasks)
+            self._ints[_TASK_FIELDS] = self._task_fields[:, self._task]  # tables may have a new layout
             row = len(self.known_tasks) - 1
         return row
 
@@ -373,49 +398,38 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         mask_flat[np.where(mask_off, self._row_mask + at, self._dump_mask)] = 0
 
         self._turns += call
-        limit = call & (self._turns == T)
-        if limit.any():
-            self._mask_buf[:N][limit, :n] = 0
+        limit = np.flatnonzero(call & (self._turns == T))
+        if limit.size:
+            self._mask_buf[limit, :n] = 0
         self._n_failures += failed
         consecutive = (self._consecutive + failed) * ~success
         self._consecutive[:] = consecutive
         streak = np.where(changed, failed * (1 + (at == self._last_tool) * self._streak), self._streak)
         self._streak[:] = streak
         self._last_tool[:] = np.where(changed, at, self._last_tool)
-        end_code = termination_code(consecutive, streak, self.config.rules) * failed
+        end_code = self._end_table[consecutive * (T + 1) + streak] * failed
 
         task_cell = self._task_tools + at
         self._output_done |= success & self._out_mask[task_cell]
         pos_bit = self._pos_bit[task_cell] * success  # first success of a required tool: 1 << its position
-        hit = pos_bit > 0
-        if hit.any():
-            bits = self._done_bits
-            self._order_broken |= hit & (bits > pos_bit)  # an earlier success at a later position
-            bits |= pos_bit
-            self._covered += hit
-            old_next, new_next = self._next_req.copy(), self._next_of_bits[bits]
-            self._next_req[:] = new_next
-            for position, value in ((old_next, 0.0), (new_next, 1.0)):  # unchanged rows: 0 then 1, same cell
-                offset = self._next_obs[self._task_req + position]
-                obs_flat[np.where(offset >= 0, self._row_obs + offset, self._dump_obs)] = value
-            empty = self._n_req_row == 0
-            obs_flat[np.where(hit, self._row_obs + lay.progress, self._dump_obs)] = (
-                (self._covered + empty) / (self._n_req_row + empty))
+        hit = np.flatnonzero(pos_bit)
+        if hit.size:
+            self._required_success(hit, pos_bit[hit])
         obs = self._obs_buf
-        obs[:N, lay.step] = self._turns / T
-        obs[:N, lay.failures] = np.minimum(self._n_failures / T, 1.0)
-        obs[:N, lay.consecutive] = np.minimum(consecutive / self.config.rules.max_consecutive_failures, 1.0)
+        obs[:N, lay.step] = self._step_table[self._turns]
+        obs[:N, lay.failures] = self._failures_table[self._n_failures]
+        obs[:N, lay.consecutive] = self._consecutive_table[consecutive]
 
         ended = finish | out_of_turns | (end_code > 0)
         end_code = end_code + finish * FINISHED_CODE + out_of_turns * OUT_OF_TURNS_CODE
-        covered = self._covered
-        _, _, code = grade(covered, self._n_req_row, (covered > 0) & ~self._order_broken,
-                           self._output_done | ~self._has_outputs[self._task], finish,
-                           end_code >= CONSECUTIVE_FAILURES_CODE, self._min_cov[self._task],
-                           self.config.evaluator.partial_conditions_needed)
-        level = np.where(ended, code, -1).astype(np.int8)
-        reward = (ended & (code == FULL)).astype(np.float64)
-        self._mask_buf[:N][ended] = self._finished_mask
+        level = np.full(N, -1, dtype=np.int8)
+        reward = np.zeros(N, dtype=np.float64)
+        rows = np.flatnonzero(ended)
+        if rows.size:
+            code = self._grade(rows, finish[rows], end_code[rows])
+            level[rows] = code
+            reward[rows] = code == FULL
+            self._mask_buf[rows] = self._finished_mask
         self._autoreset = ended
         info = self._info_arrays()
         info["level"], info["_level"] = level, ended.copy()
@@ -426,6 +440,33 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         pass
 
     # --- pieces ----------------------------------------------------------------------------------------
+
+    def _required_success(self, rows: np.ndarray, pos_bit: np.ndarray) -> None:
+        """First successes of required tools (``pos_bit`` = 1 << position): order, coverage, next required
+        tool and progress, in the state and the observation."""
+        obs_flat = self._obs_buf.reshape(-1)
+        bits = self._done_bits[rows]
+        self._order_broken[rows] |= bits > pos_bit  # an earlier success at a later position
+        bits |= pos_bit
+        self._done_bits[rows] = bits
+        covered = self._covered[rows] + 1
+        self._covered[rows] = covered
+        task_req, base = self._task_req[rows], self._row_obs[rows]
+        old_next, new_next = self._next_req[rows], self._next_of_bits[bits]
+        self._next_req[rows] = new_next
+        for position, value in ((old_next, 0.0), (new_next, 1.0)):  # unchanged rows: 0 then 1, same cell
+            offset = self._next_obs[task_req + position]
+            obs_flat[np.where(offset >= 0, base + offset, self._dump_obs)] = value
+        obs_flat[base + self.layout.progress] = covered / self._n_req_row[rows]  # a hit implies n_req >= 1
+
+    def _grade(self, rows: np.ndarray, completed: np.ndarray, end_code: np.ndarray) -> np.ndarray:
+        """Level codes of the episodes ending in ``rows``: the evaluator's ``grade`` (tabulated) on counters."""
+        covered = self._covered[rows]
+        sequence = (covered > 0) & ~self._order_broken[rows]
+        output = self._output_done[rows] | ~self._has_outputs[self._task[rows]]
+        index = (self._grade_base[rows] + covered * 16 + sequence * 8 + output * 4 + completed * 2
+                 + (end_code >= CONSECUTIVE_FAILURES_CODE))
+        return self._grade_table[index]
 
     def _info_arrays(self) -> dict[str, Any]:
         N = self.num_envs
@@ -493,10 +534,44 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
 _CALLS, _SUCCEEDED, _DEPENDENCY_PROBLEM = 63, 64, 128
 # Rows of the integer state matrix; the task-derived ones come last.
 (_TASK, _TURNS, _DRAWS, _N_FAILURES, _CONSECUTIVE, _LAST_TOOL, _STREAK, _NEXT_REQ, _COVERED, _DONE_BITS,
- _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ) = range(14)
-_N_INTS = 14
+ _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE) = range(15)
+_N_INTS = 15
 _CHUNK = 8192  # rows per batch of 128-bit arithmetic in queue refills
-_TASK_FIELDS = np.array([_TASK, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ])
+_TASK_FIELDS = np.array([_TASK, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE])
+
+
+# Fields of a draw pattern entry (see ``_draw_pattern``).
+_P_CONSUMED, _P_HAS32, _P_BUFFER, _P_TASK, _P_SEED = range(5)
+
+
+def _draw_pattern(m: int, has32: bool, task_draw: bool) -> np.ndarray:
+    """Which outputs of a generator the next ``m`` episodes consume, given whether a 32-bit half is buffered.
+
+    ``Generator.integers(n)`` for n < 2**32 takes the buffered high half of an earlier output when there is
+    one, else the low half of a new output (buffering its high half); ``integers(2**63 - 1)`` takes a whole
+    new output. Row e (and row m: after the last episode) holds: outputs consumed before episode e, the
+    buffer flag and buffered value before it (value index: 0 = the initial buffer, 1 + 2k / 2 + 2k = low /
+    high half of output k), the value index of its task draw, the output index of its seed draw.
+    """
+    rows, consumed, buffer = [], 0, 0
+    for _ in range(m):
+        before = (consumed, int(has32), buffer)
+        task = 0
+        if task_draw:
+            if has32:
+                task, has32 = buffer, False
+            else:
+                task, buffer, consumed, has32 = 1 + 2 * consumed, 2 + 2 * consumed, consumed + 1, True
+        rows.append((*before, task, consumed))
+        consumed += 1
+    rows.append((consumed, int(has32), buffer, 0, 0))
+    return np.array(rows, dtype=np.int64)
+
+
+def _chunks(n: int, size: int):
+    """Slices covering range(n) in pieces of ``size``."""
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
 
 
 def _lowest_zero_bit(bits: np.ndarray) -> np.ndarray:
@@ -538,6 +613,8 @@ class _EpisodeSource:
         self.seeded = np.zeros(N, dtype=bool)
         self.dirty = True
         self.mult2, self.factor2 = brng.jump(2)
+        self.pattern_draws = np.stack([_draw_pattern(M, bool(h), True) for h in (0, 1)])
+        self.pattern_seed_only = np.stack([_draw_pattern(M, bool(h), False) for h in (0, 1)])
 
     # --- generator states ---
 
@@ -618,32 +695,39 @@ class _EpisodeSource:
         r = np.arange(N)
         c = self.cursor
         hi, lo, has32, u32 = self.r_hi[r, c], self.r_lo[r, c], self.r_has32[r, c], self.r_u32[r, c]
-        inc_hi, inc_lo = self.inc_hi, self.inc_lo
-        seeds = np.zeros((N, M), dtype=_U64)
+        seeds = np.empty((N, M), dtype=_U64)
         rejected = np.zeros(N, dtype=bool)
-        for e in range(M):
-            self.r_hi[:, e], self.r_lo[:, e], self.r_has32[:, e], self.r_u32[:, e] = hi, lo, has32, u32
-            if n_pool >= 2:  # 32-bit bounded draw: the buffered high half, else the low half of a new output
-                s_hi, s_lo = brng.advance(hi, lo, inc_hi, inc_lo)
-                out = brng.output(s_hi, s_lo)
-                need = ~has32
-                value = np.where(need, out & _U64(brng.M32), u32)
-                u32 = np.where(need, out >> _U64(32), u32)
-                hi, lo, has32 = np.where(need, s_hi, hi), np.where(need, s_lo, lo), need
-                self.task[:, e], rejected_task = brng.bounded_uint32(value, n_pool)
-                rejected |= rejected_task
+        pattern = self.pattern_draws if n_pool >= 2 else self.pattern_seed_only
+        n_outputs = int(pattern[:, :, _P_CONSUMED].max())
+        for part in _chunks(N, max(1, _CHUNK // (n_outputs + 1))):
+            # Every output a chunk of generators can consume, then who consumes which (by buffered half).
+            s_hi, s_lo = brng.states_ahead(hi[part], lo[part], self.inc_hi[part], self.inc_lo[part], n_outputs)
+            out = brng.output(s_hi[:, 1:], s_lo[:, 1:])
+            values = np.empty((out.shape[0], 1 + 2 * n_outputs), dtype=_U64)  # 0: buffered; then lo/hi halves
+            values[:, 0] = u32[part]
+            values[:, 1::2] = out & _U64(brng.M32)
+            values[:, 2::2] = out >> _U64(32)
+            p = pattern[has32[part].astype(np.int64)]  # (rows, M + 1, fields)
+            consumed = p[:, :, _P_CONSUMED]
+            self.r_hi[part], self.r_lo[part] = (np.take_along_axis(s_hi, consumed, axis=1),
+                                                np.take_along_axis(s_lo, consumed, axis=1))
+            self.r_has32[part] = p[:, :, _P_HAS32] > 0
+            self.r_u32[part] = np.take_along_axis(values, p[:, :, _P_BUFFER], axis=1)
+            if n_pool >= 2:
+                self.task[part], bad = brng.bounded_uint32(
+                    np.take_along_axis(values, p[:, :M, _P_TASK], axis=1), n_pool)
+                rejected[part] |= bad.any(axis=1)
             else:
-                self.task[:, e] = 0
-            hi, lo = brng.advance(hi, lo, inc_hi, inc_lo)
-            seeds[:, e], rejected_seed = brng.bounded_uint64(brng.output(hi, lo), _EPISODE_SEED_BOUND)
-            rejected |= rejected_seed
-        self.r_hi[:, M], self.r_lo[:, M], self.r_has32[:, M], self.r_u32[:, M] = hi, lo, has32, u32
+                self.task[part] = 0
+            seeds[part], bad = brng.bounded_uint64(np.take_along_axis(out, p[:, :M, _P_SEED], axis=1),
+                                                   _EPISODE_SEED_BOUND)
+            rejected[part] |= bad.any(axis=1)
         self.cursor[:] = 0
         slow = np.flatnonzero(rejected) if brng.checked() else r
         for row in slow.tolist():  # numpy's own Generator, episode by episode
-            gen = brng.generator_from_state(int(self.r_hi[row, 0]) << 64 | int(self.r_lo[row, 0]),
-                                            int(inc_hi[row]) << 64 | int(inc_lo[row]),
-                                            int(self.r_has32[row, 0]), int(self.r_u32[row, 0]))
+            gen = brng.generator_from_state(int(hi[row]) << 64 | int(lo[row]),
+                                            int(self.inc_hi[row]) << 64 | int(self.inc_lo[row]),
+                                            int(has32[row]), int(u32[row]))
             for e in range(M + 1):
                 state, _, h, u = brng.generator_state(gen)
                 self.r_hi[row, e], self.r_lo[row, e] = state >> 64, state & brng.M64
@@ -662,8 +746,7 @@ class _EpisodeSource:
             for i, s in enumerate(seeds.tolist()):
                 out[i] = draw_stream(np.random.default_rng(int(s)), T)[:, 0]
             return out
-        for start in range(0, seeds.size, _CHUNK):  # chunks: cache-sized temporaries, no page faults
-            part = slice(start, start + _CHUNK)
+        for part in _chunks(seeds.size, _CHUNK):  # chunks: cache-sized temporaries, no page faults
             s_hi, s_lo, inc_hi, inc_lo = brng.seed_states(seeds[part])
             gc_hi, gc_lo = brng.mul128(inc_hi, inc_lo, self.factor2)
             hi, lo = brng.advance(s_hi, s_lo, inc_hi, inc_lo)  # output 0 = stream[0, 0]; then every second one

@@ -6,13 +6,15 @@ microseconds, which dominates a planner-env reset, and a batched env cannot call
 sub-env without a Python loop. This module computes exactly the same numbers:
 
 * scalar (Python ints): ``seed_state`` (the PCG64 state of ``default_rng(seed)``) and
-  ``draw_stream_from_seed`` (``draw_stream(default_rng(seed), n)`` without a SeedSequence);
+  ``scratch_default_rng`` (a Generator in that state, built without a SeedSequence; ``Episode.start``);
 * batched (numpy ``uint64`` arrays, 128-bit values as (hi, lo) pairs): ``seed_states``, ``advance``,
-  ``output``, ``bounded_uint32``, ``bounded_uint64`` over many generators at once.
+  ``states_ahead``, ``output``, ``to_double``, ``bounded_uint32``, ``bounded_uint64`` over many
+  generators at once (``ResiliBenchVectorEnv``).
 
 numpy guarantees the bit streams of ``SeedSequence`` and ``PCG64``; the ``Generator`` methods used here
 (Lemire's bounded integers, 53-bit doubles) have been stable for years but carry no formal guarantee, so
-``self_check`` compares this module with numpy, and every user falls back to numpy when it fails.
+``self_check`` compares this module with numpy (once, on first use), and every user falls back to numpy
+when it fails (``checked()``). The tests compare it with numpy over many seeds and generator states.
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ def scratch_default_rng(seed) -> np.random.Generator:
     """A Generator in exactly the state of ``np.random.default_rng(seed)``, built without a SeedSequence for
     int seeds in [0, 2**128). It is a per-thread scratch object, valid until the next call in the same
     thread: use it at once (``Episode.start`` draws the whole stream from it immediately)."""
-    if _CHECKED and isinstance(seed, int) and 0 <= seed <= M128:
+    if isinstance(seed, int) and 0 <= seed <= M128 and checked():
         state, inc = seed_state(seed)
         return generator_from_state(state, inc, generator=_scratch_generator())
     return np.random.default_rng(seed)
@@ -266,6 +268,36 @@ def advance(s_hi, s_lo, inc_hi, inc_lo, k: int = 1) -> tuple[np.ndarray, np.ndar
     return add128(a_hi, a_lo, b_hi, b_lo)
 
 
+@cache
+def _jump_table(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(mult_hi, mult_lo, factor_hi, factor_lo) of 0 .. n steps, as uint64 arrays."""
+    pairs = [jump(k) for k in range(n + 1)]
+    split = [(np.array([x >> 64 for x in col], dtype=np.uint64), np.array([x & M64 for x in col], dtype=np.uint64))
+             for col in zip(*pairs, strict=True)]
+    return split[0][0], split[0][1], split[1][0], split[1][1]
+
+
+def _mul128_columns(a_hi, a_lo, b_hi, b_lo):
+    """(a * b) mod 2**128 with a of shape (n, 1) and per-column constants b of shape (k,): (n, k)."""
+    a0, a1 = a_lo & _M32_64, a_lo >> _S32
+    b0, b1 = b_lo & _M32_64, b_lo >> _S32
+    p00, p01, p10 = a0 * b0, a0 * b1, a1 * b0
+    mid = (p00 >> _S32) + (p01 & _M32_64) + (p10 & _M32_64)
+    lo = (p00 & _M32_64) | (mid << _S32)
+    hi = a1 * b1 + (p01 >> _S32) + (p10 >> _S32) + (mid >> _S32) + a_lo * b_hi + a_hi * b_lo
+    return hi, lo
+
+
+def states_ahead(s_hi, s_lo, inc_hi, inc_lo, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The states 0 .. n steps after (s_hi, s_lo) of each generator, by jump-ahead: (len, n + 1) arrays;
+    output k of a generator is ``output`` of its state k + 1."""
+    m_hi, m_lo, f_hi, f_lo = _jump_table(n)
+    col = (slice(None), None)
+    a_hi, a_lo = _mul128_columns(s_hi[col], s_lo[col], m_hi, m_lo)
+    b_hi, b_lo = _mul128_columns(inc_hi[col], inc_lo[col], f_hi, f_lo)
+    return add128(a_hi, a_lo, b_hi, b_lo)
+
+
 def output(s_hi, s_lo) -> np.ndarray:
     """PCG64's XSL-RR output (uint64) of the given (already stepped) states: rotr(hi ^ lo, hi >> 58)."""
     x = s_hi ^ s_lo
@@ -329,13 +361,24 @@ def self_check() -> bool:
         r3, _ = bounded_uint64(out2, 2**63 - 1)
         if (int(r1[0]), int(r2[0]), int(r3[0])) != (n1, n2, big):
             return False
-    return True
+        a_hi, a_lo = states_ahead(s_hi[j : j + 1], s_lo[j : j + 1], i_hi[j : j + 1], i_lo[j : j + 1], 2)
+        if not np.array_equal(output(a_hi[0, 1:], a_lo[0, 1:]), np.concatenate([out1, out2])):
+            return False
+    gen = np.random.default_rng(5)
+    before = gen.bit_generator.state
+    gen.integers(1)  # a one-task pool: numpy draws nothing
+    return gen.bit_generator.state == before
 
 
-_CHECKED = False
-_CHECKED = self_check()
+_CHECKED: bool | None = None
 
 
 def checked() -> bool:
-    """Whether the self-check passed at import (otherwise every user takes numpy's own path)."""
+    """Whether ``self_check`` passed (run once, on first use); otherwise every user takes numpy's own path."""
+    global _CHECKED
+    if _CHECKED is None:
+        try:
+            _CHECKED = self_check()
+        except Exception:  # any surprise from numpy: use numpy itself
+            _CHECKED = False
     return _CHECKED

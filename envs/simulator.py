@@ -1,8 +1,8 @@
 """The seeded tool simulator: one ``Episode`` holds the state of one task attempt under the world's rules.
 
 Every front end (planner env, text env, MCP server, harness) drives an ``Episode``; the batched vector
-env applies the same rule functions (``success_probability``, ``termination_reason``) to arrays. The
-episode pre-draws its uniform stream (two numbers per possible draw: success, error code), so a run is
+env applies the same rule functions (``success_probability``, ``termination_code``, which
+``termination_reason`` names) to arrays. The episode pre-draws its uniform stream (two numbers per possible draw: success, error code), so a run is
 reproducible from its seed and the clairvoyant bound can read the same stream.
 """
 
@@ -87,6 +87,7 @@ def episode_seed(np_random: np.random.Generator) -> int:
 # --- per-registry and per-task tables, built once (hot-path lookups) ----------------------------------
 
 _REGISTRY_TABLES: dict[int, tuple] = {}
+_PROBABILITY_MEMO: dict = {}  # FailureModel -> {(N_u, N_f, N_h): p}
 _TASK_TABLES: dict[tuple[int, int], tuple] = {}
 _TASK_TABLES_MAX = 1 << 16
 
@@ -204,6 +205,7 @@ class Episode:
         self._names, self._dependency_ids, self._error_codes, self._n_tools = names, dependency_ids, error_codes, n
         self._rules, self._turn_limit = rules, rules.turn_limit
         self._strict, self._training = rules.strict_dependencies, rules.profile == "training"
+        self._probabilities = _PROBABILITY_MEMO.setdefault(self.config.failure, {})
 
     @classmethod
     def start(
@@ -253,8 +255,13 @@ class Episode:
                     n_uncalled += 1
                 elif not succeeded[d]:
                     n_failed += 1
-        fm = self.config.failure
-        return success_probability(fm.base_success, n_uncalled, n_failed, self.n_failures, fm)
+        key = (n_uncalled, n_failed, self.n_failures)
+        p = self._probabilities.get(key)
+        if p is None:  # memo of success_probability, shared by every episode with this failure model
+            fm = self.config.failure
+            p = self._probabilities[key] = success_probability(fm.base_success, n_uncalled, n_failed,
+                                                               self.n_failures, fm)
+        return p
 
     def legal_tools(self) -> np.ndarray:
         """Planner-env legality per tool (int8): not yet succeeded, under the call cap, a turn left, running.

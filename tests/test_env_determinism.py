@@ -18,7 +18,7 @@ import pytest
 import resilibench  # noqa: F401  (registers the envs)
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.simulator import Episode, draw_stream, episode_seed
-from resilibench.envs.tasks import get_task, load_tasks
+from resilibench.envs.tasks import load_tasks
 
 
 def _choose(rng: np.random.Generator, mask: np.ndarray) -> int:

@@ -1,0 +1,373 @@
+"""The batched ResiliBench-v0 (``ResiliBenchVectorEnv``) against N single envs, and its RNG machinery.
+
+The reference is ``gymnasium.make_vec(..., vectorization_mode="sync")``: N real ``ResiliBenchEnv``
+instances with Gymnasium's own seeding (sub-env i gets seed s + i) and NEXT_STEP autoreset. Every step
+must agree exactly: observations, rewards, terminations, truncations, action masks and final levels.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import resilibench  # noqa: F401  (registers the envs)
+from resilibench.envs import rng as brng
+from resilibench.envs.config import WorldConfig
+from resilibench.envs.evaluator import LEVELS
+from resilibench.envs.planner_vector_env import ResiliBenchVectorEnv, _draw_pattern
+from resilibench.envs.simulator import END_REASONS, draw_stream, episode_seed
+from resilibench.envs.tasks import load_tasks
+
+FINISH = 30
+
+
+def make_pair(num_envs: int, **kwargs):
+    vec = gym.make_vec("ResiliBench-v0", num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
+    ref = gym.make_vec("ResiliBench-v0", num_envs=num_envs, vectorization_mode="sync", **kwargs)
+    return vec, ref
+
+
+def mixed_actions(rng: np.random.Generator, mask: np.ndarray, obs: np.ndarray | None = None) -> np.ndarray:
+    """Per row: often the next required tool (read from the observation) and FINISH once all are done, so
+    that episodes also end in full success; else a random legal tool, any action (masked ones too), or an
+    early FINISH."""
+    n_rows, n_actions = mask.shape
+    n_tools = n_actions - 1
+    actions = rng.integers(n_actions, size=n_rows)  # any action, illegal ones included
+    r = rng.random(n_rows)
+    for i in np.flatnonzero(r >= 0.2):
+        legal = np.flatnonzero(mask[i, :-1])
+        if legal.size:
+            actions[i] = legal[rng.integers(legal.size)]
+    if obs is not None:
+        next_required = obs[:, 5 * n_tools : 6 * n_tools]
+        guided = r >= 0.45
+        has_next = next_required.any(axis=1)
+        actions[guided & has_next] = next_required[guided & has_next].argmax(axis=1)
+        actions[guided & ~has_next & (obs[:, 6 * n_tools] == 1.0)] = FINISH  # progress 1: signal completion
+    actions[r < 0.05] = FINISH
+    return actions
+
+
+def assert_same_step(vec_out, ref_out, where: str) -> None:
+    obs, reward, terminated, truncated, info = vec_out
+    r_obs, r_reward, r_terminated, r_truncated, r_info = ref_out
+    np.testing.assert_array_equal(obs, r_obs, err_msg=f"observations differ {where}")
+    np.testing.assert_array_equal(reward, r_reward, err_msg=f"rewards differ {where}")
+    np.testing.assert_array_equal(terminated, r_terminated, err_msg=f"terminated differs {where}")
+    np.testing.assert_array_equal(truncated, r_truncated, err_msg=f"truncated differs {where}")
+    np.testing.assert_array_equal(info["action_mask"], r_info["action_mask"], err_msg=f"masks differ {where}")
+    ended = terminated | truncated
+    np.testing.assert_array_equal(info["_level"], ended, err_msg=f"level mask {where}")
+    if ended.any():
+        names = ResiliBenchVectorEnv.level_names(info["level"])
+        np.testing.assert_array_equal(names[ended], r_info["level"][ended], err_msg=f"levels differ {where}")
+        reasons = ResiliBenchVectorEnv.end_reason_names(info["end_reason"])
+        np.testing.assert_array_equal(reasons[ended], r_info["end_reason"][ended], err_msg=f"end reasons {where}")
+    assert (info["level"][~ended] == -1).all() and (info["end_reason"][~ended] == 0).all()
+
+
+def run_equivalence(num_envs: int, n_steps: int, seed: int, policy_seed: int, **kwargs) -> dict:
+    vec, ref = make_pair(num_envs, **kwargs)
+    obs, info = vec.reset(seed=seed)
+    r_obs, r_info = ref.reset(seed=seed)
+    np.testing.assert_array_equal(obs, r_obs)
+    np.testing.assert_array_equal(info["action_mask"], r_info["action_mask"])
+    task_ids = [vec.unwrapped.known_tasks[i].instance_id for i in info["task_index"]]
+    assert task_ids == list(r_info["task_id"])
+    rng = np.random.default_rng(policy_seed)
+    counts = {"ended": 0, "full": 0, "truncated": 0, "failure_end": 0}
+    mask = info["action_mask"]
+    for step in range(n_steps):
+        actions = mixed_actions(rng, mask, obs)
+        out = vec.step(actions)
+        ref_out = ref.step(actions)
+        assert_same_step(out, ref_out, f"at step {step} (num_envs={num_envs}, {kwargs})")
+        obs, reward, terminated, truncated, info = out
+        mask = info["action_mask"]
+        counts["ended"] += int((terminated | truncated).sum())
+        counts["full"] += int(reward.sum())
+        counts["truncated"] += int(truncated.sum())
+        counts["failure_end"] += int((info["end_reason"] >= 3).sum())
+    vec.close()
+    ref.close()
+    return counts
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("num_envs", [1, 7, 64])
+def test_matches_single_envs(num_envs, strict):
+    n_steps = {1: 400, 7: 250, 64: 120}[num_envs]
+    counts = run_equivalence(num_envs, n_steps, seed=100 + num_envs, policy_seed=num_envs,
+                             strict_dependencies=strict)
+    # The run exercised what it claims to: many episode ends of every kind.
+    assert counts["ended"] >= 20 and counts["failure_end"] > 0 and counts["full"] > 0
+
+
+def test_matches_single_envs_tight_rules():
+    """Short turn limit (truncations), tight failure limits, one task type, the test split."""
+    config = WorldConfig().replace(rules={"max_consecutive_failures": 2, "max_same_tool_failures": 2})
+    counts = run_equivalence(16, 150, seed=5, policy_seed=7, config=config, turn_limit=4, split="test",
+                             task_types=["complex_validation_pipeline"])
+    assert counts["truncated"] > 0 and counts["failure_end"] > 0
+
+
+def test_matches_single_envs_one_task_pool():
+    """A pool of one task: the single env's ``integers(1)`` draws nothing."""
+    task = load_tasks(split="validation")[3]
+    counts = run_equivalence(5, 120, seed=0, policy_seed=1, tasks=[task])
+    assert counts["ended"] > 0
+
+
+def test_matches_single_envs_numpy_fallback(monkeypatch):
+    """With the bit-exact re-implementation switched off, numpy's own Generators give the same results."""
+    monkeypatch.setattr(brng, "_CHECKED", False)
+    run_equivalence(6, 80, seed=42, policy_seed=2, strict_dependencies=True)
+
+
+def test_rejected_draws_take_the_numpy_path(monkeypatch):
+    """Rows whose bounded draw numpy would reject are recomputed with numpy (here: forced for all rows)."""
+    real = brng.bounded_uint32
+
+    def always_rejected(values, n):
+        result, _ = real(values, n)
+        return result, np.ones(np.shape(result), dtype=bool)
+
+    monkeypatch.setattr(brng, "bounded_uint32", always_rejected)
+    run_equivalence(4, 80, seed=9, policy_seed=3)
+
+
+def test_equivalence_check_can_fail():
+    """The comparison detects a sub-env seeded differently from Gymnasium's seed + i convention."""
+    vec = gym.make_vec("ResiliBench-v0", num_envs=3, vectorization_mode="vector_entry_point")
+    ref = gym.make_vec("ResiliBench-v0", num_envs=3, vectorization_mode="sync")
+    vec.reset(seed=[10, 11, 12])
+    ref.reset(seed=[10, 11, 13])
+    actions = np.array([0, 0, 0])
+    with pytest.raises(AssertionError):
+        for step in range(30):
+            assert_same_step(vec.step(actions), ref.step(actions), f"step {step}")
+            actions = (actions + 7) % 31
+
+
+def test_reset_options_match_single_envs():
+    """Seed lists, pinned tasks (also from outside the pool) and partial resets behave like N single envs."""
+    vec, ref = make_pair(4)
+    other_split_task = load_tasks(split="test")[0].instance_id
+    pool_task = vec.unwrapped.tasks[17].instance_id
+    seeds = [3, None, 2**40 + 5, 8]
+    vec.reset(seed=[3, 4, 2**40 + 5, 8])
+    ref.reset(seed=[3, 4, 2**40 + 5, 8])
+    ids = [other_split_task, None, pool_task, None]
+    obs, info = vec.reset(seed=seeds, options={"task_id": ids})
+    for i, env in enumerate(ref.envs):  # the sync env passes one options dict to every sub-env
+        o, inf = env.reset(seed=seeds[i], options={"task_id": ids[i]} if ids[i] else None)
+        np.testing.assert_array_equal(obs[i], o)
+        assert vec.unwrapped.known_tasks[info["task_index"][i]].instance_id == inf["task_id"]
+    assert vec.unwrapped.known_tasks[info["task_index"][0]].instance_id == other_split_task
+    rng = np.random.default_rng(0)
+    mask = info["action_mask"]
+    for _ in range(40):
+        actions = mixed_actions(rng, mask)
+        out = vec.step(actions)
+        ref_out = ref.step(actions)
+        assert_same_step(out, ref_out, "after pinned reset")
+        mask = out[4]["action_mask"]
+    # Partial reset: only rows 1 and 3, continuing their generators.
+    reset_mask = np.array([False, True, False, True])
+    obs, info = vec.reset(options={"reset_mask": reset_mask})
+    r_obs, _ = ref.reset(options={"reset_mask": reset_mask.copy()})
+    np.testing.assert_array_equal(obs[reset_mask], r_obs[reset_mask])
+    for _ in range(40):
+        actions = mixed_actions(rng, info["action_mask"])
+        out = vec.step(actions)
+        assert_same_step(out, ref.step(actions), "after partial reset")
+        info = out[4]
+
+
+def test_autoreset_next_step():
+    env = gym.make_vec("ResiliBench-v0", num_envs=3, vectorization_mode="vector_entry_point")
+    assert env.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+    obs0, info0 = env.reset(seed=1)
+    obs, reward, terminated, truncated, info = env.step(np.array([FINISH, 0, FINISH]))
+    assert terminated.tolist() == [True, False, True] and not truncated.any()
+    assert info["_level"].tolist() == [True, False, True]
+    np.testing.assert_array_equal(info["action_mask"][0], np.eye(31, dtype=np.int8)[FINISH])
+    assert END_REASONS[info["end_reason"][0]] == "finished"
+    assert LEVELS[info["level"][0]] in LEVELS  # a real level code
+    np.testing.assert_array_equal(obs[0], obs0[0])  # FINISH does not change the observation
+    # The next step resets rows 0 and 2 whatever their actions; row 1 acts.
+    obs, reward, terminated, truncated, info = env.step(np.array([5, 1, 29]))
+    assert reward[0] == reward[2] == 0.0 and not terminated[[0, 2]].any() and not truncated[[0, 2]].any()
+    assert (info["action_mask"][[0, 2]] == 1).all()
+    layout = env.unwrapped.layout
+    assert obs[0, layout.status : layout.required : 4].sum() == 30  # every tool NOT_ATTEMPTED again
+    assert obs[1, layout.step] > 0 and obs[0, layout.step] == 0  # row 1 used a turn, row 0 starts over
+    assert not info["_level"].any()
+
+
+def test_truncation_after_turn_limit():
+    env = gym.make_vec("ResiliBench-v0", num_envs=2, vectorization_mode="vector_entry_point", turn_limit=2,
+                       config=WorldConfig().replace(rules={"max_consecutive_failures": 9,
+                                                           "max_same_tool_failures": 9}))
+    env.reset(seed=0)
+    for t in (0, 1):
+        _, _, terminated, truncated, info = env.step(np.array([t, t + 10]))
+        assert not (terminated | truncated).any()
+    assert (info["action_mask"][:, :30] == 0).all() and (info["action_mask"][:, 30] == 1).all()
+    _, reward, terminated, truncated, info = env.step(np.array([3, FINISH]))
+    assert truncated.tolist() == [True, False] and terminated.tolist() == [False, True]
+    assert END_REASONS[info["end_reason"][0]] == "out_of_turns"
+
+
+def test_spaces_and_dtypes():
+    env = gym.make_vec("ResiliBench-v0", num_envs=5, vectorization_mode="vector_entry_point")
+    u = env.unwrapped
+    assert isinstance(u, ResiliBenchVectorEnv) and u.num_envs == 5
+    assert u.single_action_space == gym.spaces.Discrete(31)
+    assert u.action_space == gym.spaces.MultiDiscrete([31] * 5)
+    assert u.single_observation_space.shape == (204,) and u.observation_space.shape == (5, 204)
+    obs, info = env.reset(seed=0)
+    assert obs.dtype == np.float32 and u.observation_space.contains(obs)
+    assert info["action_mask"].dtype == np.int8 and info["action_mask"].shape == (5, 31)
+    assert info["task_index"].dtype == np.int64
+    for _ in range(30):
+        obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        assert u.observation_space.contains(obs)
+        assert reward.dtype == np.float64 and reward.shape == (5,)
+        assert terminated.dtype == np.bool_ and truncated.dtype == np.bool_
+        assert info["level"].dtype == np.int8 and info["end_reason"].dtype == np.int8
+        assert not (terminated & truncated).any()
+    # Returned arrays are copies: later steps do not change them.
+    kept = obs.copy(), info["action_mask"].copy()
+    env.step(env.action_space.sample())
+    np.testing.assert_array_equal(obs, kept[0])
+    np.testing.assert_array_equal(info["action_mask"], kept[1])
+
+
+def test_deterministic_under_seed():
+    def trajectory():
+        env = gym.make_vec("ResiliBench-v0", num_envs=8, vectorization_mode="vector_entry_point")
+        obs, _ = env.reset(seed=77)
+        rng = np.random.default_rng(5)
+        out = [obs]
+        for _ in range(50):
+            obs, reward, *_ = env.step(rng.integers(31, size=8))
+            out += [obs, reward]
+        return out
+
+    for a, b in zip(trajectory(), trajectory(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"reward": "shaped"}, "vectorization_mode='sync'"),
+        ({"profile": "training"}, "vectorization_mode='sync'"),
+        ({"reward": "dense"}, "reward must be one of"),
+        ({"split": "holdout"}, "split must be one of"),
+        ({"reward_phase": "late"}, "reward phase"),
+        ({"render_mode": "human"}, "does not render"),
+        ({"task_types": ["no_such_type"]}, "unknown task type"),
+    ],
+)
+def test_bad_kwargs(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        gym.make_vec("ResiliBench-v0", num_envs=2, vectorization_mode="vector_entry_point", **kwargs)
+
+
+def test_bad_num_envs():
+    with pytest.raises(ValueError, match="num_envs"):
+        ResiliBenchVectorEnv(num_envs=0)
+
+
+def test_bad_actions_and_reset_options():
+    env = ResiliBenchVectorEnv(num_envs=3)
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(np.zeros(3, dtype=np.int64))
+    env.reset(seed=0)
+    for bad in (np.zeros(2, dtype=np.int64), np.array([0, 1, 31]), np.array([0, -1, 2]), np.zeros(3) + 0.5,
+                np.zeros((3, 1), dtype=np.int64)):
+        with pytest.raises(ValueError, match="actions"):
+            env.step(bad)
+    with pytest.raises(ValueError, match="unknown reset option"):
+        env.reset(options={"task": "x"})
+    with pytest.raises(ValueError, match="reset_mask"):
+        env.reset(options={"reset_mask": [True, False, True]})
+    with pytest.raises(ValueError, match="at least one"):
+        env.reset(options={"reset_mask": np.zeros(3, dtype=bool)})
+    with pytest.raises(ValueError, match="seeds"):
+        env.reset(seed=[1, 2])
+    with pytest.raises(ValueError, match="non-negative"):
+        env.reset(seed=[1, -2, 3])
+    with pytest.raises(KeyError, match="no task"):
+        env.reset(options={"task_id": "task_does_not_exist"})
+    # A rejected call changed nothing: the env still steps.
+    env.step(np.array([0, 1, 2]))
+
+
+# --- the bit-exact RNG re-implementation ----------------------------------------------------------------
+
+
+def test_rng_self_check_passes():
+    assert brng.checked()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**32 - 1, 2**32, 123456789123456789, 2**63 - 2, 2**64 - 1, 2**127 + 9])
+def test_seed_state_matches_numpy(seed):
+    st = np.random.PCG64(seed).state["state"]
+    assert brng.seed_state(seed) == brng.seed_state_reference(seed) == (st["state"], st["inc"])
+    np.testing.assert_array_equal(brng.scratch_default_rng(seed).random((10, 2)),
+                                  np.random.default_rng(seed).random((10, 2)))
+
+
+def test_batched_seed_states_and_outputs_match_numpy():
+    seeds = np.random.default_rng(0).integers(0, 2**63, size=200, dtype=np.uint64)
+    seeds[:3] = [0, 2**64 - 1, 2**32]
+    s_hi, s_lo, i_hi, i_lo = brng.seed_states(seeds)
+    ahead_hi, ahead_lo = brng.states_ahead(s_hi, s_lo, i_hi, i_lo, 6)
+    for j, seed in enumerate(seeds.tolist()):
+        bg = np.random.PCG64(seed)
+        st = bg.state["state"]
+        assert (int(s_hi[j]) << 64 | int(s_lo[j]), int(i_hi[j]) << 64 | int(i_lo[j])) == (st["state"], st["inc"])
+        raw = bg.random_raw(6)
+        np.testing.assert_array_equal(brng.output(ahead_hi[j, 1:], ahead_lo[j, 1:]), raw)
+        np.testing.assert_array_equal(brng.to_double(raw), np.random.default_rng(seed).random(6))
+
+
+@pytest.mark.parametrize("has32", [False, True])
+@pytest.mark.parametrize("n_pool", [1, 2, 3528])
+def test_queued_episodes_match_numpy(has32, n_pool):
+    """The queue of upcoming episodes equals what numpy's Generator yields, from either buffer state."""
+    tasks = load_tasks(split="train")[:n_pool]
+    env = ResiliBenchVectorEnv(num_envs=9, tasks=tasks)
+    env.reset(seed=21)
+    source = env._source
+    if has32 != bool(source.r_has32[0, source.cursor[0]]):
+        env.step(np.full(9, FINISH))
+        env.step(np.zeros(9, dtype=np.int64))  # autoreset: one more episode drawn
+    source._refill()
+    for row in range(9):
+        assert bool(source.r_has32[row, 0]) == (has32 and n_pool >= 2)
+        gen = source.generator(row)
+        for e in range(source.capacity):
+            assert source.task[row, e] == int(gen.integers(n_pool))
+            stream = draw_stream(np.random.default_rng(episode_seed(gen)), env._turn_limit)
+            np.testing.assert_array_equal(source.stream[row, e], stream[:, 0])
+        c = source.capacity
+        state, inc, h, u = brng.generator_state(gen)
+        assert (int(source.r_hi[row, c]) << 64 | int(source.r_lo[row, c])) == state
+        assert bool(source.r_has32[row, c]) == bool(h)
+
+
+def test_draw_pattern_buffering():
+    p = _draw_pattern(4, False, True)
+    # consumed before, has32, buffer, task value, seed output
+    assert p[:, 0].tolist() == [0, 2, 3, 5, 6]
+    assert p[:4, 3].tolist() == [1, 2, 7, 8]  # low half of output 0, its high half, low/high of output 3
+    assert p[:4, 4].tolist() == [1, 2, 4, 5]
+    q = _draw_pattern(2, True, True)
+    assert q[:2, 3].tolist() == [0, 3] and q[:2, 4].tolist() == [0, 2]  # the buffer first
