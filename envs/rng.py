@@ -70,10 +70,9 @@ def _pcg_init(words: list[int]) -> tuple[int, int]:
     return ((inc + initstate) * PCG_MULT + inc) & M128, inc
 
 
-def seed_state_reference(seed: int) -> tuple[int, int]:
-    """(state, inc) of the PCG64 inside ``np.random.default_rng(seed)``, for ``0 <= seed < 2**128``: the
-    readable definition (SeedSequence with pool size 4, then PCG64's seeding). ``seed_state`` is the same
-    computation unrolled."""
+def seed_state(seed: int) -> tuple[int, int]:
+    """(state, inc) of the PCG64 inside ``np.random.default_rng(seed)``, for ``0 <= seed < 2**128``:
+    SeedSequence with pool size 4, then PCG64's seeding."""
     if not 0 <= seed <= M128:
         raise ValueError(f"seed must be in [0, 2**128), got {seed}")
     pool = [_hashmix((seed >> (32 * i)) & M32, i) for i in range(_POOL)]
@@ -87,28 +86,6 @@ def seed_state_reference(seed: int) -> tuple[int, int]:
     return _pcg_init(words)
 
 
-def _unrolled_seed_state():
-    """Generate ``seed_state``: ``seed_state_reference`` as straight-line code with the hash constants
-    inlined (about twice as fast: no loops, no tuple lookups). Checked against numpy by ``self_check``."""
-    lines = ["def seed_state(seed):",
-             '    """(state, inc) of the PCG64 inside ``np.random.default_rng(seed)``, 0 <= seed < 2**128."""',
-             "    if not 0 <= seed <= M128:",
-             "        raise ValueError(f'seed must be in [0, 2**128), got {seed}')"]
-    for i in range(_POOL):
-        lines += [f"    v = (((seed >> {32 * i}) & M32 ^ {_HA[i]}) * {_HA[i + 1]}) & M32", f"    p{i} = v ^ (v >> 16)"]
-    for k, (s, d) in enumerate(_MIX_ORDER, start=_POOL):
-        lines += [f"    v = ((p{s} ^ {_HA[k]}) * {_HA[k + 1]}) & M32", "    v ^= v >> 16",
-                  f"    v = ({_MIX_L} * p{d} - {_MIX_R} * v) & M32", f"    p{d} = v ^ (v >> 16)"]
-    for i in range(2 * _POOL):
-        lines += [f"    v = ((p{i % _POOL} ^ {_HB[i]}) * {_HB[i + 1]}) & M32", f"    o{i} = v ^ (v >> 16)"]
-    lines += ["    inc = ((((o4 | o5 << 32) << 64 | o6 | o7 << 32) << 1) | 1) & M128",
-              "    return (((inc + ((o0 | o1 << 32) << 64 | o2 | o3 << 32)) * PCG_MULT) + inc) & M128, inc"]
-    namespace = {"M32": M32, "M128": M128, "PCG_MULT": PCG_MULT}
-    exec("\n".join(lines), namespace)  # noqa: S102  (our own constants only)
-    return namespace["seed_state"]
-
-
-seed_state = _unrolled_seed_state()
 
 
 _local = threading.local()
@@ -337,7 +314,7 @@ def self_check() -> bool:
     seeds = [0, 1, 2**32 - 1, 2**32, 987654321987654321, 2**63 - 2, 2**64 - 1]
     for seed in [*seeds, 2**100 + 12345]:
         st = np.random.PCG64(seed).state["state"]
-        if not seed_state(seed) == seed_state_reference(seed) == (st["state"], st["inc"]):
+        if seed_state(seed) != (st["state"], st["inc"]):
             return False
         expected = np.random.default_rng(seed).random((3, 2))
         state, inc = seed_state(seed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -122,9 +123,8 @@ def task_seed(task_id: str, seed: int) -> int:
     return int(np.random.SeedSequence([seed, zlib.crc32(task_id.encode())]).generate_state(1)[0])
 
 
-@dataclass(frozen=True, slots=True)
-class CallRecord:
-    """One tool call in a trace."""
+class CallRecord(NamedTuple):
+    """One tool call in a trace (immutable; cheap to build on the hot path)."""
 
     tool: str
     success: bool
@@ -135,35 +135,9 @@ class CallRecord:
     replayed: bool = False
 
     def to_dict(self) -> dict:
-        return {
-            "tool": self.tool,
-            "success": self.success,
-            "error_code": self.error_code,
-            "turn": self.turn,
-            "probability": self.probability,
-            "unmet_dependencies": list(self.unmet_dependencies),
-            "replayed": self.replayed,
-        }
-
-
-
-_RECORD_SLOTS = tuple(CallRecord.__dict__[f].__set__ for f in (
-    "tool", "success", "error_code", "turn", "probability", "unmet_dependencies", "replayed"))
-
-
-def _new_record(tool: str, success: bool, error_code: str | None, turn: int, probability: float | None,
-                unmet_dependencies: tuple[str, ...] = (), replayed: bool = False) -> CallRecord:
-    """Build a CallRecord without the frozen dataclass's per-field ``object.__setattr__`` (hot path)."""
-    record = object.__new__(CallRecord)
-    set_tool, set_success, set_code, set_turn, set_p, set_unmet, set_replayed = _RECORD_SLOTS
-    set_tool(record, tool)
-    set_success(record, success)
-    set_code(record, error_code)
-    set_turn(record, turn)
-    set_p(record, probability)
-    set_unmet(record, unmet_dependencies)
-    set_replayed(record, replayed)
-    return record
+        data = self._asdict()
+        data["unmet_dependencies"] = list(self.unmet_dependencies)
+        return data
 
 
 @dataclass
@@ -299,17 +273,17 @@ class Episode:
         name = self._names[tool_id]
         succeeded = self.succeeded
         if succeeded[tool_id]:  # already done: the earlier result, no draw, no failure
-            record = _new_record(name, True, None, turn, None, (), True)
+            record = CallRecord(name, True, None, turn, None, (), True)
             self.trace.append(record)
             return record
         calls = self.calls
         if calls[tool_id] >= self.max_calls:
-            return self._record_failure(tool_id, _new_record(name, False, RETRY_LIMIT_ERROR, turn, None))
+            return self._record_failure(tool_id, CallRecord(name, False, RETRY_LIMIT_ERROR, turn, None))
         deps = self._dependency_ids[tool_id]
         unmet_names = tuple(self._names[d] for d in deps if not succeeded[d]) if deps else ()
         if unmet_names and self._strict:
             calls[tool_id] += 1
-            record = _new_record(name, False, DEPENDENCY_ERROR, turn, None, unmet_names)
+            record = CallRecord(name, False, DEPENDENCY_ERROR, turn, None, unmet_names)
             return self._record_failure(tool_id, record, dependency_problem=True)
         p = self.probability(tool_id)
         draw = self.draws_used
@@ -317,13 +291,13 @@ class Episode:
         self.draws_used = draw + 1
         calls[tool_id] += 1
         if u_success < p:
-            record = _new_record(name, True, None, turn, p, unmet_names)
+            record = CallRecord(name, True, None, turn, p, unmet_names)
             self.trace.append(record)
             self._record_success(tool_id)
             return record
         codes = self._error_codes[tool_id]
         code = codes[min(int(self.stream.item(draw, 1) * len(codes)), len(codes) - 1)]
-        record = _new_record(name, False, code, turn, p, unmet_names)
+        record = CallRecord(name, False, code, turn, p, unmet_names)
         return self._record_failure(tool_id, record, dependency_problem=bool(unmet_names))
 
     def finish(self) -> Evaluation:

@@ -319,7 +319,7 @@ def test_rng_self_check_passes():
 @pytest.mark.parametrize("seed", [0, 1, 2**32 - 1, 2**32, 123456789123456789, 2**63 - 2, 2**64 - 1, 2**127 + 9])
 def test_seed_state_matches_numpy(seed):
     st = np.random.PCG64(seed).state["state"]
-    assert brng.seed_state(seed) == brng.seed_state_reference(seed) == (st["state"], st["inc"])
+    assert brng.seed_state(seed) == (st["state"], st["inc"])
     np.testing.assert_array_equal(brng.scratch_default_rng(seed).random((10, 2)),
                                   np.random.default_rng(seed).random((10, 2)))
 
