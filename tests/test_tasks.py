@@ -96,3 +96,10 @@ def test_filters_and_lookup():
         load_tasks(task_types=["cooking"])
     with pytest.raises(KeyError, match="no task"):
         get_task("task_nope")
+
+
+def test_library_loads_with_datasets():
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.load_dataset("json", data_files=str(default_library_path()), split="train")
+    assert ds.num_rows == 5040
+    assert ds[0]["required_tools"] == list(load_tasks(split=None)[0].required_tools)
