@@ -182,3 +182,10 @@ def test_training_profile():
     # base 0.85 (success rate >= 0.3), one unmet dependency 0.8, required tool semantic factor 1.3
     assert episode.probability(transformer) == pytest.approx(min(1.0, 0.85 * 0.8 * 1.3))
     assert episode.probability(REG.id_of("utility_logger")) == pytest.approx(0.85)
+
+
+def test_spend_turn_uses_a_turn_without_a_draw():
+    episode = scripted_episode(make_task(), [True] * 10)
+    episode.spend_turn()
+    assert episode.turns_used == 1 and episode.draws_used == 0 and episode.trace == []
+    assert episode.call("file_operations_reader").success and episode.draws_used == 1
