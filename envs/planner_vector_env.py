@@ -236,12 +236,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         # copied from the task tables.
         self._ints = np.zeros((_N_INTS, N), dtype=np.int64)
         (self._task, self._turns, self._draws, self._n_failures, self._consecutive, self._last_tool, self._streak,
-         self._next_req, self._covered, self._done_bits, self._max_calls_row, self._task_tools, self._task_req,
-         self._n_req_row, self._grade_base) = self._ints
-        self._ints_init = np.zeros((_N_INTS, 1), dtype=np.int64)
-        self._ints_init[_LAST_TOOL] = -1
-        self._order_broken = np.zeros(N, dtype=bool)
-        self._output_done = np.zeros(N, dtype=bool)
+         self._next_req, self._covered, self._done_bits, self._order_broken, self._output_done, self._max_calls_row,
+         self._task_tools, self._task_req, self._n_req_row, self._grade_base) = self._ints
         self._autoreset = np.zeros(N, dtype=bool)
         self._started = False
 
@@ -259,9 +255,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         pos_bit = np.zeros((k, n), dtype=np.int64)  # 1 << position of each required tool, 0 otherwise
         out_mask = np.zeros((k, n), dtype=bool)
         next_obs = np.full((k, width), -1, dtype=np.int64)  # observation offset of "next required = j"
-        fields = np.zeros((_N_INTS, k), dtype=np.int64)  # the task-derived rows of the integer state
+        fields = np.zeros((_N_INTS, k), dtype=np.int64)  # the integer state at the start of an episode
         classes: dict[tuple[int, float], int] = {}  # (number of required tools, min coverage) -> grade class
-        self._has_outputs = np.zeros(k, dtype=bool)
         self._min_cov = np.zeros(k, dtype=np.float64)
         self._init_obs = np.zeros((k, lay.size), dtype=np.float32)
         coverage = self.config.evaluator.min_coverage
@@ -270,7 +265,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             next_obs[i, : len(req)] = lay.next_required + np.asarray(req, dtype=np.int64)
             outputs = output_tool_ids(req, reg)
             out_mask[i, list(outputs)] = True
-            self._has_outputs[i] = bool(outputs)
+            fields[_OUTPUT_DONE, i] = not outputs  # a task without outputs counts as having produced them
             max_calls = 1 + task.max_retries
             if not 1 <= max_calls <= _CALLS:
                 raise ValueError(f"task {task.instance_id!r}: the batched env needs 0 <= max_retries <= {_CALLS - 1}, "
@@ -284,16 +279,19 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             fields[_GRADE_BASE, i] = grade_class * width * 16
             self._init_obs[i] = initial_observation(task, reg, lay)
         self._pos_bit, self._out_mask, self._next_obs = pos_bit.reshape(-1), out_mask.reshape(-1), next_obs.reshape(-1)
+        fields[_LAST_TOOL] = -1
+        self._ints_start = fields
         self._task_fields = fields[_TASK_FIELDS]
-        # The evaluator's ``grade`` over every (class, covered, sequence, output, completion, failure
-        # termination) an episode can end in: index = base + covered * 16 + sequence * 8 + output * 4
-        # + completed * 2 + failed.
+        # The evaluator's ``grade`` over every (class, covered, order broken, output, completion, failure
+        # termination) an episode can end in: index = base + covered * 16 + broken * 8 + output * 4
+        # + completed * 2 + failed; the sequence holds when a required tool succeeded and none out of order.
         grid = np.array(np.meshgrid(np.arange(len(classes)), np.arange(width), *[[0, 1]] * 4,
                                     indexing="ij")).reshape(6, -1)
         class_n_req = np.array([c[0] for c in classes], dtype=np.int64)
         class_cov = np.array([c[1] for c in classes], dtype=np.float64)
         flags = grid[2:].astype(bool)
-        _, _, code = grade(grid[1], class_n_req[grid[0]], flags[0], flags[1], flags[2], flags[3],
+        sequence = (grid[1] > 0) & ~flags[0]
+        _, _, code = grade(grid[1], class_n_req[grid[0]], sequence, flags[1], flags[2], flags[3],
                            class_cov[grid[0]], self.config.evaluator.partial_conditions_needed)
         self._grade_table = np.asarray(code, dtype=np.int8)
         # Next required position from the bit set of required positions done: its lowest zero bit.
@@ -351,14 +349,14 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             raise RuntimeError("call reset() before step()")
         N, n, T, lay = self.num_envs, self.n_tools, self._turn_limit, self.layout
         a = np.asarray(actions)
-        if a.shape != (N,) or not np.issubdtype(a.dtype, np.integer):
+        if a.shape != (N,) or a.dtype.kind not in "iu":
             raise ValueError(f"actions must be an integer array of shape ({N},), got {a.dtype} {a.shape}")
         a = a.astype(np.int64, copy=False)
-        if (a.astype(np.uint64) > n).any():  # negative actions wrap to huge values
+        if (a.view(np.uint64) > n).any():  # negative actions wrap to huge values
             raise ValueError(f"actions must be in [0, {n}] (FINISH = {n}), got {a[(a < 0) | (a > n)][:5]}")
         autoreset = self._autoreset
         if autoreset.any():
-            self._start_episodes(np.flatnonzero(autoreset), {})
+            self._start_episodes(autoreset.nonzero()[0], {})
         acting = ~autoreset
         finish = acting & (a == n)
         tool_action = acting ^ finish
@@ -398,21 +396,21 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         mask_flat[np.where(mask_off, self._row_mask + at, self._dump_mask)] = 0
 
         self._turns += call
-        limit = np.flatnonzero(call & (self._turns == T))
+        limit = (call & (self._turns == T)).nonzero()[0]
         if limit.size:
             self._mask_buf[limit, :n] = 0
         self._n_failures += failed
         consecutive = (self._consecutive + failed) * ~success
         self._consecutive[:] = consecutive
-        streak = np.where(changed, failed * (1 + (at == self._last_tool) * self._streak), self._streak)
-        self._streak[:] = streak
-        self._last_tool[:] = np.where(changed, at, self._last_tool)
+        streak = self._streak
+        np.copyto(streak, failed * (1 + (at == self._last_tool) * streak), where=changed)
+        np.copyto(self._last_tool, at, where=changed)
         end_code = self._end_table[consecutive * (T + 1) + streak] * failed
 
         task_cell = self._task_tools + at
         self._output_done |= success & self._out_mask[task_cell]
         pos_bit = self._pos_bit[task_cell] * success  # first success of a required tool: 1 << its position
-        hit = np.flatnonzero(pos_bit)
+        hit = pos_bit.nonzero()[0]
         if hit.size:
             self._required_success(hit, pos_bit[hit])
         obs = self._obs_buf
@@ -424,7 +422,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         end_code = end_code + finish * FINISHED_CODE + out_of_turns * OUT_OF_TURNS_CODE
         level = np.full(N, -1, dtype=np.int8)
         reward = np.zeros(N, dtype=np.float64)
-        rows = np.flatnonzero(ended)
+        rows = ended.nonzero()[0]
         if rows.size:
             code = self._grade(rows, finish[rows], end_code[rows])
             level[rows] = code
@@ -461,11 +459,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
 
     def _grade(self, rows: np.ndarray, completed: np.ndarray, end_code: np.ndarray) -> np.ndarray:
         """Level codes of the episodes ending in ``rows``: the evaluator's ``grade`` (tabulated) on counters."""
-        covered = self._covered[rows]
-        sequence = (covered > 0) & ~self._order_broken[rows]
-        output = self._output_done[rows] | ~self._has_outputs[self._task[rows]]
-        index = (self._grade_base[rows] + covered * 16 + sequence * 8 + output * 4 + completed * 2
-                 + (end_code >= CONSECUTIVE_FAILURES_CODE))
+        index = (self._grade_base[rows] + self._covered[rows] * 16 + self._order_broken[rows] * 8
+                 + self._output_done[rows] * 4 + completed * 2 + (end_code >= CONSECUTIVE_FAILURES_CODE))
         return self._grade_table[index]
 
     def _info_arrays(self) -> dict[str, Any]:
@@ -503,13 +498,9 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     def _start_episodes(self, rows: np.ndarray, pinned: dict[int, int]) -> None:
         """Begin new episodes in ``rows``: next task and stream from each row's generator, state cleared."""
         task, stream = self._source.take(rows, pinned)
-        ints = self._ints
-        ints[:, rows] = self._ints_init
-        ints[_TASK_FIELDS[:, None], rows] = self._task_fields[:, task]
+        self._ints[:, rows] = self._ints_start[:, task]
         self._stream[rows, :-1] = stream
         self._tc[rows] = self._tc_init
-        self._order_broken[rows] = False
-        self._output_done[rows] = False
         self._mask_buf[rows] = 1
         self._obs_buf[rows] = self._init_obs[task]
 
@@ -534,8 +525,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
 _CALLS, _SUCCEEDED, _DEPENDENCY_PROBLEM = 63, 64, 128
 # Rows of the integer state matrix; the task-derived ones come last.
 (_TASK, _TURNS, _DRAWS, _N_FAILURES, _CONSECUTIVE, _LAST_TOOL, _STREAK, _NEXT_REQ, _COVERED, _DONE_BITS,
- _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE) = range(15)
-_N_INTS = 15
+ _ORDER_BROKEN, _OUTPUT_DONE, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE) = range(17)
+_N_INTS = 17
 _CHUNK = 8192  # rows per batch of 128-bit arithmetic in queue refills
 _TASK_FIELDS = np.array([_TASK, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE])
 
