@@ -58,6 +58,23 @@ def task_features(task: Task, registry: ToolRegistry) -> np.ndarray:
     return f
 
 
+def counter_features(turns_used, n_failures, consecutive_failures, rules):
+    """The observation's counters: step fraction, failed calls N_h / turn limit and consecutive failures /
+    their limit (both capped at 1). Python numbers, or numpy arrays for all three (the batched env builds
+    its tables from this function)."""
+    cap = np.minimum if isinstance(turns_used, np.ndarray) else min
+    limit = rules.turn_limit
+    return (turns_used / limit, cap(n_failures / limit, 1.0),
+            cap(consecutive_failures / rules.max_consecutive_failures, 1.0))
+
+
+def counter_tables(rules) -> tuple[list[float], list[float], list[float]]:
+    """``counter_features`` of every count an episode can reach (0 .. turn limit), as three lists (the same
+    numbers, looked up instead of recomputed on the hot path)."""
+    counts = np.arange(rules.turn_limit + 1)
+    return tuple(np.asarray(x, dtype=np.float64).tolist() for x in counter_features(counts, counts, counts, rules))
+
+
 def initial_observation(task: Task, registry: ToolRegistry, layout: ObservationLayout) -> np.ndarray:
     """Observation at the start of an episode of ``task``."""
     obs = np.zeros(layout.size, dtype=np.float32)

@@ -10,7 +10,7 @@ import numpy as np
 from gymnasium import spaces
 
 from resilibench.envs.config import WorldConfig
-from resilibench.envs.observation import N_STATUS, ObservationLayout, initial_observation
+from resilibench.envs.observation import N_STATUS, ObservationLayout, counter_tables, initial_observation
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import REWARD_MODES, ShapedRewarder
 from resilibench.envs.simulator import SUCCESS, Episode, episode_seed
@@ -31,23 +31,6 @@ def make_world_config(
         if v is not None
     }
     return config.replace(rules=overrides) if overrides else config
-
-
-def counter_features(turns_used, n_failures, consecutive_failures, rules):
-    """The observation's counters: step fraction, failed calls N_h / turn limit and consecutive failures /
-    their limit (both capped at 1). Python numbers, or numpy arrays for all three (the batched env builds
-    its tables from this function)."""
-    cap = np.minimum if isinstance(turns_used, np.ndarray) else min
-    limit = rules.turn_limit
-    return (turns_used / limit, cap(n_failures / limit, 1.0),
-            cap(consecutive_failures / rules.max_consecutive_failures, 1.0))
-
-
-def counter_tables(rules) -> tuple[list[float], list[float], list[float]]:
-    """``counter_features`` of every count an episode can reach (0 .. turn limit), as three lists (the same
-    numbers, looked up instead of recomputed on the hot path)."""
-    counts = np.arange(rules.turn_limit + 1)
-    return tuple(np.asarray(x, dtype=np.float64).tolist() for x in counter_features(counts, counts, counts, rules))
 
 
 def select_tasks(tasks: Sequence[Task] | None, split: str | None, task_types) -> list[Task]:
