@@ -149,14 +149,28 @@ def _from_dict(cls: type[T], data: dict[str, Any], base: T | None = None) -> T:
 
 
 def load_config(path: str | Path | None = None) -> WorldConfig:
-    """Load a WorldConfig from YAML or JSON; missing fields keep their defaults."""
+    """Load a WorldConfig from YAML (.yaml/.yml) or JSON (.json); missing fields keep their defaults.
+    Problems with the file raise FileNotFoundError or ValueError naming the file and the field."""
     if path is None:
         return WorldConfig()
-    text = Path(path).read_text()
-    if str(path).endswith((".yaml", ".yml")):
-        import yaml
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".json"):
+        raise ValueError(f"config file {path} must end in .yaml, .yml or .json, got {suffix or 'no suffix'!r}")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
 
-        data = yaml.safe_load(text) or {}
-    else:
-        data = json.loads(text)
+            data = yaml.safe_load(text) or {}
+    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"cannot parse config file {path}: {first}") from None
+    if not isinstance(data, dict):
+        sections = sorted(f.name for f in dataclasses.fields(WorldConfig))
+        raise ValueError(f"config file {path} must hold a mapping of sections {sections}, got {type(data).__name__}")
     return _from_dict(WorldConfig, data)

@@ -14,7 +14,7 @@ from gymnasium.vector.utils import batch_space
 from resilibench.envs import rng as brng
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.evaluator import FULL, LEVELS, grade, output_tool_ids
-from resilibench.envs.observation import N_STATUS, ObservationLayout, counter_features, initial_observation
+from resilibench.envs.observation import N_STATUS, ObservationLayout, counter_tables, initial_observation
 from resilibench.envs.planner_env import make_world_config, select_tasks
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import PHASES, REWARD_MODES
@@ -49,7 +49,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     checks this against N single envs). No rule is written twice: at construction the env evaluates the
     rule functions on arrays of every input an episode can reach, ``success_probability`` and
     ``termination_code`` (``resilibench.envs.simulator``), ``grade`` (``resilibench.envs.evaluator``) and
-    ``counter_features`` (``resilibench.envs.observation``), and a step looks the results up. Each sub-env
+    ``counter_tables`` (``resilibench.envs.observation``), and a step looks the results up. Each sub-env
     keeps its own ``np_random`` (PCG64) and draws from it in the single env's order (task index, then
     ``episode_seed``, then the stream ``draw_stream(default_rng(seed), T)``); those numpy draws are
     reproduced bit for bit, batched, by ``resilibench.envs.rng`` and computed ahead for a few dozen
@@ -216,7 +216,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         consecutive, streak = np.meshgrid(counts, counts, indexing="ij")
         self._end_table = np.asarray(termination_code(consecutive, streak, rules), dtype=np.int64).reshape(-1)
         self._step_table, self._failures_table, self._consecutive_table = (
-            np.asarray(x, dtype=np.float64) for x in counter_features(counts, counts, counts, rules))
+            np.asarray(x, dtype=np.float64) for x in counter_tables(rules))
         self._finished_mask = np.zeros(n + 1, dtype=np.int8)
         self._finished_mask[n] = 1
         self._build_task_tables(self.known_tasks)

@@ -87,34 +87,12 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def _load_world_config(path: str | None, need_bounds: bool = False):
     """The WorldConfig of ``--config`` (defaults when absent); CliError on any problem with the file."""
-    from resilibench.envs.config import WorldConfig, _from_dict
+    from resilibench.envs.config import load_config
 
-    if path is None:
-        return WorldConfig()
-    file = Path(path)
-    if not file.is_file():
-        raise CliError(f"--config: file {path} does not exist")
-    suffix = file.suffix.lower()
-    if suffix not in (".yaml", ".yml", ".json"):
-        raise CliError(f"--config: {path} must end in .yaml, .yml or .json, got {suffix or 'no suffix'!r}")
-    text = file.read_text(encoding="utf-8")
     try:
-        if suffix == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-    except Exception as exc:  # yaml.YAMLError, json.JSONDecodeError
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CliError(f"--config: cannot parse {path}: {first}") from None
-    if not isinstance(data, dict):
-        sections = sorted(WorldConfig.__dataclass_fields__)
-        raise CliError(f"--config: {path} must hold a mapping of sections {sections}, got {type(data).__name__}")
-    try:
-        config = _from_dict(WorldConfig, data)
-    except (ValueError, TypeError) as exc:
-        raise CliError(f"--config {path}: {exc}") from None
+        config = load_config(path)
+    except (OSError, ValueError, TypeError) as exc:
+        raise CliError(f"--config: {exc}") from None
     if need_bounds and config.rules.profile != "test":
         raise CliError(f"--config {path}: rules.profile must be 'test' here (bounds exist only for the test "
                        f"failure profile), got {config.rules.profile!r}")
