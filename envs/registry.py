@@ -76,6 +76,8 @@ CATEGORY_ERRORS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 # Reserved for strict-dependency mode: never drawn at random, never in a tool's error list.
 DEPENDENCY_ERROR = "DEPENDENCY_ERROR"
+# Every tool's error list holds it; a front end that rejects a call's arguments answers with it (no draw).
+INVALID_INPUT = "INVALID_INPUT"
 
 OPERATION_PHRASES: dict[str, str] = {
     "parser": "parse raw input into a structured format",

@@ -16,7 +16,7 @@ import numpy as np
 
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.evaluator import Evaluation, evaluate
-from resilibench.envs.registry import DEPENDENCY_ERROR, ToolRegistry, default_registry
+from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, ToolRegistry, default_registry
 from resilibench.envs.rng import scratch_default_rng
 from resilibench.envs.tasks import Task
 
@@ -257,8 +257,11 @@ class Episode:
         self._require_running()
         self._use_turn()
 
-    def call(self, tool: int | str) -> CallRecord:
-        """Call a tool: costs one turn; draws from the stream unless answered without a draw."""
+    def call(self, tool: int | str, invalid_input: bool = False) -> CallRecord:
+        """Call a tool: costs one turn; draws from the stream unless answered without a draw.
+
+        ``invalid_input=True`` says the front end found the call's arguments invalid (its schema check):
+        the call then fails with INVALID_INPUT without a draw and counts like any failed call."""
         if self.end_reason is not None:
             self._require_running()
         tool_id = self.registry.id_of(tool) if isinstance(tool, str) else int(tool)
@@ -279,6 +282,9 @@ class Episode:
         calls = self.calls
         if calls[tool_id] >= self.max_calls:
             return self._record_failure(tool_id, CallRecord(name, False, RETRY_LIMIT_ERROR, turn, None))
+        if invalid_input:
+            calls[tool_id] += 1
+            return self._record_failure(tool_id, CallRecord(name, False, INVALID_INPUT, turn, None))
         deps = self._dependency_ids[tool_id]
         unmet_names = tuple(self._names[d] for d in deps if not succeeded[d]) if deps else ()
         if unmet_names and self._strict:

@@ -17,14 +17,34 @@ import networkx as nx
 
 @dataclass(frozen=True)
 class Node:
-    """A workflow step: the tool it calls (if any) and its text."""
+    """A workflow step: the tool it calls (if any), its text, and the arguments it passes to the tool.
+
+    ``params`` holds the arguments as sorted ``(name, value)`` pairs of JSON scalars so that nodes stay
+    hashable; build it from a dict with ``Node.make`` and read it back with ``arguments``.
+    """
 
     tool: str | None = None
     text: str = ""
+    params: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.tool is None and not self.text:
             raise ValueError("a workflow node needs a tool name or a text")
+        names = [name for name, _ in self.params]
+        if names != sorted(set(names)) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"node params must be (name, value) pairs with unique names, sorted: {self.params!r}")
+        for name, value in self.params:
+            if not isinstance(value, str | int | float | bool | None):
+                raise ValueError(f"argument {name!r} must be a JSON scalar, got {type(value).__name__}")
+
+    @classmethod
+    def make(cls, tool: str | None = None, text: str = "", arguments: dict[str, Any] | None = None) -> Node:
+        """A node whose arguments come as a dict."""
+        return cls(tool, text, tuple(sorted((arguments or {}).items())))
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        return dict(self.params)
 
     @property
     def label(self) -> str:
@@ -70,9 +90,12 @@ class Workflow:
             if isinstance(n, str):
                 nodes.append(Node(tool=n))
             elif isinstance(n, dict):
-                nodes.append(Node(n.get("tool"), n.get("text", "")))
+                arguments = n.get("arguments") or {}
+                if not isinstance(arguments, dict):
+                    raise ValueError(f"node {i}: 'arguments' must be an object, got {arguments!r}")
+                nodes.append(Node.make(n.get("tool"), n.get("text", ""), arguments))
             else:
-                raise ValueError(f"node {i} must be a tool name or an object with 'tool'/'text'")
+                raise ValueError(f"node {i} must be a tool name or an object with 'tool'/'text'/'arguments'")
         edges = []
         for e in data.get("edges", []):
             if not (isinstance(e, list | tuple) and len(e) == 2 and all(isinstance(x, int) for x in e)):
@@ -93,13 +116,15 @@ class Workflow:
         """From a DiGraph whose nodes carry optional ``tool`` and ``text`` attributes."""
         order = list(graph.nodes)
         index = {n: i for i, n in enumerate(order)}
-        nodes = tuple(Node(graph.nodes[n].get("tool"), graph.nodes[n].get("text", "")) for n in order)
+        nodes = tuple(Node.make(graph.nodes[n].get("tool"), graph.nodes[n].get("text", ""),
+                                graph.nodes[n].get("arguments")) for n in order)
         return cls(nodes, tuple((index[a], index[b]) for a, b in graph.edges))
 
     @classmethod
     def from_plan(cls, plan: str) -> Workflow:
-        """Parse a numbered plan as written by ``to_plan`` (``N. tool: text (after 1, 2)``)."""
-        pattern = re.compile(r"^\s*(\d+)\.\s*(?:([A-Za-z_][\w]*)\s*:)?\s*(.*?)\s*(?:\(after ([\d,\s]+)\))?\s*$")
+        """Parse a numbered plan as written by ``to_plan`` (``N. tool: text args={...} (after 1, 2)``)."""
+        pattern = re.compile(r"^\s*(\d+)\.\s*(?:([A-Za-z_][\w]*)\s*:)?\s*(.*?)\s*(?:args=(\{.*\}))?"
+                             r"\s*(?:\(after ([\d,\s]+)\))?\s*$")
         nodes, edges = [], []
         for line in plan.strip().splitlines():
             if not line.strip():
@@ -110,8 +135,12 @@ class Workflow:
             number = int(m.group(1))
             if number != len(nodes) + 1:
                 raise ValueError(f"plan steps must be numbered 1, 2, ...; got {number} at step {len(nodes) + 1}")
-            nodes.append(Node(m.group(2), m.group(3)))
-            for prev in (m.group(4) or "").replace(" ", "").split(","):
+            try:
+                arguments = json.loads(m.group(4)) if m.group(4) else {}
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"step {number}: arguments are not valid JSON: {exc}") from None
+            nodes.append(Node.make(m.group(2), m.group(3), arguments))
+            for prev in (m.group(5) or "").replace(" ", "").split(","):
                 if prev:
                     edges.append((int(prev) - 1, number - 1))
         return cls(tuple(nodes), tuple(edges))
@@ -119,10 +148,10 @@ class Workflow:
     # --- conversions ---------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "nodes": [{"tool": n.tool, "text": n.text} for n in self.nodes],
-            "edges": [list(e) for e in self.edges],
-        }
+        """JSON-ready dict; a node's ``arguments`` appear only when it has some."""
+        nodes = [{"tool": n.tool, "text": n.text} | ({"arguments": n.arguments} if n.params else {})
+                 for n in self.nodes]
+        return {"nodes": nodes, "edges": [list(e) for e in self.edges]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
@@ -130,7 +159,7 @@ class Workflow:
     def to_networkx(self) -> nx.DiGraph:
         graph = nx.DiGraph()
         for i, n in enumerate(self.nodes):
-            graph.add_node(i, tool=n.tool, text=n.text)
+            graph.add_node(i, tool=n.tool, text=n.text, arguments=n.arguments)
         graph.add_edges_from(self.edges)
         return graph
 
@@ -142,6 +171,8 @@ class Workflow:
         lines = []
         for i, n in enumerate(self.nodes):
             head = f"{i + 1}. " + (f"{n.tool}: " if n.tool else "") + n.text
+            if n.params:
+                head = head.rstrip() + " args=" + json.dumps(n.arguments, sort_keys=True)
             after = f" (after {', '.join(str(p + 1) for p in sorted(preds[i]))})" if preds[i] else ""
             lines.append(head.rstrip() + after)
         return "\n".join(lines)
@@ -171,6 +202,7 @@ class Workflow:
                 key=lambda i: (
                     self.nodes[i].tool or "",
                     self.nodes[i].text,
+                    json.dumps(self.nodes[i].params),
                     sorted(placed[p] for p in graph.predecessors(i)),
                     i,
                 ),

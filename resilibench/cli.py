@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import sys
@@ -24,23 +25,31 @@ from resilibench import __version__
 PROG = "resilibench"
 SPLIT_CHOICES = ("train", "validation", "test", "all")
 RUN_KEY = ("planner", "task_id", "seed")
+# Commands of the other areas live in their own modules; each has ``add_commands(commands, parents)``
+# where ``parents`` maps "library" (--tasks) and "world" (--config) to argparse parent parsers.
+COMMAND_MODULES = (
+    "resilibench.cli_agents",
+    "resilibench.cli_mcp",
+    "resilibench.cli_metrics",
+    "resilibench.cli_train",
+)
 
 
 class CliError(Exception):
     """Bad arguments or input: reported as one line, exit status 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse with a one-line error message (no usage block) and exit status 2."""
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
-# --- shared helpers -----------------------------------------------------------------------------------
+# --- helpers shared with the command modules of other areas -----------------------------------------------------------------------------------
 
 
-def _nonnegative_int(text: str) -> int:
+def nonnegative_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -50,14 +59,14 @@ def _nonnegative_int(text: str) -> int:
     return value
 
 
-def _positive_int(text: str) -> int:
-    value = _nonnegative_int(text)
+def positive_int(text: str) -> int:
+    value = nonnegative_int(text)
     if value == 0:
         raise argparse.ArgumentTypeError("expected a positive integer, got 0")
     return value
 
 
-def _dedupe(values: Sequence[Any]) -> list[Any]:
+def dedupe(values: Sequence[Any]) -> list[Any]:
     return list(dict.fromkeys(values))
 
 
@@ -85,7 +94,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
-def _load_world_config(path: str | None, need_bounds: bool = False):
+def load_world_config(path: str | None, need_bounds: bool = False):
     """The WorldConfig of ``--config`` (defaults when absent); CliError on any problem with the file."""
     from resilibench.envs.config import load_config
 
@@ -99,7 +108,7 @@ def _load_world_config(path: str | None, need_bounds: bool = False):
     return config
 
 
-def _library(path: str | None):
+def load_library(path: str | None):
     """(all tasks, description of their source with its sha256) for ``--tasks`` or the shipped library."""
     from resilibench.envs.tasks import default_library_path, load_tasks, read_tasks
 
@@ -119,7 +128,7 @@ def _library(path: str | None):
     return tasks, source
 
 
-def _select_tasks(tasks, split: str | None, task_types: Sequence[str] | None,
+def select_tasks(tasks, split: str | None, task_types: Sequence[str] | None,
                   task_ids: Sequence[str] | None = None, limit: int | None = None):
     """Filter the library; task ids (when given) select tasks regardless of split. ``limit`` keeps the
     first tasks of each task type in turn (one of each type, then a second of each, ...)."""
@@ -130,7 +139,7 @@ def _select_tasks(tasks, split: str | None, task_types: Sequence[str] | None,
             examples = ", ".join(t.instance_id for t in tasks[:3])
             raise CliError(f"--task-id: unknown task id(s) {missing}; ids look like {examples} "
                            f"(list them with `{PROG} tasks list`)")
-        selected = [by_id[i] for i in _dedupe(task_ids)]
+        selected = [by_id[i] for i in dedupe(task_ids)]
     else:
         selected = [t for t in tasks if split in (None, "all") or t.split == split]
     if task_types:
@@ -147,7 +156,7 @@ def _select_tasks(tasks, split: str | None, task_types: Sequence[str] | None,
     return selected
 
 
-def _progress(total: int, desc: str):
+def progress_bar(total: int, desc: str):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit="ep" if desc == "episodes" else "it", dynamic_ncols=True,
@@ -211,9 +220,9 @@ def cmd_tasks_generate(args: argparse.Namespace) -> int:
 def cmd_tasks_show(args: argparse.Namespace) -> int:
     from resilibench.policies.bounds import optimal_success, reference_workflow
 
-    config = _load_world_config(args.config, need_bounds=True)
-    tasks, _ = _library(args.tasks)
-    (task,) = _select_tasks(tasks, None, None, [args.task_id])
+    config = load_world_config(args.config, need_bounds=True)
+    tasks, _ = load_library(args.tasks)
+    (task,) = select_tasks(tasks, None, None, [args.task_id])
     print(json.dumps(task.to_dict(), indent=2, sort_keys=True))
     print()
     print("Reference workflow (the bound-(iii) policy's happy path):")
@@ -224,8 +233,8 @@ def cmd_tasks_show(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_list(args: argparse.Namespace) -> int:
-    tasks, _ = _library(args.tasks)
-    selected = _select_tasks(tasks, args.split, args.task_type, limit=args.limit)
+    tasks, _ = load_library(args.tasks)
+    selected = select_tasks(tasks, args.split, args.task_type, limit=args.limit)
     rows = [(t.instance_id, t.task_type, t.complexity, t.split, " > ".join(t.required_tools)) for t in selected]
     print(format_table(("instance_id", "task_type", "complexity", "split", "required_tools"), rows))
     return 0
@@ -245,15 +254,15 @@ def cmd_bounds(args: argparse.Namespace) -> int:
     from resilibench.policies.bounds import clairvoyant_success, optimal_success
     from resilibench.results import run_metadata, write_json_atomic
 
-    config = _load_world_config(args.config, need_bounds=True)
-    tasks, source = _library(args.tasks)
+    config = load_world_config(args.config, need_bounds=True)
+    tasks, source = load_library(args.tasks)
     split = args.split or ("all" if args.task_id else "test")
-    selected = _select_tasks(tasks, split, args.task_type, args.task_id)
+    selected = select_tasks(tasks, split, args.task_type, args.task_id)
     # Bound (ii) reads the random streams that `run` episodes meet for these run seeds.
     seeds = list(range(args.clairvoyant_seeds))
 
     results = []
-    with _progress(len(selected), "bounds") as bar:
+    with progress_bar(len(selected), "bounds") as bar:
         for task in selected:
             row = {"task_id": task.instance_id, "task_type": task.task_type, "split": task.split,
                    "required_tools": list(task.required_tools), "bound_iii": optimal_success(task, config)}
@@ -306,17 +315,17 @@ def cmd_bounds(args: argparse.Namespace) -> int:
 # --- run ----------------------------------------------------------------------------------------------
 
 
-def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+def json_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
     """Dotted paths where two JSON values differ."""
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
         for key in sorted(set(a) | set(b), key=str):
-            out += _diff(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
+            out += json_diff(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
         return out
     return [] if a == b else [f"{prefix or '<root>'}: {a!r} -> {b!r}"]
 
 
-def _check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has_rows: bool,
+def check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has_rows: bool,
                        identity: dict[str, Any]) -> None:
     """Refuse to add rows to a directory whose results came from another world config or task library."""
     summary_path = directory / "summary.json"
@@ -332,7 +341,7 @@ def _check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has
                        "is unknown; use another --output-dir or --no-resume to start afresh")
     for where, config in recorded:
         theirs = {"world": config.get("world"), "tasks_sha256": (config.get("tasks") or {}).get("sha256")}
-        differences = _diff(theirs, identity)
+        differences = json_diff(theirs, identity)
         if differences:
             shown = "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more" if len(differences) > 3 else "")
             raise CliError(f"--output-dir {directory}: {where} was produced with a different config ({shown}); "
@@ -373,11 +382,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from resilibench.policies.runner import episode_jobs
     from resilibench.results import exclusive_lock, to_jsonable
 
-    config = _load_world_config(args.config, need_bounds=True)
-    tasks, source = _library(args.tasks)
-    planners, seeds = _dedupe(args.planners), _dedupe(args.seeds)
-    task_types = _dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
-    selected = _select_tasks(tasks, args.split, task_types, limit=args.limit)
+    config = load_world_config(args.config, need_bounds=True)
+    tasks, source = load_library(args.tasks)
+    planners, seeds = dedupe(args.planners), dedupe(args.seeds)
+    task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
+    selected = select_tasks(tasks, args.split, task_types, limit=args.limit)
     jobs = episode_jobs(planners, selected, seeds)
     directory = Path(args.output_dir)
     if directory.exists() and not directory.is_dir():
@@ -424,7 +433,7 @@ def _execute_run(plan: _RunPlan, resume: bool, split: str) -> int:
                 raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)
-        _check_same_config(directory, existing.metadata, bool(existing.rows), plan.identity)
+        check_same_config(directory, existing.metadata, bool(existing.rows), plan.identity)
         existing_rows = existing.rows
     else:
         for stale in (summary_path, plot_path):
@@ -440,7 +449,7 @@ def _execute_run(plan: _RunPlan, resume: bool, split: str) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a truncated tail was reported above; the writer repairs it
             writer = JsonlWriter(results_path, metadata=metadata, resume=resume)
-        bar = _progress(len(todo), "episodes")
+        bar = progress_bar(len(todo), "episodes")
 
         def on_result(row: dict[str, Any]) -> None:
             writer.write(row)
@@ -486,9 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     from resilibench.envs.tasks import DEFAULT_SEED, TASK_TYPE_NAMES
     from resilibench.policies.runner import PLANNER_NAMES
 
-    parser = _Parser(prog=PROG, description="ResiliBench: tools, task library, exact bounds, quick benchmark.")
+    parser = Parser(prog=PROG, description="ResiliBench: tools, task library, exact bounds, quick benchmark.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
 
     tools = commands.add_parser("tools", help="list the 30 tools, or export the registry as JSON")
     tools.add_argument("--json", action="store_true", help="print the registry JSON export")
@@ -497,9 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     tasks = commands.add_parser("tasks", help="generate, list and show tasks")
     task_commands = tasks.add_subparsers(dest="task_command", metavar="ACTION", required=True,
-                                         parser_class=_Parser)
+                                         parser_class=Parser)
     generate = task_commands.add_parser("generate", help="generate the 5,040-task library")
-    generate.add_argument("--seed", type=_nonnegative_int, default=DEFAULT_SEED, help=f"default {DEFAULT_SEED}")
+    generate.add_argument("--seed", type=nonnegative_int, default=DEFAULT_SEED, help=f"default {DEFAULT_SEED}")
     generate.add_argument("--matcher", choices=("auto", "semantic", "lexical"), default="auto",
                           help="operation-to-tool matching (auto: semantic when the embed extra is installed)")
     generate.add_argument("--output", default="tasks.jsonl", help="JSONL path, .gz allowed (default tasks.jsonl)")
@@ -519,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--split", choices=SPLIT_CHOICES, default="all")
     listing.add_argument("--task-type", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE",
                          help=f"repeatable; one of {', '.join(TASK_TYPE_NAMES)}")
-    listing.add_argument("--limit", type=_positive_int)
+    listing.add_argument("--limit", type=positive_int)
     listing.set_defaults(func=cmd_tasks_list)
 
     bounds = commands.add_parser("bounds", parents=[library, world], help="exact bound (iii), optional bound (ii)")
@@ -528,7 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     bounds.add_argument("--task-type", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE",
                         help=f"repeatable; one of {', '.join(TASK_TYPE_NAMES)}")
     bounds.add_argument("--task-id", action="append", metavar="ID", help="repeatable; selects tasks of any split")
-    bounds.add_argument("--clairvoyant-seeds", type=_nonnegative_int, default=0, metavar="N",
+    bounds.add_argument("--clairvoyant-seeds", type=nonnegative_int, default=0, metavar="N",
                         help="also compute bound (ii) averaged over run seeds 0..N-1, on the random streams "
                         "`resilibench run` episodes meet (default 0: skip)")
     bounds.add_argument("--format", choices=("table", "json"), default="table")
@@ -541,12 +550,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--split", choices=SPLIT_CHOICES, default="test")
     run.add_argument("--task-type", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE",
                      help=f"repeatable (default all); one of {', '.join(TASK_TYPE_NAMES)}")
-    run.add_argument("--seeds", nargs="+", type=_nonnegative_int, default=[0, 1, 2], metavar="N")
-    run.add_argument("--limit", type=_positive_int, help="use only the first N selected tasks")
+    run.add_argument("--seeds", nargs="+", type=nonnegative_int, default=[0, 1, 2], metavar="N")
+    run.add_argument("--limit", type=positive_int, help="use only the first N selected tasks")
     run.add_argument("--output-dir", default="runs/quick", metavar="DIR", help="default runs/quick")
     run.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                      help="skip episodes already in DIR/results.jsonl (default); --no-resume starts afresh")
     run.set_defaults(func=cmd_run)
+
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_commands(commands, {"library": library, "world": world})
     return parser
 
 

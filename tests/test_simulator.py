@@ -7,7 +7,7 @@ import pytest
 
 from helpers import make_task, scripted_episode
 from resilibench.envs.config import WorldConfig
-from resilibench.envs.registry import DEPENDENCY_ERROR, default_registry
+from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
 from resilibench.envs.simulator import RETRY_LIMIT_ERROR, Episode
 
 REG = default_registry()
@@ -108,6 +108,16 @@ def test_strict_dependencies_fail_without_draw():
     assert episode.draws_used == 0 and episode.n_failures == 1 and episode.turns_used == 1
     assert episode.call("data_processing_parser").success
     assert episode.probability(REG.id_of("data_processing_transformer")) == pytest.approx(0.8 * 0.9)
+
+
+def test_invalid_input_fails_without_draw_and_counts():
+    episode = scripted_episode(make_task(), [True] * 10)
+    record = episode.call("file_operations_reader", invalid_input=True)
+    assert not record.success and record.error_code == INVALID_INPUT and record.probability is None
+    assert episode.draws_used == 0 and episode.n_failures == 1 and episode.turns_used == 1
+    assert episode.calls[REG.id_of("file_operations_reader")] == 1
+    assert episode.call("file_operations_reader").success  # valid arguments: a normal draw
+    assert episode.draws_used == 1
 
 
 def test_consecutive_failure_termination():

@@ -56,3 +56,24 @@ def test_invalid_workflows_are_rejected():
     with pytest.raises(ValueError, match="numbered"):
         Workflow.from_plan("1. a\n3. b")
 
+
+
+def test_node_arguments_round_trip_through_every_format():
+    node = Node.make("file_operations_reader", "read the input", {"source": "in.csv", "options": None})
+    assert node.arguments == {"options": None, "source": "in.csv"}
+    workflow = Workflow((node, Node("data_processing_parser", "parse")), ((0, 1),))
+    assert Workflow.from_json(workflow.to_json()) == workflow
+    assert Workflow.from_plan(workflow.to_plan()) == workflow
+    assert Workflow.from_networkx(workflow.to_networkx()) == workflow
+    assert "arguments" not in Workflow.chain(["a"]).to_dict()["nodes"][0]
+    # Arguments are part of a step's identity: differing arguments give differing canonical keys.
+    other = Workflow((Node.make("file_operations_reader", "read the input", {"source": "x"}),
+                      Node("data_processing_parser", "parse")), ((0, 1),))
+    assert other.canonical_key() != workflow.canonical_key()
+
+
+def test_node_arguments_must_be_json_scalars():
+    with pytest.raises(ValueError, match="JSON scalar"):
+        Node.make("a", arguments={"x": [1, 2]})
+    with pytest.raises(ValueError, match="arguments"):
+        Workflow.from_dict({"nodes": [{"tool": "a", "arguments": [1]}]})

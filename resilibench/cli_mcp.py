@@ -1,0 +1,10 @@
+"""`serve-mcp`: the tool simulator over MCP."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
+    """Add this area's subcommands to the ``resilibench`` parser (none yet)."""

@@ -1,0 +1,10 @@
+"""`metrics score|calibrate`: workflow metrics and their calibration."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
+    """Add this area's subcommands to the ``resilibench`` parser (none yet)."""
