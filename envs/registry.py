@@ -215,12 +215,38 @@ class Tool:
             "additionalProperties": False,
         }
 
+    def check_arguments(self, arguments: Any) -> str | None:
+        """Why ``arguments`` break the input schema (one line naming the argument), or None if they fit.
+
+        The one argument check of the world: the text env and the MCP server answer a call whose
+        arguments fail it with INVALID_INPUT."""
+        return _argument_problem(self.name, json.dumps(self.input_schema(), sort_keys=True), arguments)
+
     def to_dict(self) -> dict[str, Any]:
         """The tool as plain JSON-ready data, including its input schema."""
         data = asdict(self)
         data["parameters"] = [asdict(p) for p in self.parameters]
         data["input_schema"] = self.input_schema()
         return data
+
+
+@cache
+def _schema_validator(schema_json: str):
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(json.loads(schema_json))
+
+
+def _argument_problem(tool: str, schema_json: str, arguments: Any) -> str | None:
+    if not isinstance(arguments, dict):
+        return f"{tool}: arguments must be a JSON object, got {type(arguments).__name__}"
+    errors = sorted(_schema_validator(schema_json).iter_errors(arguments), key=lambda e: list(e.path))
+    if not errors:
+        return None
+    error = errors[0]
+    where = f"argument '{error.path[0]}'" if error.path else "arguments"
+    accepted = ", ".join(json.loads(schema_json)["properties"]) or "none"
+    return f"{tool}: {where}: {error.message} (accepted arguments: {accepted})"
 
 
 def _parameters(category: str, operation: str) -> tuple[Parameter, ...]:

@@ -19,32 +19,33 @@ import networkx as nx
 class Node:
     """A workflow step: the tool it calls (if any), its text, and the arguments it passes to the tool.
 
-    ``params`` holds the arguments as sorted ``(name, value)`` pairs of JSON scalars so that nodes stay
-    hashable; build it from a dict with ``Node.make`` and read it back with ``arguments``.
+    ``params`` holds the arguments as sorted ``(name, JSON text)`` pairs so that nodes stay hashable and
+    compare exactly; build a node from a dict with ``Node.make`` and read the dict back with ``arguments``.
     """
 
     tool: str | None = None
     text: str = ""
-    params: tuple[tuple[str, Any], ...] = ()
+    params: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.tool is None and not self.text:
             raise ValueError("a workflow node needs a tool name or a text")
         names = [name for name, _ in self.params]
         if names != sorted(set(names)) or not all(isinstance(n, str) for n in names):
-            raise ValueError(f"node params must be (name, value) pairs with unique names, sorted: {self.params!r}")
-        for name, value in self.params:
-            if not isinstance(value, str | int | float | bool | None):
-                raise ValueError(f"argument {name!r} must be a JSON scalar, got {type(value).__name__}")
+            raise ValueError(f"node params must be (name, JSON text) pairs with unique names, sorted: {self.params!r}")
 
     @classmethod
     def make(cls, tool: str | None = None, text: str = "", arguments: dict[str, Any] | None = None) -> Node:
-        """A node whose arguments come as a dict."""
-        return cls(tool, text, tuple(sorted((arguments or {}).items())))
+        """A node whose arguments come as a dict of JSON-serialisable values."""
+        try:
+            params = tuple(sorted((name, json.dumps(value, sort_keys=True)) for name, value in (arguments or {}).items()))
+        except TypeError as exc:
+            raise ValueError(f"node arguments must be JSON-serialisable: {exc}") from None
+        return cls(tool, text, params)
 
     @property
     def arguments(self) -> dict[str, Any]:
-        return dict(self.params)
+        return {name: json.loads(value) for name, value in self.params}
 
     @property
     def label(self) -> str:
@@ -202,7 +203,7 @@ class Workflow:
                 key=lambda i: (
                     self.nodes[i].tool or "",
                     self.nodes[i].text,
-                    json.dumps(self.nodes[i].params),
+                    self.nodes[i].params,
                     sorted(placed[p] for p in graph.predecessors(i)),
                     i,
                 ),

@@ -81,3 +81,17 @@ def test_unknown_tool_error_names_it():
     else:
         raise AssertionError("unknown tool accepted")
     assert registry.id_of("data_processing_combiner") == registry.id_of("data_processing_aggregator")
+
+
+def test_check_arguments_names_the_problem():
+    registry = default_registry()
+    reader = registry.tools[registry.id_of("file_operations_reader")]
+    assert reader.check_arguments({"source": "in.csv"}) is None
+    assert reader.check_arguments({"source": "in.csv", "options": {"mode": "r"}}) is None
+    assert "'source' is a required property" in reader.check_arguments({})
+    assert "argument 'source'" in reader.check_arguments({"source": 3})
+    assert "'bogus' was unexpected" in reader.check_arguments({"source": "x", "bogus": 1})
+    assert "must be a JSON object" in reader.check_arguments(["in.csv"])
+    converter = registry.tools[registry.id_of("file_operations_converter")]
+    assert "is not one of" in converter.check_arguments(
+        {"input_format": "csv", "output_format": "pdf-ish"})

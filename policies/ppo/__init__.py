@@ -1,0 +1,1 @@
+"""RLlib PPO planners for ResiliBench-v0."""
