@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 import networkx as nx
@@ -220,7 +220,11 @@ class Tool:
 
         The one argument check of the world: the text env and the MCP server answer a call whose
         arguments fail it with INVALID_INPUT."""
-        return _argument_problem(self.name, json.dumps(self.input_schema(), sort_keys=True), arguments)
+        return schema_problem(self.name, self._schema_json, arguments)
+
+    @cached_property
+    def _schema_json(self) -> str:
+        return json.dumps(self.input_schema(), sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
         """The tool as plain JSON-ready data, including its input schema."""
@@ -237,7 +241,9 @@ def _schema_validator(schema_json: str):
     return Draft202012Validator(json.loads(schema_json))
 
 
-def _argument_problem(tool: str, schema_json: str, arguments: Any) -> str | None:
+def schema_problem(tool: str, schema_json: str, arguments: Any) -> str | None:
+    """Why ``arguments`` break the JSON Schema ``schema_json`` (text, so validators are cached per schema),
+    as one line naming ``tool`` and the argument; None when they fit."""
     if not isinstance(arguments, dict):
         return f"{tool}: arguments must be a JSON object, got {type(arguments).__name__}"
     errors = sorted(_schema_validator(schema_json).iter_errors(arguments), key=lambda e: list(e.path))

@@ -305,7 +305,7 @@ class OptimalPlanner:
         raise RuntimeError("no fresh filler tool left")  # excluded by the constructor's check
 
 
-def _branch(episode: Episode) -> Episode:
+def branch_episode(episode: Episode) -> Episode:
     """A copy of an episode whose mutable state (lists, arrays) is independent of the original."""
     clone = copy.copy(episode)
     for name, value in vars(episode).items():
@@ -333,12 +333,12 @@ def exact_policy_success(planner: Planner, task: Task, config: WorldConfig | Non
         if episode.turns_left == 0:
             episode.end_out_of_turns()
             return expand(episode)
-        success_branch = _branch(episode)
+        success_branch = branch_episode(episode)
         record = success_branch.call(action)
         if success_branch.draws_used == episode.draws_used:  # answered without a draw
             return expand(success_branch)
         p = record.probability
-        failure_branch = _branch(episode)
+        failure_branch = branch_episode(episode)
         failure_branch.stream[episode.draws_used, 0] = 1.0
         failure_branch.call(action)
         return p * expand(success_branch) + (1.0 - p) * expand(failure_branch)

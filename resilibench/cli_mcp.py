@@ -1,10 +1,76 @@
-"""`serve-mcp`: the tool simulator over MCP."""
+"""`serve-mcp`: the tool simulator over MCP (stdio or streamable HTTP)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
+
+from resilibench.cli import CliError, load_library, load_world_config, positive_int
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number in [0, 65535], got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number in [0, 65535], got {value}")
+    return value
+
+
+def cmd_serve_mcp(args: argparse.Namespace) -> int:
+    import anyio
+
+    from resilibench.envs.mcp_server import (
+        DEFAULT_MAX_EPISODES,
+        bind_socket,
+        build_server,
+        is_loopback,
+        serve_http,
+        serve_stdio,
+    )
+
+    if args.transport == "stdio" and (args.host is not None or args.port is not None):
+        raise CliError("--host/--port apply to --transport http only")
+    host = args.host or "127.0.0.1"
+    if args.transport == "http" and not is_loopback(host) and not args.allow_remote:
+        raise CliError(f"--host {host} is not a loopback address; the server has no authentication, so "
+                       "serving beyond this machine needs --allow-remote")
+    tasks, _ = load_library(args.tasks)
+    server = build_server(tasks, load_world_config(args.config), max_episodes=args.max_episodes or
+                          DEFAULT_MAX_EPISODES, search=args.search)
+    if args.transport == "stdio":
+        anyio.run(serve_stdio, server)
+        return 0
+    port = 8000 if args.port is None else args.port
+    try:
+        sock = bind_socket(host, port)
+    except OSError as exc:
+        raise CliError(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    print(f"resilibench: MCP server (streamable HTTP) at http://{shown}:{bound_port}/mcp", file=sys.stderr,
+          flush=True)
+    anyio.run(serve_http, server, sock)
+    return 0
 
 
 def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
-    """Add this area's subcommands to the ``resilibench`` parser (none yet)."""
+    """Add ``serve-mcp`` to the ``resilibench`` parser."""
+    serve = commands.add_parser(
+        "serve-mcp", parents=[parents["library"], parents["world"]],
+        help="serve the 30 simulated tools over MCP (stdio or streamable HTTP)",
+        description="Serve the tool simulator over MCP. Open an episode with the start_task tool and pass its "
+        "handle as 'episode' to every tool call; see docs/mcp.md.")
+    serve.add_argument("--transport", choices=("stdio", "http"), default="stdio",
+                       help="stdio (default; for clients that launch the server) or streamable HTTP")
+    serve.add_argument("--host", help="HTTP: address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port, help="HTTP: port (default 8000; 0 picks a free one, printed on stderr)")
+    serve.add_argument("--allow-remote", action="store_true",
+                       help="HTTP: allow a --host that is not a loopback address (no authentication!)")
+    serve.add_argument("--max-episodes", type=positive_int, metavar="N",
+                       help="size of the episode handle table (default 10000; finished episodes are evicted first)")
+    serve.add_argument("--search", choices=("auto", "semantic", "lexical"), default="auto",
+                       help="tool_search method (auto: semantic when the embed extra is installed)")
+    serve.set_defaults(func=cmd_serve_mcp)

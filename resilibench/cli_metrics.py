@@ -1,10 +1,399 @@
-"""`metrics score|calibrate`: workflow metrics and their calibration."""
+"""`metrics score|calibrate`: workflow metrics and their WorkflowPerturb calibration."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from resilibench.cli import (
+    SPLIT_CHOICES,
+    CliError,
+    Parser,
+    check_same_config,
+    dedupe,
+    format_table,
+    json_diff,
+    load_library,
+    load_world_config,
+    nonnegative_int,
+    positive_int,
+    progress_bar,
+    select_tasks,
+)
+
+# Kept in step with metrics.calibration (not imported here, so `resilibench --help` stays fast).
+METRIC_CHOICES = ("chain_f1", "mcis_f1", "reachability_f1", "kendall_tau", "bleu", "gleu", "bertscore", "judge")
+PERTURBERS = ("rules", "llm")
+
+
+# --- shared -------------------------------------------------------------------------------------------
+
+
+def _metrics(args: argparse.Namespace) -> list[str]:
+    """The metrics asked for: --metrics, else every metric (the judge only with --backend)."""
+    if args.metrics:
+        metrics = dedupe(args.metrics)
+        if "judge" in metrics and not args.backend:
+            raise CliError("--metrics judge needs --backend SPEC (an LLM, e.g. hf:PATH or openai:URL?model=NAME)")
+        return metrics
+    return [m for m in METRIC_CHOICES if m != "judge" or args.backend]
+
+
+def _check_backend_spec(spec: str | None) -> None:
+    """Reject a malformed --backend before any work (building the backend waits until it is needed)."""
+    from resilibench.agents.backends import parse_spec
+
+    if spec is not None:
+        try:
+            parse_spec(spec)
+        except ValueError as exc:
+            raise CliError(f"--backend: {exc}") from None
+
+
+def _backend(spec: str):
+    from resilibench.agents.backends import make_backend
+
+    try:
+        return make_backend(spec)
+    except (ValueError, OSError, ImportError) as exc:
+        raise CliError(f"--backend {spec}: {exc}") from None
+
+
+def _generation(args: argparse.Namespace, default: int):
+    from resilibench.agents.base import GenerationConfig
+
+    return GenerationConfig(max_new_tokens=args.max_new_tokens or default, seed=0)
+
+
+def _scorer(metrics: Sequence[str], backend: Any, args: argparse.Namespace):
+    from resilibench.metrics.calibration import WorkflowScorer
+    from resilibench.metrics.judge import Judge
+
+    judge = Judge(backend, attempts=args.attempts, generation=_generation(args, 768)) if "judge" in metrics else None
+    return WorkflowScorer(metrics, judge=judge)
+
+
+def _add_metric_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics", nargs="+", choices=METRIC_CHOICES, metavar="NAME",
+                        help=f"default all but judge, plus judge with --backend; from {' '.join(METRIC_CHOICES)}")
+    parser.add_argument("--backend", metavar="SPEC",
+                        help="LLM for the judge (and --perturber llm): hf:PATH, vllm:PATH or openai:URL?model=NAME")
+    parser.add_argument("--attempts", type=positive_int, default=3, metavar="N",
+                        help="answers asked of the LLM per item before it is recorded invalid (default 3)")
+    parser.add_argument("--max-new-tokens", type=positive_int, metavar="N",
+                        help="longest LLM answer (default 768 for the judge, 1024 for --perturber llm)")
+    parser.add_argument("--batch-size", type=positive_int, default=64, metavar="N",
+                        help="pairs per scoring batch and per LLM call (default 64)")
+
+
+# --- score --------------------------------------------------------------------------------------------
+
+
+def _read_workflow(path: str, option: str):
+    from resilibench.metrics.workflow import Workflow
+
+    file = Path(path)
+    if not file.is_file():
+        raise CliError(f"{option}: file {path} does not exist")
+    try:
+        return Workflow.from_json(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CliError(f"{option} {path}: {exc}") from None
+
+
+def _read_pairs(path: str) -> list[tuple[str, Any, Any, str | None]]:
+    """(id, pred, ref, task) per line of a JSONL file of {"pred": workflow, "ref": workflow}."""
+    from resilibench.metrics.workflow import Workflow
+
+    file = Path(path)
+    if not file.is_file():
+        raise CliError(f"--pairs: file {path} does not exist")
+    pairs = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"--pairs {path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CliError(f"{where}: not JSON ({exc})") from None
+        if not isinstance(row, dict) or "pred" not in row or "ref" not in row:
+            raise CliError(f"{where}: each line must be an object with 'pred' and 'ref' workflows "
+                           "(and optional 'id' and 'task')")
+        try:
+            pred, ref = Workflow.from_dict(row["pred"]), Workflow.from_dict(row["ref"])
+        except ValueError as exc:
+            raise CliError(f"{where}: {exc}") from None
+        task = row.get("task")
+        pairs.append((str(row.get("id", number)), pred, ref, task if isinstance(task, str) else None))
+    if not pairs:
+        raise CliError(f"--pairs {path}: no pairs in the file")
+    return pairs
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from resilibench.metrics.calibration import iter_chunks
+    from resilibench.results import dumps_row, write_text_atomic
+
+    if args.pairs and (args.pred or args.ref) or not args.pairs and not (args.pred and args.ref):
+        raise CliError("give either --pred FILE and --ref FILE, or --pairs FILE")
+    if args.pairs:
+        pairs = _read_pairs(args.pairs)
+    else:
+        pairs = [("pair", _read_workflow(args.pred, "--pred"), _read_workflow(args.ref, "--ref"), None)]
+    metrics = _metrics(args)
+    scorer = _scorer(metrics, _backend(args.backend) if args.backend else None, args)
+    rows: list[dict[str, Any]] = []
+    with progress_bar(len(pairs), "pairs") as bar:
+        for chunk in iter_chunks(pairs, args.batch_size):
+            results = scorer.score([(p, r) for _, p, r, _ in chunk], [t for *_, t in chunk])
+            rows += [{"id": pair_id, **result} for (pair_id, *_), result in zip(chunk, results, strict=True)]
+            bar.update(len(chunk))
+    if args.output:
+        write_text_atomic(args.output, "".join(dumps_row(r) + "\n" for r in rows))
+    if args.format == "json":
+        print(json.dumps(rows, indent=2))
+    elif len(rows) == 1:
+        print(format_table(("metric", "score"), list(rows[0]["scores"].items())))
+    else:
+        table = [(r["id"], *(r["scores"][m] for m in metrics)) for r in rows]
+        means = []
+        for m in metrics:
+            values = [r["scores"][m] for r in rows if r["scores"][m] is not None]
+            means.append(sum(values) / len(values) if values else None)
+        print(format_table(("id", *metrics), [*table, ("mean", *means)]))
+    if args.output:
+        print(f"wrote {len(rows)} rows to {args.output}", file=sys.stderr)
+    return 0
+
+
+# --- calibrate ----------------------------------------------------------------------------------------
+
+
+def _interleave(tasks: Sequence[Any]) -> list[Any]:
+    """Tasks in turn by task type (the first of each type, then the second, ...), so a small --limit
+    covers every type, as ``select_tasks``'s limit does."""
+    queues: dict[str, list[Any]] = {}
+    for t in tasks:
+        queues.setdefault(t.task_type, []).append(t)
+    depth = max((len(q) for q in queues.values()), default=0)
+    return [q[i] for i in range(depth) for q in queues.values() if i < len(q)]
+
+
+@dataclass
+class _Calibration:
+    """What `metrics calibrate` was asked to do, resolved and checked."""
+
+    plan: Any  # CalibrationPlan
+    metrics: list[str]
+    directory: Path
+    run_config: dict[str, Any]
+    identity: dict[str, Any]  # world config and task library: what `run` results check too
+    settings: dict[str, Any]  # calibration settings that must match to mix rows
+    args: argparse.Namespace
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from resilibench.metrics.calibration import plan_calibration
+    from resilibench.metrics.perturb import golden_workflows
+    from resilibench.results import exclusive_lock, to_jsonable
+
+    config = load_world_config(args.config, need_bounds=True)
+    tasks, source = load_library(args.tasks)
+    task_types = dedupe(args.task_type) if args.task_type else None
+    selected = select_tasks(tasks, args.split, task_types)
+    metrics = _metrics(args)
+    _check_backend_spec(args.backend)
+    if args.perturber == "llm" and not args.backend:
+        raise CliError("--perturber llm needs --backend SPEC")
+    directory = Path(args.output_dir)
+    if directory.exists() and not directory.is_dir():
+        raise CliError(f"--output-dir: {directory} exists and is not a directory")
+    goldens = golden_workflows(_interleave(selected), config, min_nodes=args.min_nodes, text_only=args.text_only,
+                               limit=args.limit)
+    if not goldens.goldens:
+        raise CliError(f"no selected task has a workflow of at least {args.min_nodes} steps (--min-nodes)")
+    plan = plan_calibration(goldens, seed=args.seed, method=args.perturber)
+    settings = {"metrics": metrics, "seed": args.seed, "min_nodes": args.min_nodes, "text_only": args.text_only,
+                "perturber": args.perturber, "backend": args.backend, "attempts": args.attempts,
+                "max_new_tokens": args.max_new_tokens}
+    job = _Calibration(
+        plan=plan, metrics=metrics, directory=directory,
+        run_config={"world": config.to_dict(), "tasks": source, "split": args.split, "task_types": task_types,
+                    "limit": args.limit, "calibration": settings},
+        identity=to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"]}),
+        settings=to_jsonable(settings), args=args,
+    )
+    lock = directory / ".lock"
+    try:
+        with exclusive_lock(lock):
+            return _execute_calibration(job)
+    except BlockingIOError:
+        raise CliError(f"--output-dir {directory}: another calibration is writing there (lock {lock}); wait for it "
+                       "or use another --output-dir") from None
+
+
+def _check_same_settings(directory: Path, existing_meta: list[dict[str, Any]], settings: dict[str, Any]) -> None:
+    """Refuse to add rows scored with other metrics or perturbation settings."""
+    for meta in existing_meta:
+        theirs = (meta.get("config") or {}).get("calibration")
+        differences = json_diff(theirs, settings)
+        if differences:
+            raise CliError(f"--output-dir {directory}: results.jsonl was produced with other calibration settings "
+                           f"({'; '.join(differences[:3])}); refusing to mix results: use the same options, another "
+                           "--output-dir, or --no-resume to discard them")
+
+
+def _execute_calibration(job: _Calibration) -> int:
+    """Score the pairs of the plan that the directory lacks, then write the summary, tables and plots."""
+    from resilibench.metrics.calibration import plot_scores, plot_sensitivity, run_items, summarize
+    from resilibench.metrics.perturb import LLMPerturber
+    from resilibench.results import JsonlWriter, read_jsonl, run_metadata, write_json_atomic
+
+    args, plan, directory = job.args, job.plan, job.directory
+    paths = {name: directory / name for name in ("results.jsonl", "summary.json", "goldens.json", "scores.png",
+                                                  "sensitivity.png")}
+    existing_rows: list[dict[str, Any]] = []
+    if args.resume:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                existing = read_jsonl(paths["results.jsonl"])
+            except ValueError as exc:
+                raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
+        for w in caught:
+            print(f"warning: {w.message}", file=sys.stderr)
+        check_same_config(directory, existing.metadata, bool(existing.rows), job.identity)
+        _check_same_settings(directory, existing.metadata, job.settings)
+        existing_rows = existing.rows
+    else:
+        for stale in (paths["summary.json"], paths["scores.png"], paths["sensitivity.png"]):
+            stale.unlink(missing_ok=True)
+    done = {row.get("item_id") for row in existing_rows}
+    todo = [item for item in plan.items if item.item_id not in done]
+    counts = plan.counts()
+    print(f"{counts['tasks']} tasks with >= {plan.goldens.min_nodes} steps ({counts['distinct_goldens']} distinct "
+          f"golden workflows) x {len(plan.kinds) * len(plan.rates)} variants = {counts['task_variants']} task "
+          f"variants, {counts['distinct_pairs']} distinct pairs; {counts['distinct_pairs'] - len(todo)} already in "
+          f"{paths['results.jsonl']}, {len(todo)} to score", file=sys.stderr)
+
+    new_rows: list[dict[str, Any]] = []
+    scorer = None
+    if todo:
+        backend = _backend(args.backend) if args.backend else None
+        scorer = _scorer(job.metrics, backend, args)
+        perturber = (LLMPerturber(backend, attempts=args.attempts, generation=_generation(args, 1024))
+                     if plan.method == "llm" else None)
+        metadata = run_metadata(job.run_config, [plan.seed], extra={"scorer": scorer.settings})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a truncated tail was reported above; the writer repairs it
+            writer = JsonlWriter(paths["results.jsonl"], metadata=metadata, resume=args.resume)
+        bar = progress_bar(len(todo), "pairs")
+
+        def on_row(row: dict[str, Any]) -> None:
+            writer.write(row)
+            new_rows.append(row)
+            bar.update(1)
+
+        try:
+            run_items(todo, scorer, on_row, seed=plan.seed, perturber=perturber, chunk_size=args.batch_size)
+        except KeyboardInterrupt:
+            bar.close()
+            writer.close()
+            print(f"\ninterrupted after {len(new_rows)} new pairs; they are saved in {paths['results.jsonl']}: "
+                  "rerun the same command to resume", file=sys.stderr)
+            return 130
+        bar.close()
+        writer.close()
+
+    rows: dict[str, dict[str, Any]] = {}
+    for row in [*existing_rows, *new_rows]:
+        rows.setdefault(row["item_id"], row)
+    summary = summarize(plan, rows.values(), job.metrics)
+    document = {
+        "metadata": run_metadata(job.run_config, [plan.seed],
+                                 extra={"scorer": scorer.settings if scorer else {"metrics": job.metrics}}),
+        "files": {k: v.name for k, v in paths.items() if k != "summary.json"},
+        "expected_score": "1 - p for missing and compressed steps, 1 for description changes",
+        **summary,
+    }
+    write_json_atomic(paths["summary.json"], document)
+    write_json_atomic(paths["goldens.json"], [
+        {"golden_id": g.golden_id, "tasks": list(g.task_ids), "workflow": g.workflow.to_dict()}
+        for g in plan.goldens.goldens])
+    _print_tables(summary, plan)
+    plot_scores(summary, paths["scores.png"])
+    plot_sensitivity(summary, paths["sensitivity.png"])
+    print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 0
+
+
+def _print_tables(summary: dict[str, Any], plan: Any, view: str = "tasks") -> None:
+    """Per perturbation: mean ± std per rate, residuals and sensitivity of every metric."""
+    c = summary["counts"]
+    print(f"Calibration on {c['tasks']} tasks ({c['distinct_goldens']} distinct golden workflows), "
+          f"{c['task_variants']} task variants ({c['distinct_pairs']} distinct pairs, "
+          f"{c['invalid_variants']} invalid); view: {view} (each task's variant counts once)")
+    from resilibench.metrics.perturb import expected_score
+
+    table = summary["views"][view]
+    for kind in plan.kinds:
+        expected = " / ".join(f"{expected_score(kind, r):.1f}" for r in plan.rates)
+        print(f"\n{kind} (expected {expected})")
+        headers = ["metric", *(f"{r:.0%}" for r in plan.rates), *(f"resid {r:.0%}" for r in plan.rates),
+                   "sensitivity"]
+        rows = []
+        for metric, kinds in table.items():
+            cells = [kinds[kind]["rates"][str(r)] for r in plan.rates]
+            rows.append([metric,
+                         *(f"{c['mean']:.3f} ± {c['std']:.3f}" if c["mean"] is not None else "-" for c in cells),
+                         *(c["residual"] for c in cells), kinds[kind]["sensitivity"]])
+        print(format_table(headers, rows))
+
+
+# --- parser -------------------------------------------------------------------------------------------
 
 
 def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
-    """Add this area's subcommands to the ``resilibench`` parser (none yet)."""
+    """Add `metrics score` and `metrics calibrate` to the ``resilibench`` parser."""
+    from resilibench.envs.tasks import TASK_TYPE_NAMES
+
+    metrics = commands.add_parser("metrics", help="score workflows against references; calibrate the metrics")
+    actions = metrics.add_subparsers(dest="metrics_command", metavar="ACTION", required=True, parser_class=Parser)
+
+    score = actions.add_parser("score", help="every metric for a (pred, ref) pair or a JSONL file of pairs")
+    score.add_argument("--pred", metavar="FILE", help="predicted workflow (JSON: {\"nodes\": [...], \"edges\": [...]})")
+    score.add_argument("--ref", metavar="FILE", help="reference workflow (JSON)")
+    score.add_argument("--pairs", metavar="FILE", help="JSONL, one {\"pred\": ..., \"ref\": ...} object a line "
+                       "(optional \"id\", and \"task\" text for the judge)")
+    _add_metric_options(score)
+    score.add_argument("--format", choices=("table", "json"), default="table")
+    score.add_argument("--output", metavar="FILE", help="also write one JSON row per pair to FILE (JSONL)")
+    score.set_defaults(func=cmd_score)
+
+    calibrate = actions.add_parser("calibrate", parents=[parents["library"], parents["world"]],
+                                   help="WorkflowPerturb calibration on the task library's golden workflows")
+    calibrate.add_argument("--split", choices=SPLIT_CHOICES, default="all")
+    calibrate.add_argument("--task-type", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE",
+                           help=f"repeatable (default all); one of {', '.join(TASK_TYPE_NAMES)}")
+    calibrate.add_argument("--limit", type=positive_int, metavar="N",
+                           help="use only the first N tasks with enough steps (task types in turn)")
+    calibrate.add_argument("--min-nodes", type=positive_int, default=5, metavar="N",
+                           help="skip golden workflows with fewer steps (default 5, as WorkflowPerturb)")
+    calibrate.add_argument("--text-only", action="store_true",
+                           help="drop tool names: steps are compared by their texts alone (WorkflowPerturb's setting)")
+    calibrate.add_argument("--seed", type=nonnegative_int, default=0, help="perturbation seed (default 0)")
+    calibrate.add_argument("--perturber", choices=PERTURBERS, default="rules",
+                           help="rules (default; seeded banks) or llm (--backend, validated with retries)")
+    _add_metric_options(calibrate)
+    calibrate.add_argument("--output-dir", default="runs/calibration", metavar="DIR",
+                           help="default runs/calibration")
+    calibrate.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                           help="skip pairs already in DIR/results.jsonl (default); --no-resume starts afresh")
+    calibrate.set_defaults(func=cmd_calibrate)

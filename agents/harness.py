@@ -1,0 +1,245 @@
+"""The batched evaluation harness: many text-env episodes at once, one agent call per round.
+
+``run_eval`` keeps a pool of up to ``batch_size`` running ``ResiliBenchTextEnv`` episodes. Each round it
+collects the conversation of every running episode and makes ONE ``agent.respond`` call (for an LLM: one
+batched ``generate``, which is what makes vLLM fast), steps every env with its reply and refills the pool
+from the job list as episodes end. One row per finished episode is written to a JSONL file at once, so an
+interrupted run resumes where it stopped: rows are keyed by ``EVAL_KEY`` and a rerun skips the keys
+already in the file (a truncated last line is repaired).
+
+Episodes are paired: the env of (task, seed) is reset with ``task_seed(task_id, seed)``, so every model
+and every prompt variant meets the same failure stream on the same task and seed, and the scripted
+optimal agent plays exactly the episode ``ResiliBench-v0`` would give ``OptimalPlanner``.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resilibench.agents.base import GenerationConfig
+from resilibench.agents.scripted import Agent, LLMAgent
+from resilibench.envs.config import WorldConfig
+from resilibench.envs.simulator import task_seed
+from resilibench.envs.tasks import Task
+
+EVAL_KEY = ("model", "task_id", "prompt", "flaw_type", "seed")
+PLAN_PROMPTS = ("optimal", "flawed")
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """One episode to play: a task, a prompt variant (with its flaw type when flawed) and a run seed."""
+
+    task: Task
+    prompt: str
+    flaw_type: str | None
+    seed: int
+
+    def key(self, model: str) -> tuple[Any, ...]:
+        """The row key of this episode for ``model`` (the fields of ``EVAL_KEY``)."""
+        return (model, self.task.instance_id, self.prompt, self.flaw_type, self.seed)
+
+
+def eval_jobs(tasks: Sequence[Task], prompts: Sequence[str], seeds: Sequence[int],
+              flaw_types: Sequence[str] = (), config: WorldConfig | None = None,
+              strict_dependencies: bool = True) -> list[EvalJob]:
+    """Every (task, prompt variant, seed) episode in a fixed order; the flawed variant once per flaw type.
+
+    A flaw type that cannot be injected into a task's plan (say, removing a middle step of a two-step
+    plan) is left out for that task: ``config``/``strict_dependencies`` are the text env's world, which
+    decides the plan. ValueError for an unknown prompt variant or flaw type, or flawed prompts without
+    flaw types."""
+    from resilibench.envs.text_env import ResiliBenchTextEnv
+    from resilibench.policies.flaws import FLAW_TYPES, FlawNotApplicable
+    from resilibench.policies.prompts import PROMPT_VARIANTS
+
+    unknown = [p for p in prompts if p not in PROMPT_VARIANTS]
+    if unknown:
+        raise ValueError(f"prompt variant(s) {unknown} unknown; accepted: {', '.join(PROMPT_VARIANTS)}")
+    bad = [f for f in flaw_types if f not in FLAW_TYPES]
+    if bad:
+        raise ValueError(f"flaw type(s) {bad} unknown; accepted: {', '.join(FLAW_TYPES)}")
+    if "flawed" in prompts and not flaw_types:
+        raise ValueError("the flawed prompt variant needs at least one flaw type")
+    probe = None
+    jobs = []
+    for task in tasks:
+        variants = []
+        for prompt in prompts:
+            if prompt != "flawed":
+                variants.append((prompt, None))
+                continue
+            probe = probe or ResiliBenchTextEnv(split=None, tasks=tasks, config=config,
+                                                strict_dependencies=strict_dependencies)
+            for flaw in flaw_types:
+                try:  # whether a flaw applies depends on the plan only, not on the seed or the severity
+                    probe.reset(seed=0, options={"task_id": task.instance_id, "prompt": prompt, "flaw_type": flaw})
+                except FlawNotApplicable:
+                    continue
+                variants.append((prompt, flaw))
+        jobs += [EvalJob(task, prompt, flaw, seed) for prompt, flaw in variants for seed in seeds]
+    return jobs
+
+
+def as_agent(agent_or_backend: Any, generation: GenerationConfig | None = None) -> Agent:
+    """An ``Agent`` as is; a ``Backend`` wrapped in an ``LLMAgent`` with ``generation`` settings."""
+    if hasattr(agent_or_backend, "respond"):
+        return agent_or_backend
+    if hasattr(agent_or_backend, "generate"):
+        return LLMAgent(agent_or_backend, generation)
+    raise TypeError(f"expected an agent (respond) or a backend (generate), got {type(agent_or_backend).__name__}")
+
+
+def episode_row(model: str, job: EvalJob, env: Any, info: dict[str, Any], severity: float,
+                keep_messages: bool) -> dict[str, Any]:
+    """The result row of a finished episode."""
+    from resilibench.policies.bounds import optimal_success
+
+    episode, plan = env.unwrapped.episode, env.unwrapped.prompt.plan
+    evaluation = info["evaluation"]
+    row = {
+        "model": model,
+        "task_id": job.task.instance_id,
+        "task_type": job.task.task_type,
+        "prompt": job.prompt,
+        "flaw_type": job.flaw_type,
+        "severity": severity if job.prompt == "flawed" else None,
+        "seed": job.seed,
+        "level": info["level"],
+        "end_reason": info["end_reason"],
+        "turns": episode.turns_used,
+        "calls": len(episode.trace),
+        "failed_calls": episode.n_failures,
+        "coverage": evaluation["coverage"],
+        "completed": evaluation["completed"],
+        "required_tools": list(job.task.required_tools),
+        "trace": info["trace"],
+        "plan": None if plan is None else plan.to_dict(),  # the workflow the prompt showed, if any
+        "injection": info["injection"],
+        # Bound (iii) under the episode's own rules (strict dependencies in the text env).
+        "bound_iii": optimal_success(job.task, episode.config),
+    }
+    if keep_messages:
+        row["messages"] = list(env.unwrapped.messages)
+    return row
+
+
+class _Slot:
+    """One running episode of the pool."""
+
+    __slots__ = ("env", "job")
+
+    def __init__(self, env: Any):
+        self.env = env
+        self.job: EvalJob | None = None
+
+
+def run_eval(
+    agent_or_backend: Any,
+    jobs: Sequence[EvalJob],
+    *,
+    generation: GenerationConfig | None = None,
+    config: WorldConfig | None = None,
+    strict_dependencies: bool = True,
+    severity: float = 0.5,
+    plan_style: str = "numbered",
+    batch_size: int = 32,
+    results_path: str | Path | None = None,
+    resume: bool = True,
+    metadata: dict[str, Any] | None = None,
+    keep_messages: bool = False,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+    progress: bool = True,
+    registry: Any = None,
+    env_kwargs: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Play ``jobs`` with an agent (or a backend, wrapped in ``LLMAgent`` with ``generation``) and return
+    one row per job, in job order.
+
+    ``batch_size`` episodes run at once (one agent call per round for all of them). With
+    ``results_path`` each row is appended to that JSONL file as its episode ends (after a
+    ``metadata`` record, when given); with ``resume`` the jobs whose key is already in the file are not
+    played again and their stored rows are returned. ``config``/``strict_dependencies`` are the text
+    env's world rules (strict dependencies by default, as in the paper); ``env_kwargs`` go to every
+    ``ResiliBenchTextEnv`` (e.g. ``{"search": "lexical"}``). ``on_result`` sees each new row.
+    """
+    from resilibench.envs.text_env import ResiliBenchTextEnv
+    from resilibench.results import JsonlWriter, read_jsonl
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    agent = as_agent(agent_or_backend, generation)
+    model = agent.name
+    jobs = list(jobs)
+    keys = [job.key(model) for job in jobs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("jobs contain the same (task, prompt, flaw type, seed) more than once")
+
+    done: dict[tuple[Any, ...], dict[str, Any]] = {}
+    if results_path is not None and resume:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a truncated tail is repaired by the writer below
+            existing = read_jsonl(results_path)
+        for row in existing.rows:
+            done.setdefault(tuple(row.get(f) for f in EVAL_KEY), row)
+    todo = deque(job for job, key in zip(jobs, keys, strict=True) if key not in done)
+    new_rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    writer = None
+    if results_path is not None and todo:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            writer = JsonlWriter(results_path, metadata=metadata, resume=resume)
+    tasks = list({job.task.instance_id: job.task for job in todo}.values())
+    bar = _progress(len(todo), f"eval {model}", progress)
+    try:
+        if todo:
+            slots = [_Slot(ResiliBenchTextEnv(split=None, tasks=tasks, config=config,
+                                              strict_dependencies=strict_dependencies, plan_style=plan_style,
+                                              severity=severity, registry=registry, **(env_kwargs or {})))
+                     for _ in range(min(batch_size, len(todo)))]
+            running: list[_Slot] = []
+            while todo or running:
+                for slot in slots:
+                    if slot.job is None and todo:
+                        job = slot.job = todo.popleft()
+                        slot.env.reset(seed=task_seed(job.task.instance_id, job.seed),
+                                       options={"task_id": job.task.instance_id, "prompt": job.prompt,
+                                                "flaw_type": job.flaw_type})
+                        running.append(slot)
+                replies = agent.respond([(slot.env.messages, slot.env) for slot in running])
+                if len(replies) != len(running):
+                    raise RuntimeError(f"agent {model} answered {len(replies)} of {len(running)} episodes")
+                still = []
+                for slot, reply in zip(running, replies, strict=True):
+                    _, _, terminated, truncated, info = slot.env.step(reply)
+                    if not (terminated or truncated):
+                        still.append(slot)
+                        continue
+                    row = episode_row(model, slot.job, slot.env, info, severity, keep_messages)
+                    slot.job = None
+                    new_rows[tuple(row[f] for f in EVAL_KEY)] = row
+                    if writer is not None:
+                        writer.write(row)
+                    if on_result is not None:
+                        on_result(row)
+                    bar.update(1)
+                running = still
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+    return [done[key] if key in done else new_rows[key] for key in keys]
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="ep", dynamic_ncols=True, mininterval=0.5, file=sys.stderr,
+                disable=not enabled or total == 0)

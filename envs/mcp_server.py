@@ -1,0 +1,560 @@
+"""The tool simulator over MCP: the 30 tools fail for any MCP client exactly as they fail in the envs.
+
+``build_server()`` returns an ``mcp`` SDK low-level ``Server`` (it takes the registry's JSON Schemas as
+they are, where ``MCPServer`` would derive schemas from Python signatures). It serves:
+
+* the 30 tools, each with its registry input schema plus one required argument, ``episode``;
+* ``tool_search``, ``tool_info`` (free lookups, no episode needed), ``start_task`` (opens an episode and
+  returns its handle), ``finish`` (the completion signal; returns the evaluator's level) and
+  ``episode_status`` (trace, progress and level so far);
+* resources: the tool registry JSON, the task library listing and one task per id.
+
+Episode state is keyed on an explicit handle: stdio and the default (2026-07-28) protocol mode carry no
+session id, and a handle lets one client run many episodes at once. Every call goes through
+``resilibench.envs.toolbox.call_tool`` on the shared ``Episode`` core, so no rule of the world lives here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import secrets
+import socket
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import anyio
+import mcp_types as types
+import numpy as np
+from mcp.server.lowlevel import Server
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+
+from resilibench import __version__
+from resilibench.envs.config import WorldConfig
+from resilibench.envs.evaluator import evaluate
+from resilibench.envs.registry import ToolRegistry, default_registry, schema_problem
+from resilibench.envs.rng import scratch_default_rng
+from resilibench.envs.simulator import FINISHED, Episode, episode_seed, task_seed
+from resilibench.envs.tasks import SPLITS, Task, load_tasks
+from resilibench.envs.toolbox import (
+    SEARCH_METHODS,
+    UnknownToolError,
+    call_tool,
+    describe_text,
+    describe_tool,
+    end_text,
+    feedback_text,
+    progress_text,
+    resolve_tool,
+    search_text,
+    search_tools,
+)
+
+SERVER_NAME = "resilibench"
+EPISODE_ARGUMENT = "episode"
+DEFAULT_MAX_EPISODES = 10_000
+MAX_TURN_LIMIT = 100
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+TOOLS_URI = "resilibench://tools"
+TASKS_URI = "resilibench://tasks"
+TASK_URI_PREFIX = "resilibench://tasks/"
+TASK_URI_TEMPLATE = TASK_URI_PREFIX + "{task_id}"
+
+# Error codes of the server itself; a call answered with one of them changes no episode, except
+# OUT_OF_TURNS, which ends the episode (as a tool action after the last turn does in ResiliBench-v0).
+BAD_ARGUMENTS = "BAD_ARGUMENTS"
+UNKNOWN_TOOL = "UNKNOWN_TOOL"
+UNKNOWN_EPISODE = "UNKNOWN_EPISODE"
+UNKNOWN_TASK = "UNKNOWN_TASK"
+EPISODE_ENDED = "EPISODE_ENDED"
+OUT_OF_TURNS = "OUT_OF_TURNS"
+
+INSTRUCTIONS = (
+    "ResiliBench: simulated tools that fail like real APIs. Call start_task to open an episode; it returns "
+    "a handle: pass it as the 'episode' argument of every tool call. Each tool call costs a turn; failures "
+    "come back as tool errors carrying an error code. Call finish(episode) when the task is done to get "
+    "the result level. tool_search and tool_info are free."
+)
+
+_EPISODE_PROPERTY = {"type": "string", "description": "The episode handle that start_task returned."}
+
+
+def start_episode(task: Task, seed: int, config: WorldConfig | None = None,
+                  registry: ToolRegistry | None = None) -> Episode:
+    """The episode of ``task`` for run seed ``seed``: the stream ``ResiliBench-v0`` meets when reset with
+    ``task_seed(task_id, seed)``, as ``resilibench run`` and the bounds do (paired across front ends,
+    independent across tasks)."""
+    return Episode.start(task, episode_seed(scratch_default_rng(task_seed(task.instance_id, seed))), config,
+                         registry)
+
+
+class UnknownEpisodeError(KeyError):
+    """A handle that names no open episode."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class EpisodeTable:
+    """Episodes by handle, shared by every client of one server; thread safe and bounded.
+
+    Handles are random (``ep-`` and 16 hex digits), so one client cannot guess another's. Beyond
+    ``max_episodes`` a new episode evicts the least recently used finished episode or, when every
+    episode is still running, the least recently used running one (an abandoned client must not block
+    new ones). An evicted handle answers UNKNOWN_EPISODE."""
+
+    def __init__(self, max_episodes: int = DEFAULT_MAX_EPISODES):
+        if not isinstance(max_episodes, int) or max_episodes < 1:
+            raise ValueError(f"max_episodes must be a positive integer, got {max_episodes!r}")
+        self.max_episodes = max_episodes
+        self._running: OrderedDict[str, Episode] = OrderedDict()
+        self._finished: OrderedDict[str, Episode] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._running) + len(self._finished)
+
+    def __contains__(self, handle: object) -> bool:
+        return handle in self._running or handle in self._finished
+
+    def add(self, episode: Episode) -> str:
+        """Store a new episode; returns its handle."""
+        with self._lock:
+            handle = f"ep-{secrets.token_hex(8)}"
+            while handle in self:  # 64 random bits: a clash is all but impossible
+                handle = f"ep-{secrets.token_hex(8)}"
+            while len(self) >= self.max_episodes:
+                (self._finished or self._running).popitem(last=False)
+            (self._finished if episode.done else self._running)[handle] = episode
+        return handle
+
+    @contextmanager
+    def use(self, handle: str) -> Iterator[Episode]:
+        """The episode of ``handle``, held under the table's lock (so calls on it never interleave; do
+        not await inside); it becomes the most recently used, and moves to the finished ones once it
+        has ended."""
+        with self._lock:
+            for table in (self._running, self._finished):
+                episode = table.get(handle)
+                if episode is not None:
+                    table.move_to_end(handle)
+                    break
+            else:
+                raise UnknownEpisodeError(
+                    f"unknown episode {handle!r}: no such handle, or it was evicted (the server keeps "
+                    f"{self.max_episodes} episodes and evicts finished ones first); open one with start_task")
+            try:
+                yield episode
+            finally:
+                if episode.done and handle in self._running:
+                    self._finished[handle] = self._running.pop(handle)
+
+
+# --- results ------------------------------------------------------------------------------------------
+
+
+def _result(text: str, data: dict[str, Any], error: bool = False) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=data,
+                                is_error=error)
+
+
+def _error(code: str, description: str, **data: Any) -> types.CallToolResult:
+    """A tool error of the server: text ``Error: CODE: description`` and the same in structured form
+    (the shape of a failed tool call's ``error``)."""
+    return _result(f"Error: {code}: {description}", {"error": {"code": code, "description": description}, **data},
+                   error=True)
+
+
+def _status(episode: Episode, handle: str) -> dict[str, Any]:
+    """Where an episode stands: trace, progress, turns, and its level (or the level ``finish`` would
+    give now)."""
+    done = sum(episode.succeeded[t] for t in episode.required)
+    data: dict[str, Any] = {
+        EPISODE_ARGUMENT: handle,
+        "task_id": episode.task.instance_id,
+        "trace": [r.to_dict() for r in episode.trace],
+        "progress": {"required_done": done, "required_total": len(episode.required)},
+        "turns_used": episode.turns_used,
+        "turns_left": episode.turns_left,
+        "done": episode.done,
+        "end_reason": episode.end_reason,
+    }
+    if episode.evaluation is not None:
+        data["level"] = episode.evaluation.level
+        data["evaluation"] = episode.evaluation.to_dict()
+    else:
+        preview = evaluate(episode.task, episode.trace, True, FINISHED, episode.config.evaluator, episode.registry)
+        data["level_if_finished"] = preview.level
+    return data
+
+
+# --- the server ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _MetaTool:
+    """A tool of the server itself (not a simulated one): its schema and its handler."""
+
+    description: str
+    schema: dict[str, Any]
+    handler: Callable[[dict[str, Any]], types.CallToolResult]
+    in_thread: bool = False  # run off the event loop (tool search may load an embedding model)
+
+    @cached_property
+    def schema_json(self) -> str:
+        return json.dumps(self.schema, sort_keys=True)
+
+
+class ResiliBenchMCP:
+    """The MCP front end: the handlers and the episode table behind one ``Server`` (``.server``).
+
+    * ``tasks``: the task library (default: the shipped one); ``config``: the world (default: paper
+      values; ``start_task`` sets strict dependencies and may set the turn limit); ``registry``: the tools.
+    * ``max_episodes``: size of the handle table; ``search``: the tool search method ("auto",
+      "semantic", "lexical"; auto = semantic when the embed extra is installed).
+    """
+
+    def __init__(self, tasks: Sequence[Task] | None = None, config: WorldConfig | None = None,
+                 registry: ToolRegistry | None = None, max_episodes: int = DEFAULT_MAX_EPISODES,
+                 search: str = "auto"):
+        if search not in SEARCH_METHODS:
+            raise ValueError(f"search must be one of {SEARCH_METHODS}, got {search!r}")
+        self.tasks = list(tasks) if tasks is not None else load_tasks()
+        if not self.tasks:
+            raise ValueError("the task library is empty")
+        self.tasks_by_id = {t.instance_id: t for t in self.tasks}
+        self.config = config or WorldConfig()
+        self.registry = registry or default_registry()
+        self.search = search
+        self.episodes = EpisodeTable(max_episodes)
+        self._configs: dict[tuple[bool, int], WorldConfig] = {}
+        self._meta = self._meta_tools()
+        clashes = sorted(n for n in self._meta if n in self.registry)
+        if clashes or any(EPISODE_ARGUMENT in t.input_schema()["properties"] for t in self.registry.tools):
+            raise ValueError(f"registry clashes with the server's own tools or the '{EPISODE_ARGUMENT}' argument")
+        self.schemas = {name: meta.schema for name, meta in self._meta.items()}
+        self.schemas.update({t.name: self._tool_schema(t.input_schema()) for t in self.registry.tools})
+        self.tool_list = [types.Tool(name=name, description=meta.description, input_schema=meta.schema)
+                          for name, meta in self._meta.items()]
+        self.tool_list += [types.Tool(name=t.name, description=t.description, input_schema=self.schemas[t.name])
+                           for t in self.registry.tools]
+        self.server: Server = Server(
+            SERVER_NAME,
+            version=__version__,
+            instructions=INSTRUCTIONS,
+            get_tool_input_schema=self.schemas.get,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_resource_templates,
+            on_read_resource=self._read_resource,
+        )
+
+    # --- schemas ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _tool_schema(schema: dict[str, Any]) -> dict[str, Any]:
+        """A registry tool's input schema with the ``episode`` handle added (first, and required)."""
+        return {**schema, "properties": {EPISODE_ARGUMENT: _EPISODE_PROPERTY, **schema["properties"]},
+                "required": [EPISODE_ARGUMENT, *schema["required"]]}
+
+    def _meta_tools(self) -> dict[str, _MetaTool]:
+        episode_only = {"type": "object", "properties": {EPISODE_ARGUMENT: _EPISODE_PROPERTY},
+                        "required": [EPISODE_ARGUMENT], "additionalProperties": False}
+        n_tools = len(self.registry)
+        return {
+            "tool_search": _MetaTool(
+                "Find tools by what they do: the k tools most similar to the query, with their descriptions, "
+                "parameters, errors and dependencies. Free: costs no turn.",
+                {"type": "object", "properties": {
+                    "query": {"type": "string", "minLength": 1, "description": "What the tool should do."},
+                    "k": {"type": "integer", "minimum": 1, "maximum": n_tools, "default": 5,
+                          "description": "How many tools to return."}},
+                 "required": ["query"], "additionalProperties": False},
+                self._tool_search, in_thread=True),
+            "tool_info": _MetaTool(
+                "A tool's full description: parameters, returns, possible errors and dependencies. Free.",
+                {"type": "object", "properties": {"name": {"type": "string", "description": "Tool name."}},
+                 "required": ["name"], "additionalProperties": False},
+                self._tool_info),
+            "start_task": _MetaTool(
+                "Open an episode of a task and get its handle. The same task_id and seed always give the "
+                "same failures. Without task_id a task of the split is drawn from the seed.",
+                {"type": "object", "properties": {
+                    "task_id": {"type": "string", "description": "A task id of the library (see the "
+                                "resilibench://tasks resource); default: drawn from the split by the seed."},
+                    "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "default": 0,
+                             "description": "Run seed: fixes every random outcome of the episode."},
+                    "split": {"type": "string", "enum": [*SPLITS, "all"], "default": "test",
+                              "description": "Where a task is drawn from when task_id is not given."},
+                    "strict_dependencies": {"type": "boolean", "default": True, "description": (
+                        "true: calling a tool before its dependencies succeeded fails with DEPENDENCY_ERROR; "
+                        "false: it only lowers the success probability.")},
+                    "turn_limit": {"type": "integer", "minimum": 1, "maximum": MAX_TURN_LIMIT,
+                                   "default": self.config.rules.turn_limit,
+                                   "description": "Tool calls allowed in the episode."}},
+                 "additionalProperties": False},
+                self._start_task),
+            "finish": _MetaTool(
+                "Signal that the task is complete (free). Ends the episode and returns its result level: "
+                "full_success, partial_success or failure.",
+                episode_only, self._finish),
+            "episode_status": _MetaTool(
+                "An episode's trace, progress, turns left, and its level (or the level finish would give now).",
+                episode_only, self._episode_status),
+        }
+
+    # --- MCP handlers -------------------------------------------------------------------------------
+
+    async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self.tool_list)
+
+    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        name, arguments = params.name, dict(params.arguments or {})
+        meta = self._meta.get(name)
+        if meta is None:
+            return self._simulated_call(name, arguments)
+        problem = schema_problem(name, meta.schema_json, arguments)
+        if problem is not None:
+            return _error(BAD_ARGUMENTS, problem)
+        if meta.in_thread:
+            return await anyio.to_thread.run_sync(meta.handler, arguments)
+        return meta.handler(arguments)
+
+    async def _list_resources(self, ctx: Any, params: types.PaginatedRequestParams | None
+                              ) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[
+            types.Resource(uri=TOOLS_URI, name="tool-registry", mime_type="application/json",
+                           description="The 30 tools: schemas, errors, roles and the dependency graph."),
+            types.Resource(uri=TASKS_URI, name="task-library", mime_type="application/json",
+                           description=f"The {len(self.tasks)} tasks: id, type, complexity, split, "
+                           f"required-tool count (each task in full at {TASK_URI_TEMPLATE})."),
+        ])
+
+    async def _list_resource_templates(self, ctx: Any, params: types.PaginatedRequestParams | None
+                                       ) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=[
+            types.ResourceTemplate(uri_template=TASK_URI_TEMPLATE, name="task", mime_type="application/json",
+                                   description="One task of the library in full, by task id."),
+        ])
+
+    async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        if uri == TOOLS_URI:
+            text = self._registry_json
+        elif uri == TASKS_URI:
+            text = self._library_json
+        elif uri.startswith(TASK_URI_PREFIX) and uri[len(TASK_URI_PREFIX):] in self.tasks_by_id:
+            text = json.dumps(self.tasks_by_id[uri[len(TASK_URI_PREFIX):]].to_dict(), sort_keys=True)
+        else:
+            raise MCPError(types.INVALID_PARAMS, f"unknown resource {uri!r}; resources: {TOOLS_URI}, {TASKS_URI}, "
+                           f"{TASK_URI_TEMPLATE} with a task id of {TASKS_URI}", {"uri": uri})
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=uri, text=text, mime_type="application/json")])
+
+    @cached_property
+    def _registry_json(self) -> str:
+        return self.registry.to_json()
+
+    @cached_property
+    def _library_json(self) -> str:
+        rows = [{"task_id": t.instance_id, "task_type": t.task_type, "complexity": t.complexity, "split": t.split,
+                 "required_tools_count": len(t.required_tools)} for t in self.tasks]
+        return json.dumps({"count": len(rows), "task_uri_template": TASK_URI_TEMPLATE, "tasks": rows})
+
+    # --- the simulated tools ------------------------------------------------------------------------
+
+    def _simulated_call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """One of the 30 tools on the episode named by the ``episode`` argument; the rest of the arguments
+        are checked with the tool's schema by ``call_tool`` (INVALID_INPUT without a draw when they fail)."""
+        try:
+            resolve_tool(name, self.registry)
+        except UnknownToolError as exc:
+            return _error(UNKNOWN_TOOL, str(exc))
+        handle = arguments.pop(EPISODE_ARGUMENT, None)
+        if not isinstance(handle, str):
+            return _error(BAD_ARGUMENTS, f"{name}: argument '{EPISODE_ARGUMENT}' is required: the handle that "
+                          "start_task returned")
+        try:
+            with self.episodes.use(handle) as episode:
+                if episode.done:
+                    return self._ended(episode, handle)
+                if episode.turns_left == 0:
+                    episode.end_out_of_turns()
+                    return _error(OUT_OF_TURNS, f"all {episode.turns_used} turns are used; the call was not "
+                                  f"played. {end_text(episode)}", episode=handle, level=episode.evaluation.level)
+                result = call_tool(episode, name, arguments)
+                data = {EPISODE_ARGUMENT: handle, **result.output}
+                if episode.evaluation is not None:
+                    data["level"] = episode.evaluation.level
+                return _result(feedback_text(result, episode), data, error=not result.record.success)
+        except UnknownEpisodeError as exc:
+            return _error(UNKNOWN_EPISODE, str(exc))
+
+    @staticmethod
+    def _ended(episode: Episode, handle: str) -> types.CallToolResult:
+        return _error(EPISODE_ENDED, f"{end_text(episode)} Open a new episode with start_task.", episode=handle,
+                      level=episode.evaluation.level)
+
+    # --- the server's own tools ---------------------------------------------------------------------
+
+    def _tool_search(self, arguments: dict[str, Any]) -> types.CallToolResult:
+        query, k = arguments["query"], arguments.get("k", 5)
+        if not query.strip():
+            return _error(BAD_ARGUMENTS, "tool_search: argument 'query' must not be blank")
+        hits = search_tools(query, k, self.registry, self.search)
+        return _result(search_text(query, hits, self.registry),
+                       {"query": query, "results": [{"name": h.name, "score": h.score} for h in hits]})
+
+    def _tool_info(self, arguments: dict[str, Any]) -> types.CallToolResult:
+        try:
+            info = describe_tool(arguments["name"], self.registry)
+        except UnknownToolError as exc:
+            return _error(UNKNOWN_TOOL, str(exc))
+        return _result(describe_text(info), info)
+
+    def _world(self, strict_dependencies: bool, turn_limit: int) -> WorldConfig:
+        """The server's config with an episode's rules (cached: few distinct pairs exist)."""
+        key = (strict_dependencies, turn_limit)
+        config = self._configs.get(key)
+        if config is None:
+            rules = {"strict_dependencies": strict_dependencies, "turn_limit": turn_limit}
+            config = self._configs[key] = self.config.replace(rules=rules)
+        return config
+
+    def _start_task(self, arguments: dict[str, Any]) -> types.CallToolResult:
+        seed = arguments.get("seed", 0)
+        task_id = arguments.get("task_id")
+        if task_id is None:
+            split = arguments.get("split", "test")
+            pool = [t for t in self.tasks if split == "all" or t.split == split]
+            if not pool:
+                return _error(UNKNOWN_TASK, f"start_task: no task of split {split!r} in this library; "
+                              f"splits here: {sorted({t.split for t in self.tasks})}")
+            # The task ResiliBench-v0 (on that split) draws when reset with this seed.
+            task = pool[int(np.random.default_rng(seed).integers(len(pool)))]
+        else:
+            task = self.tasks_by_id.get(task_id)
+            if task is None:
+                examples = ", ".join(t.instance_id for t in self.tasks[:3])
+                return _error(UNKNOWN_TASK, f"start_task: argument 'task_id': no task {task_id!r} in the library "
+                              f"(ids look like {examples}; see the {TASKS_URI} resource)")
+        config = self._world(arguments.get("strict_dependencies", True),
+                             arguments.get("turn_limit", self.config.rules.turn_limit))
+        episode = start_episode(task, seed, config, self.registry)
+        handle = self.episodes.add(episode)
+        data = {
+            EPISODE_ARGUMENT: handle,
+            "task_id": task.instance_id,
+            "task_type": task.task_type,
+            "complexity": task.complexity,
+            "description": task.description,
+            "required_tools_count": len(task.required_tools),
+            "turn_limit": config.rules.turn_limit,
+            "max_calls_per_tool": episode.max_calls,
+            "strict_dependencies": config.rules.strict_dependencies,
+            "seed": seed,
+        }
+        text = (f"Episode {handle} started: task {task.instance_id} ({task.task_type}).\n"
+                f"Task: {task.description}\n"
+                f"It needs {len(task.required_tools)} tools; you have {config.rules.turn_limit} tool calls, "
+                f"at most {episode.max_calls} per tool. Pass episode=\"{handle}\" to every tool call and call "
+                f"finish when the task is done.")
+        return _result(text, data)
+
+    def _finish(self, arguments: dict[str, Any]) -> types.CallToolResult:
+        handle = arguments[EPISODE_ARGUMENT]
+        try:
+            with self.episodes.use(handle) as episode:
+                if episode.done:
+                    return self._ended(episode, handle)
+                evaluation = episode.finish()
+                data = {EPISODE_ARGUMENT: handle, "level": evaluation.level, "evaluation": evaluation.to_dict(),
+                        "turns_used": episode.turns_used}
+                return _result(f"{end_text(episode)} {progress_text(episode)}", data)
+        except UnknownEpisodeError as exc:
+            return _error(UNKNOWN_EPISODE, str(exc))
+
+    def _episode_status(self, arguments: dict[str, Any]) -> types.CallToolResult:
+        handle = arguments[EPISODE_ARGUMENT]
+        try:
+            with self.episodes.use(handle) as episode:
+                data = _status(episode, handle)
+                lines = [f"Episode {handle}: task {episode.task.instance_id}."]
+                lines += [f"turn {r.turn}: {r.tool} -> {'ok' if r.success else r.error_code}" for r in episode.trace]
+                lines.append(progress_text(episode))
+                lines.append(end_text(episode) if episode.done else
+                             f"Running; finishing now would give {data['level_if_finished']}.")
+                return _result("\n".join(lines), data)
+        except UnknownEpisodeError as exc:
+            return _error(UNKNOWN_EPISODE, str(exc))
+
+
+def build_server(tasks: Sequence[Task] | None = None, config: WorldConfig | None = None,
+                 registry: ToolRegistry | None = None, max_episodes: int = DEFAULT_MAX_EPISODES,
+                 search: str = "auto") -> Server:
+    """The MCP server of the tool simulator (see ``ResiliBenchMCP`` for the arguments). Connect a client
+    in memory with ``mcp.Client(build_server())``, or serve it with ``serve_stdio`` / ``serve_http``."""
+    return ResiliBenchMCP(tasks, config, registry, max_episodes, search).server
+
+
+# --- transports ---------------------------------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def serve_stdio(server: Server) -> None:
+    """Serve one client over stdin/stdout until it closes the connection."""
+    from mcp.server.stdio import stdio_server
+
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket bound to (host, port); port 0 picks a free port. OSError when taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def loopback_security(host: str) -> TransportSecuritySettings:
+    """DNS-rebinding protection for a loopback server: only Host and Origin headers that name this
+    machine (``host`` itself, 127.0.0.1, localhost, ::1) are accepted."""
+    names = dict.fromkeys([f"[{host}]" if ":" in host else host, "127.0.0.1", "localhost", "[::1]"])
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True,
+                                     allowed_hosts=[f"{n}:*" for n in names],
+                                     allowed_origins=[f"http://{n}:*" for n in names])
+
+
+async def serve_http(server: Server, sock: socket.socket, log_level: str = "warning") -> None:
+    """Serve streamable HTTP at ``/mcp`` on a bound socket (``bind_socket``) until interrupted; on a
+    loopback address with DNS-rebinding protection (``loopback_security``)."""
+    import uvicorn
+
+    host = sock.getsockname()[0]
+    security = loopback_security(host) if is_loopback(host) else None
+    app = server.streamable_http_app(host=host, transport_security=security)
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on")
+    await uvicorn.Server(config).serve(sockets=[sock])

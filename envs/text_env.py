@@ -1,0 +1,365 @@
+"""``ResiliBenchText-v0``: LLM agents play the ResiliBench world through chat messages (SPEC 2b, 6)."""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from resilibench.envs.config import WorldConfig
+from resilibench.envs.planner_env import make_world_config, select_tasks
+from resilibench.envs.registry import ToolRegistry, default_registry
+from resilibench.envs.rewards import ShapedRewarder
+from resilibench.envs.simulator import Episode, episode_seed
+from resilibench.envs.tasks import SPLITS, Task, get_task
+from resilibench.envs.toolbox import (
+    SEARCH_METHODS,
+    ParsedMessage,
+    UnknownToolError,
+    call_tool,
+    describe_text,
+    describe_tool,
+    end_text,
+    feedback_text,
+    parse_message,
+    progress_text,
+    search_text,
+    search_tools,
+)
+
+# The characters of observations: printable ASCII, Latin-1 letters and signs, typographic quotes, dashes,
+# ellipsis, bullet and arrow; any other character of a prompt becomes "?". ``step`` accepts any string.
+CHARSET = (frozenset(string.printable) | frozenset(map(chr, range(0xA0, 0x100)))
+           | frozenset("\u2013\u2014\u2018\u2019\u201c\u201d\u2026\u2022\u2192"))
+RESET_OPTIONS = ("task_id", "prompt", "flaw_type", "severity", "plan_style", "workflow")
+TRUNCATION_MARK = "\n[... truncated]"
+
+REMINDER = (
+    "No tool request found in your message. Use exactly one of:\n"
+    "- <tool_search>what you need</tool_search> to find tools\n"
+    "- <tool_info>tool_name</tool_info> to read a tool's parameters\n"
+    '- <tool_call>tool_name {"argument": "value"}</tool_call> to run one tool (arguments optional)\n'
+    "When every step is done, say \"task completed\"."
+)
+
+
+def flaw_seed(seed: int) -> int:
+    """The seed of an episode's prompt (flaw injection) from its episode seed: deterministic and
+    independent of the episode's failure stream, which ``seed`` itself seeds."""
+    return int(np.random.SeedSequence([seed, 1]).generate_state(1)[0])
+
+
+class ResiliBenchTextEnv(gym.Env):
+    """
+    ## Description
+
+    An LLM agent completes a ResiliBench task by chatting: it reads a prompt (task, inputs, expected
+    outputs, tool protocol and, depending on the variant, a workflow plan), then sends one assistant
+    message per turn. Messages may search the 30 tools, read a tool's schema and call one tool; the env
+    answers each message with a feedback message. Tool calls are played on the same seeded ``Episode``
+    as ``ResiliBench-v0`` (same failure model, same rules), so the same seed and the same calls give the
+    same outcomes in both envs. The evaluator grades the episode as ``full_success``,
+    ``partial_success`` or ``failure``.
+
+    ## Action Space
+
+    ``Text(max_length, charset=CHARSET)``: an assistant message. Understood in it (tags are
+    case-insensitive, may sit in code fences, and a missing closing tag runs to the next tag):
+
+    * ``<tool_search>query</tool_search>``: the 5 closest tools (MiniLM embeddings, or a lexical match
+      without the ``embed`` extra) with their schemas;
+    * ``<tool_info>tool_name</tool_info>``: one tool's parameters, returns, errors and dependencies;
+    * ``<tool_call>tool_name {"arg": value}</tool_call>``: call a tool; the JSON arguments are optional,
+      and given ones are checked against the tool's input schema (a violation or malformed JSON is an
+      ``INVALID_INPUT`` failure without a draw, naming the argument). ``name({...})`` and
+      ``{"name": ..., "arguments": {...}}`` are accepted too. Only the first call of a message runs;
+      the feedback says which were not executed.
+    * a completion phrase ("task completed", ...): ends the episode after the message's call, if any.
+
+    ``step`` accepts any string (the charset only shapes ``sample()``).
+
+    ## Observation Space
+
+    ``Text(max_length, charset=CHARSET)``: the prompt after ``reset`` (from
+    ``resilibench.policies.prompts.build_prompt``), then the feedback to each message: search results,
+    tool information, the call's result or error code with its description, dependency problems,
+    progress ("k/n required tools done") and turns left; a protocol reminder for a message without a
+    tag. Texts longer than ``max_length`` are cut with a mark. ``env.unwrapped.messages`` holds the whole
+    conversation as chat messages.
+
+    ## Rewards
+
+    1.0 when the episode ends in full success, else 0.0.
+
+    ## Starting State
+
+    A task sampled uniformly from the pool with the env's generator (exactly as ``ResiliBench-v0``
+    samples it), or the task of ``options["task_id"]``; every tool not attempted.
+
+    ## Episode End
+
+    Each message is one turn (searches and info requests included); the turn limit is 10. A tool that
+    already succeeded returns its earlier result (the turn is spent, no draw); a tool called 1 +
+    ``max_retries`` times answers ``RETRY_LIMIT_EXCEEDED``. With strict dependencies (the default) a call
+    with an unmet dependency fails with ``DEPENDENCY_ERROR`` without a draw. Terminated on the completion
+    signal, after 5 consecutive failed calls or 3 failures of the same tool in a row. After the last
+    turn only the completion signal is accepted: any other message ends the episode as truncated. At the
+    end ``info["level"]`` and ``info["evaluation"]`` are set.
+
+    ``info`` always holds: ``task_id``, ``task_type``, ``prompt`` (variant), ``flaw_type``,
+    ``injection`` (what the flaw changed, or None), ``turn`` (turns used), ``turns_left``, ``trace``
+    (calls as dicts), ``level`` and ``evaluation`` (None until the end), ``end_reason`` and ``parsed``
+    (what was understood in the last message).
+
+    ## Arguments
+
+    ```python
+    import gymnasium as gym
+    import resilibench
+
+    env = gym.make("ResiliBenchText-v0", split="test", prompt="optimal")
+    prompt, info = env.reset(seed=0)
+    feedback, reward, terminated, truncated, info = env.step("<tool_search>read a file</tool_search>")
+    ```
+
+    * ``split``: "test" (default), "train", "validation" or None; ``task_types``: a type or list of
+      types; ``tasks``: explicit ``Task`` objects instead of the shipped library.
+    * ``prompt``: "baseline" (default), "cot", "optimal" or "flawed"; ``flaw_type`` and ``severity``
+      for flawed prompts; ``plan_style``: how a plan is written ("numbered" by default).
+    * ``config``: a ``WorldConfig``. ``strict_dependencies`` (default True, the text protocol's rule)
+      overrides its rule; pass None to keep the config's. ``turn_limit`` (default: the config's, 10)
+      overrides it when given.
+    * ``max_length``: the length limit of both Text spaces (default 16384 characters).
+    * ``search_k`` (default 5) and ``search`` ("auto", "semantic", "lexical"): tool search settings;
+      ``matcher`` (same choices): how flaw injection finds similar tools (pin it to reproduce flaws on
+      any install; "auto" uses embeddings when the embed extra is installed).
+    * ``registry``: a ``ToolRegistry`` (default: the shared one); ``render_mode``: "ansi" or "human".
+
+    ``reset(options=...)`` accepts ``task_id``, ``prompt``, ``flaw_type``, ``severity``, ``plan_style``
+    and ``workflow`` (a ``Workflow`` used as the plan instead of the optimal one) for one episode.
+
+    ## Version History
+
+    * v0: initial release (rules of SPEC 2/2b; any change to them bumps the version).
+    """
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 1}
+
+    def __init__(
+        self,
+        split: str | None = "test",
+        task_types: Sequence[str] | str | None = None,
+        tasks: Sequence[Task] | None = None,
+        prompt: str = "baseline",
+        flaw_type: str | None = None,
+        severity: float = 0.5,
+        plan_style: str = "numbered",
+        config: WorldConfig | None = None,
+        strict_dependencies: bool | None = True,
+        turn_limit: int | None = None,
+        registry: ToolRegistry | None = None,
+        render_mode: str | None = None,
+        max_length: int = 16384,
+        search_k: int = 5,
+        search: str = "auto",
+        matcher: str = "auto",
+    ):
+        if split is not None and split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        if not isinstance(max_length, int) or max_length < 256:
+            raise ValueError(f"max_length must be an integer >= 256, got {max_length!r}")
+        if not isinstance(search_k, int) or search_k < 1:
+            raise ValueError(f"search_k must be an integer >= 1, got {search_k!r}")
+        if search not in SEARCH_METHODS:
+            raise ValueError(f"search must be one of {SEARCH_METHODS}, got {search!r}")
+        if matcher not in SEARCH_METHODS:
+            raise ValueError(f"matcher must be one of {SEARCH_METHODS}, got {matcher!r}")
+        self.config = make_world_config(config, turn_limit, strict_dependencies, None)
+        self.registry = registry or default_registry()
+        self.tasks = select_tasks(tasks, split, task_types)
+        self.prompt_defaults = {"prompt": prompt, "flaw_type": flaw_type, "severity": severity,
+                                "plan_style": plan_style, "workflow": None}
+        self.render_mode = render_mode
+        self.max_length = max_length
+        self.search_k, self.search, self.matcher = search_k, search, matcher
+        self.action_space = spaces.Text(max_length, min_length=0, charset=CHARSET)
+        self.observation_space = spaces.Text(max_length, min_length=0, charset=CHARSET)
+        self.episode: Episode | None = None
+        self.task: Task | None = None
+        self.prompt = None  # the Prompt of the episode (text, variant, plan, injection, plan_style)
+        self.messages: list[dict[str, str]] = []
+        self._parsed: ParsedMessage | None = None
+        self._injection: dict[str, Any] | None = None  # the prompt's flaw injection as a dict
+        # The running full-success rate read by the training profile, kept as ResiliBench-v0 keeps it.
+        self._success_tracker = ShapedRewarder(self.config.reward)
+
+    # --- Gymnasium API -------------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        settings = dict(self.prompt_defaults)
+        task_id = None
+        if options:
+            unknown = sorted(set(options) - set(RESET_OPTIONS))
+            if unknown:
+                raise ValueError(f"unknown reset option(s) {unknown}; accepted: {list(RESET_OPTIONS)}")
+            options = dict(options)
+            task_id = options.pop("task_id", None)
+            settings.update(options)
+        super().reset(seed=seed)
+        if task_id is not None:
+            task = self._task_by_id(task_id)
+        else:
+            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        seed_of_episode = episode_seed(self.np_random)
+        from resilibench.policies.prompts import build_prompt
+
+        prompt = build_prompt(
+            task, settings["prompt"], flaw_type=settings["flaw_type"], severity=settings["severity"],
+            seed=flaw_seed(seed_of_episode), plan_style=settings["plan_style"], workflow=settings["workflow"],
+            config=self.config, registry=self.registry, matcher=self.matcher,
+        )
+        self.task, self.prompt = task, prompt
+        self._injection = None if prompt.injection is None else prompt.injection.to_dict()
+        self.episode = Episode.start(task, seed_of_episode, self.config, self.registry,
+                                     success_rate=self._success_tracker.success_rate)
+        self._parsed = None
+        observation = self._fit(prompt.text)
+        self.messages = [{"role": "user", "content": observation}]
+        if self.render_mode == "human":
+            print(_blocks(self.messages))
+        return observation, self._info()
+
+    def step(self, action):
+        episode = self.episode
+        if episode is None:
+            raise RuntimeError("call reset() before step()")
+        if episode.done:
+            raise RuntimeError("episode has ended; call reset()")
+        if not isinstance(action, str):
+            raise ValueError(f"action must be a string (an assistant message), got {type(action).__name__}")
+        parsed = self._parsed = parse_message(action, self.config.evaluator)
+        truncated = False
+        if episode.turns_left == 0:
+            parts = ["No turns left: the tool call was not executed."] if parsed.calls else []
+            if parsed.completes:
+                episode.finish()
+            else:
+                episode.end_out_of_turns()
+                truncated = True
+                parts.append("No turns left and no completion signal.")
+        elif parsed.completes and not parsed.has_tags:
+            episode.finish()  # the completion signal alone costs no turn, as FINISH in ResiliBench-v0
+            parts = []
+        else:
+            parts = self._play(parsed)
+            if parsed.completes and not episode.done:
+                episode.finish()
+            elif not episode.done and episode.turns_left == 0:
+                parts.append("No turns left: reply \"task completed\" to finish, or the episode ends unfinished.")
+        if episode.done:
+            parts.append(end_text(episode))
+        observation = self._fit("\n\n".join(parts))
+        self.messages += [{"role": "assistant", "content": action}, {"role": "user", "content": observation}]
+        evaluation = episode.evaluation
+        full = evaluation is not None and evaluation.level == "full_success"
+        if evaluation is not None:
+            self._success_tracker.recent.append(full)
+        if self.render_mode == "human":
+            print(_blocks(self.messages[-2:]))
+        return observation, 1.0 if full else 0.0, episode.done and not truncated, truncated, self._info()
+
+    def render(self):
+        if self.render_mode == "ansi":
+            return self.render_text()
+        if self.render_mode == "human":
+            print(self.render_text())
+        return None
+
+    # --- helpers -------------------------------------------------------------------------------------
+
+    def render_text(self) -> str:
+        """The conversation so far, one block per message."""
+        if self.episode is None:
+            return "(not reset)"
+        return _blocks(self.messages)
+
+    def _play(self, parsed: ParsedMessage) -> list[str]:
+        """Answer a message's searches and info requests, run its first tool call (or spend the turn
+        when it has none) and return the feedback parts."""
+        episode, parts = self.episode, []
+        for query in parsed.searches:
+            try:
+                hits = search_tools(query, self.search_k, self.registry, self.search)
+                parts.append(search_text(query, hits, self.registry))
+            except ValueError:
+                parts.append("Empty tool search: write <tool_search>what you need</tool_search>.")
+        for name in parsed.infos:
+            try:
+                parts.append(describe_text(describe_tool(name, self.registry)))
+            except UnknownToolError as exc:
+                parts.append(f"Tool info: {exc}")
+        if not parsed.calls:
+            episode.spend_turn()
+            if not parsed.has_tags:
+                parts.append(REMINDER)
+            parts.append(progress_text(episode))
+            return parts
+        call = parsed.calls[0]
+        try:
+            result = call_tool(episode, call.name, call.arguments, call.problem) if call.name else None
+        except UnknownToolError as exc:
+            result, problem = None, f"Tool call not executed: {exc}"
+        else:
+            problem = None if result is not None else f"Tool call not executed: {call.problem}"
+        if result is None:
+            episode.spend_turn()
+            parts += [problem, progress_text(episode)]
+        else:
+            parts.append(feedback_text(result, episode))
+        if len(parsed.calls) > 1:
+            skipped = ", ".join(c.name or "(no name)" for c in parsed.calls[1:])
+            parts.append(f"Only one tool call per turn: not executed: {skipped}.")
+        return parts
+
+    def _fit(self, text: str) -> str:
+        """``text`` within the observation space: at most ``max_length`` characters of the charset."""
+        if not CHARSET.issuperset(text):
+            text = "".join(c if c in CHARSET else "?" for c in text)
+        if len(text) > self.max_length:
+            text = text[: self.max_length - len(TRUNCATION_MARK)] + TRUNCATION_MARK
+        return text
+
+    def _task_by_id(self, task_id: str) -> Task:
+        for task in self.tasks:
+            if task.instance_id == task_id:
+                return task
+        return get_task(task_id)
+
+    def _info(self) -> dict[str, Any]:
+        episode, prompt = self.episode, self.prompt
+        evaluation = episode.evaluation
+        return {
+            "task_id": self.task.instance_id,
+            "task_type": self.task.task_type,
+            "prompt": prompt.variant,
+            "flaw_type": getattr(prompt.injection, "flaw_type", None),
+            "injection": self._injection,
+            "turn": episode.turns_used,
+            "turns_left": episode.turns_left,
+            "trace": [r.to_dict() for r in episode.trace],
+            "level": evaluation.level if evaluation is not None else None,
+            "evaluation": evaluation.to_dict() if evaluation is not None else None,
+            "end_reason": episode.end_reason,
+            "parsed": self._parsed.to_dict() if self._parsed is not None else None,
+        }
+
+
+def _blocks(messages: list[dict[str, str]]) -> str:
+    """Chat messages as text, one block per message."""
+    return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)

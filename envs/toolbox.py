@@ -1,0 +1,401 @@
+"""What an agent can do with the 30 tools through text: search them, read one's schema, call one.
+
+Shared by the text env (``ResiliBenchText-v0``) and the MCP server so both answer the same way. Calls go
+through ``call_tool``, which checks arguments with the tool's own schema (``Tool.check_arguments``) and
+plays the call on the shared ``Episode``; no rule of the world lives here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import zlib
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from typing import Any
+
+import numpy as np
+
+from resilibench.envs.config import EvaluatorConfig
+from resilibench.envs.evaluator import signals_completion
+from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, Tool, ToolRegistry, default_registry
+from resilibench.envs.simulator import RETRY_LIMIT_ERROR, CallRecord, Episode
+from resilibench.envs.tasks import LexicalMatcher, load_embedding_model, tool_text
+
+SEARCH_METHODS = ("auto", "semantic", "lexical")
+
+# Descriptions of the error codes that are not in any tool's error list.
+EXTRA_ERRORS = {
+    DEPENDENCY_ERROR: "Required dependencies have not succeeded yet",
+    RETRY_LIMIT_ERROR: "Call limit for this tool reached",
+}
+
+
+class UnknownToolError(KeyError):
+    """A tool name that is neither a tool nor an alias; the message lists close matches."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+# --- search -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolHit:
+    """One search result: a tool name and its similarity to the query."""
+
+    name: str
+    score: float
+
+
+@cache
+def _tool_texts(registry: ToolRegistry) -> tuple[str, ...]:
+    return tuple(tool_text(t) for t in registry.tools)
+
+
+@cache
+def _tool_embeddings(registry: ToolRegistry) -> np.ndarray:
+    """Unit-norm embeddings of every tool's text, computed once per registry."""
+    model = load_embedding_model()
+    return model.encode(list(_tool_texts(registry)), normalize_embeddings=True, convert_to_numpy=True)
+
+
+@cache
+def _embedding_available() -> bool:
+    try:
+        load_embedding_model()
+    except ImportError:
+        return False
+    return True
+
+
+def search_method(method: str = "auto") -> str:
+    """The method ``search_tools`` uses for ``method``: 'semantic' or 'lexical' ('auto' picks semantic
+    when the embed extra is installed)."""
+    if method not in SEARCH_METHODS:
+        raise ValueError(f"method must be one of {SEARCH_METHODS}, got {method!r}")
+    if method == "auto":
+        return "semantic" if _embedding_available() else "lexical"
+    return method
+
+
+def search_tools(query: str, k: int = 5, registry: ToolRegistry | None = None,
+                 method: str = "auto") -> list[ToolHit]:
+    """The ``k`` tools whose text is most similar to ``query``, best first (ties by name).
+
+    Semantic search embeds the query with the local MiniLM model (tool embeddings cached); the lexical
+    fallback is the task generator's stemmed-token cosine. Scores are rounded to 4 places."""
+    if not isinstance(query, str) or not query.strip():
+        raise ValueError("query must be a non-empty string")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    ranked = _ranking(query, registry or default_registry(), search_method(method))
+    return [ToolHit(name, -s + 0.0) for s, name in ranked[:k]]
+
+
+@lru_cache(maxsize=4096)
+def _ranking(query: str, registry: ToolRegistry, method: str) -> tuple[tuple[float, str], ...]:
+    """(-score, name) of every tool, best first; cached because agents repeat their queries."""
+    if method == "semantic":
+        q = load_embedding_model().encode([query], normalize_embeddings=True, convert_to_numpy=True)
+        scores = np.asarray(q @ _tool_embeddings(registry).T, dtype=np.float64)[0]
+    else:
+        scores = LexicalMatcher().similarity([query], _tool_texts(registry))[0]
+    return tuple(sorted((-round(float(s), 4), name) for name, s in zip(registry.names, scores, strict=True)))
+
+
+# --- tool information ---------------------------------------------------------------------------------
+
+
+def resolve_tool(name: str, registry: ToolRegistry | None = None) -> int:
+    """The id of a tool by name or alias, forgiving case, surrounding quotes and spaces or hyphens for
+    underscores; ``UnknownToolError`` listing close matches otherwise."""
+    registry = registry or default_registry()
+    if not isinstance(name, str):
+        raise UnknownToolError(f"tool name must be a string, got {type(name).__name__}")
+    key = re.sub(r"[\s\-]+", "_", name.strip().strip("`'\"").strip().lower())
+    if key in registry:
+        return registry.id_of(key)
+    known = list(registry.names) + [a for t in registry.tools for a in t.aliases]
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; search with <tool_search>query</tool_search>"
+    raise UnknownToolError(f"unknown tool {name!r}{hint}")
+
+
+def describe_tool(name: str, registry: ToolRegistry | None = None) -> dict[str, Any]:
+    """A tool's schema as JSON-ready data: name, description, parameters, input schema, returns,
+    errors, dependencies (and category, operation, role, aliases)."""
+    registry = registry or default_registry()
+    tool = registry.tools[resolve_tool(name, registry)]
+    data = tool.to_dict()
+    return {
+        "name": tool.name,
+        "description": tool.description,
+        "category": tool.category,
+        "operation": tool.operation,
+        "role": tool.role,
+        "aliases": list(tool.aliases),
+        "parameters": data["parameters"],
+        "input_schema": data["input_schema"],
+        "returns": [dict(r) for r in tool.returns],
+        "errors": [dict(e) for e in tool.errors],
+        "dependencies": list(tool.dependencies),
+    }
+
+
+def describe_text(info: dict[str, Any], score: float | None = None) -> str:
+    """A tool description (``describe_tool``'s dict) as the text an agent reads."""
+    lines = [info["name"], f"  Category: {info['category']}", f"  Description: {info['description']}"]
+    if score is not None:
+        lines.append(f"  Relevance: {score:.2f}")
+    lines.append("  Parameters:" if info["parameters"] else "  Parameters: none")
+    for p in info["parameters"]:
+        extra = "REQUIRED" if p["required"] else f"OPTIONAL, default={json.dumps(p['default'])}"
+        allowed = f", one of {p['constraints']['enum']}" if "enum" in p["constraints"] else ""
+        lines.append(f"  - {p['name']} ({p['type']}{allowed}): {p['description']} [{extra}]")
+    lines.append("  Returns:")
+    lines += [f"  - {r['name']} ({r['type']}): {r['description']}" for r in info["returns"]]
+    lines.append("  Possible errors:")
+    lines += [f"  - {e['code']}: {e['description']}" for e in info["errors"]]
+    lines.append(f"  Requires: {', '.join(info['dependencies']) or 'nothing'}")
+    return "\n".join(lines)
+
+
+def search_text(query: str, hits: list[ToolHit], registry: ToolRegistry | None = None) -> str:
+    """Search results as the text an agent reads: every hit with its description and relevance."""
+    registry = registry or default_registry()
+    head = f"Tool search results for {query!r}: {', '.join(h.name for h in hits)}"
+    body = [f"{i}. " + describe_text(describe_tool(h.name, registry), h.score) for i, h in enumerate(hits, 1)]
+    return "\n".join([head, *body])
+
+
+# --- parsing assistant messages -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A ``<tool_call>`` as written: the name, the JSON arguments if any, and what was wrong with them."""
+
+    name: str
+    arguments: dict | None
+    problem: str | None
+
+
+@dataclass(frozen=True)
+class ParsedMessage:
+    """Everything understood in one assistant message."""
+
+    searches: tuple[str, ...]
+    infos: tuple[str, ...]
+    calls: tuple[ToolCall, ...]
+    completes: bool
+
+    @property
+    def has_tags(self) -> bool:
+        return bool(self.searches or self.infos or self.calls)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "searches": list(self.searches),
+            "infos": list(self.infos),
+            "calls": [{"name": c.name, "arguments": c.arguments, "problem": c.problem} for c in self.calls],
+            "completes": self.completes,
+        }
+
+
+TAGS = ("tool_search", "tool_info", "tool_call")
+_OPEN = re.compile(r"<\s*(tool_search|tool_info|tool_call)\s*>", re.IGNORECASE)
+_FENCE = re.compile(r"```[A-Za-z0-9_-]*")
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+def _tag_contents(text: str) -> list[tuple[str, str]]:
+    """(tag, content) pairs in order. A tag without its closing tag runs to the next opening tag or the
+    end of the message (generation often stops right before the closing tag)."""
+    opens = list(_OPEN.finditer(text))
+    out = []
+    for i, match in enumerate(opens):
+        tag = match.group(1).lower()
+        end = opens[i + 1].start() if i + 1 < len(opens) else len(text)
+        segment = text[match.end():end]
+        close = re.search(rf"<\s*/\s*{tag}\s*>", segment, re.IGNORECASE)
+        out.append((tag, segment[: close.start()] if close else segment))
+    return out
+
+
+def _clean(content: str) -> str:
+    """Content without code fences and surrounding whitespace or backticks."""
+    return _FENCE.sub("", content).strip().strip("`").strip()
+
+
+def parse_call(content: str) -> ToolCall:
+    """``name``, ``name {json}``, ``name({json})`` or ``{"name": ..., "arguments": {...}}`` -> ToolCall."""
+    content = _clean(content)
+    if content.startswith("{"):
+        try:
+            data = json.loads(content)
+        except json.JSONDecodeError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            arguments = data.get("arguments", data.get("parameters"))
+            if arguments is None or isinstance(arguments, dict):
+                return ToolCall(data["name"].strip(), arguments, None)
+            return ToolCall(data["name"].strip(), None,
+                            f"arguments must be a JSON object, got {type(arguments).__name__}")
+    match = _NAME.match(content)
+    if not match:
+        return ToolCall("", None, "no tool name: write <tool_call>tool_name {\"argument\": value}</tool_call>")
+    name, rest = match.group(0), content[match.end():].strip()
+    if rest.startswith("(") and rest.endswith(")"):
+        rest = rest[1:-1].strip()
+    rest = _clean(rest)
+    if not rest:
+        return ToolCall(name, None, None)
+    try:
+        arguments = json.loads(rest)
+    except json.JSONDecodeError as exc:
+        return ToolCall(name, None, f"malformed JSON arguments ({exc.msg} at position {exc.pos})")
+    if not isinstance(arguments, dict):
+        return ToolCall(name, None, f"arguments must be a JSON object, got {type(arguments).__name__}")
+    return ToolCall(name, arguments, None)
+
+
+def parse_message(text: str, config: EvaluatorConfig | None = None) -> ParsedMessage:
+    """Parse an assistant message: its searches, info requests, tool calls (in order) and whether it
+    signals completion (``signals_completion`` with the phrases of ``config``)."""
+    if not isinstance(text, str):
+        raise TypeError(f"message must be a string, got {type(text).__name__}")
+    searches: list[str] = []
+    infos: list[str] = []
+    calls: list[ToolCall] = []
+    for tag, content in _tag_contents(text):
+        if tag == "tool_search":
+            searches.append(_clean(content))
+        elif tag == "tool_info":
+            infos.append(_clean(content))
+        else:
+            calls.append(parse_call(content))
+    return ParsedMessage(tuple(searches), tuple(infos), tuple(calls), signals_completion(text, config))
+
+
+# --- calling a tool -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """A played call: the episode's record, the argument problem (if the call was rejected for its
+    arguments) and the payload an agent sees."""
+
+    record: CallRecord
+    message: str | None
+    output: dict[str, Any]
+
+
+def _digest(*parts: str) -> int:
+    return zlib.crc32(":".join(parts).encode())
+
+
+def _simulated_value(spec: dict[str, str], tool: Tool, episode: Episode) -> Any:
+    """A deterministic value for one return field of a successful call (a function of task and tool
+    only, so a replayed call returns the same result)."""
+    task = episode.task
+    digest = _digest(task.instance_id, tool.name, spec["name"])
+    source = task.inputs.get("source", "input")
+    fmt = task.inputs.get("output_format", task.expected_outputs.get("metadata", {}).get("output_format", "json"))
+    if spec["type"] == "boolean":
+        return True
+    if spec["type"] == "number":
+        return round(1 + digest % 100_000 / 100, 2)
+    if spec["type"] == "string":
+        if spec["name"] == "destination":
+            return f"output/{task.instance_id}.{fmt}"
+        if spec["name"] == "route":
+            return f"route-{digest % 16}"
+        return f"{spec['name'].removesuffix('_id')}_{digest:08x}"
+    return {"source": source, "records": 10 + digest % 990, "format": fmt, "content": spec["description"]}
+
+
+def _error_description(tool: Tool, code: str) -> str:
+    for error in tool.errors:
+        if error["code"] == code:
+            return error["description"]
+    return EXTRA_ERRORS.get(code, code)
+
+
+def call_output(episode: Episode, result_record: CallRecord, message: str | None = None) -> dict[str, Any]:
+    """The payload of a played call: the simulated result (shaped by the tool's ``returns``) or the
+    error, unmet dependencies, progress and turns left."""
+    tool = episode.registry[result_record.tool]
+    if result_record.success:
+        output: dict[str, Any] = {r["name"]: _simulated_value(r, tool, episode) for r in tool.returns
+                                  if r["name"] not in ("success", "metadata")}
+        output = {"success": True, **output, "metadata": {
+            "tool": tool.name, "category": tool.category, "operation": tool.operation,
+            "version": tool.metadata["version"], "replayed": result_record.replayed}}
+    else:
+        code = result_record.error_code
+        description = message if message is not None else _error_description(tool, code)
+        output = {"success": False, "error": {"code": code, "description": description}}
+    done = sum(episode.succeeded[t] for t in episode.required)
+    output["unmet_dependencies"] = list(result_record.unmet_dependencies)
+    output["progress"] = {"required_done": done, "required_total": len(episode.required)}
+    output["turns_left"] = episode.turns_left
+    output["episode_end"] = episode.end_reason
+    return output
+
+
+def call_tool(episode: Episode, name: str, arguments: dict | None = None,
+              problem: str | None = None) -> CallResult:
+    """Call a tool by name on ``episode`` (the one way a front end calls a tool).
+
+    An unknown name raises ``UnknownToolError`` before anything happens (no turn is spent). Given
+    ``arguments`` are checked with the tool's schema; a failed check, or a ``problem`` the caller
+    already found (malformed JSON), makes the call an INVALID_INPUT failure without a draw whose
+    message names the argument. Without arguments the call is played as is."""
+    tool_id = resolve_tool(name, episode.registry)
+    if problem is None and arguments is not None:
+        problem = episode.registry.tools[tool_id].check_arguments(arguments)
+    record = episode.call(tool_id, invalid_input=problem is not None)
+    message = problem if record.error_code == INVALID_INPUT and problem is not None else None
+    return CallResult(record, message, call_output(episode, record, message))
+
+
+def progress_text(episode: Episode) -> str:
+    """'k/n required tools done; t turns left'."""
+    done = sum(episode.succeeded[t] for t in episode.required)
+    return f"Progress: {done}/{len(episode.required)} required tools done; {episode.turns_left} turns left."
+
+
+def feedback_text(result: CallResult, episode: Episode) -> str:
+    """The feedback an agent reads after a call: result or error (code and description), dependency
+    problems, progress and turns left, and the end of the episode if it ended."""
+    record, output = result.record, result.output
+    if record.success:
+        payload = {k: v for k, v in output.items() if k not in ("unmet_dependencies", "progress", "turns_left",
+                                                                 "episode_end")}
+        again = " (already succeeded earlier; returning the earlier result)" if record.replayed else ""
+        lines = [f"{record.tool} executed successfully{again}.",
+                 "Output: " + json.dumps(payload, sort_keys=True)]
+    else:
+        error = output["error"]
+        lines = [f"{record.tool} failed.", f"Error: {error['code']}: {error['description']}"]
+        if record.error_code == RETRY_LIMIT_ERROR:
+            lines.append(f"This tool may be called at most {episode.max_calls} times in this task.")
+    if record.unmet_dependencies:
+        lines.append("Dependency problems:")
+        for dep in record.unmet_dependencies:
+            state = "failed so far" if episode.calls[episode.registry.id_of(dep)] else "not executed yet"
+            lines.append(f"- {dep} must succeed first ({state})")
+        lines.append("Recommendation: execute the required dependencies first, then retry this tool.")
+    lines.append(progress_text(episode))
+    if episode.done:
+        lines.append(end_text(episode))
+    return "\n".join(lines)
+
+
+def end_text(episode: Episode) -> str:
+    """One line on how the episode ended and its level."""
+    level = episode.evaluation.level if episode.evaluation is not None else "unknown"
+    return f"Episode ended ({episode.end_reason.replace('_', ' ')}); result: {level}."

@@ -1,0 +1,296 @@
+"""LLM backends: a tiny local transformers model, an OpenAI-compatible server started here, vLLM on GPU."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401 (fixture)
+
+from resilibench.agents.backends import (
+    BackendError,
+    OpenAIBackend,
+    TransformersBackend,
+    VLLMBackend,
+    make_backend,
+    parse_spec,
+    truncate_at_stop,
+)
+from resilibench.agents.base import GenerationConfig
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Read the file and parse it."}],
+    [{"role": "system", "content": "You call tools."}, {"role": "user", "content": "validate " * 12}],
+    [{"role": "user", "content": "Search tools"}, {"role": "assistant", "content": "<tool_search>x</tool_search>"},
+     {"role": "user", "content": "Tool search results: network_fetcher"}],
+    [{"role": "user", "content": "task completed?"}],
+]
+GREEDY = GenerationConfig(max_new_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return build_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_path):
+    return TransformersBackend(tiny_path, batch_size=3)
+
+
+# --- the tiny model helper ----------------------------------------------------------------------------
+
+
+def test_tiny_lm_tokenizer_encodes_anything_and_masks_assistant_turns(tiny_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    assert (tokenizer.padding_side, tokenizer.pad_token, tokenizer.eos_token) == ("left", "<|pad|>", "<|end|>")
+    text = 'Ünïcode ✓ <tool_call>file_operations_reader {"source": "a.csv"}</tool_call>'
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.convert_tokens_to_ids("<tool_call>") in ids  # protocol tags are single tokens
+    conversation = [{"role": "user", "content": "read the file"},
+                    {"role": "assistant", "content": "<tool_call>file_operations_reader</tool_call>"}]
+    out = tokenizer.apply_chat_template(conversation, tokenize=True, return_dict=True,
+                                        return_assistant_tokens_mask=True)
+    kept = [i for i, m in zip(out["input_ids"], out["assistant_masks"], strict=True) if m]
+    assert tokenizer.decode(kept) == "<tool_call>file_operations_reader</tool_call><|end|>"
+
+
+# --- transformers -------------------------------------------------------------------------------------
+
+
+def test_greedy_batches_equal_single_generation(hf):
+    batched = hf.generate(CONVERSATIONS, GREEDY)  # batch_size 3: one padded batch of 3, then one of 1
+    single = [hf.generate([c], GREEDY)[0] for c in CONVERSATIONS]
+    assert batched == single
+    assert len(set(batched)) > 1, "outputs should depend on the conversation"
+    assert all(isinstance(text, str) and text for text in batched)
+    assert hf.generate(CONVERSATIONS, GREEDY) == batched  # deterministic
+
+
+def test_sampling_is_seeded_and_leaves_global_rng_alone(hf):
+    sampled = GenerationConfig(max_new_tokens=16, temperature=1.0, seed=7)
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    a = hf.generate(CONVERSATIONS, sampled)
+    after = torch.rand(1)
+    assert torch.equal(before, after), "seeded sampling must not move the global torch generator"
+    assert hf.generate(CONVERSATIONS, sampled) == a
+    assert hf.generate(CONVERSATIONS, GenerationConfig(max_new_tokens=16, temperature=1.0, seed=8)) != a
+    assert a != hf.generate(CONVERSATIONS, GREEDY)
+
+
+def test_stop_strings_end_and_are_cut(hf):
+    full = hf.generate(CONVERSATIONS[:1], GenerationConfig(max_new_tokens=24))[0]
+    stop = full[4:6]
+    assert stop.strip(), "the tiny model's output should have text to stop at"
+    stopped = hf.generate(CONVERSATIONS[:1], GenerationConfig(max_new_tokens=24, stop=(stop,)))[0]
+    assert stopped == full[: full.find(stop)]
+
+
+def test_transformers_backend_rejects_bad_input(tiny_path, hf):
+    with pytest.raises(FileNotFoundError, match="model_path"):
+        TransformersBackend(tiny_path / "missing")
+    with pytest.raises(ValueError, match="dtype"):
+        TransformersBackend(tiny_path, dtype="float99")
+    with pytest.raises(ValueError, match="conversation 0"):
+        hf.generate([[{"role": "robot", "content": "hi"}]], GREEDY)
+    with pytest.raises(ValueError, match="empty"):
+        hf.generate([[]], GREEDY)
+
+
+def test_truncate_at_stop():
+    assert truncate_at_stop("abc</tool_call>rest", ["</tool_call>"]) == "abc"
+    assert truncate_at_stop("a;b.c", [".", ";"]) == "a"
+    assert truncate_at_stop("abc", []) == "abc"
+
+
+# --- specs --------------------------------------------------------------------------------------------
+
+
+def test_specs(tiny_path):
+    assert parse_spec("openai:http://127.0.0.1:8000/v1?model=m&timeout=5") == (
+        "openai", "http://127.0.0.1:8000/v1", {"model": "m", "timeout": 5})
+    backend = make_backend(f"hf:{tiny_path}?name=tiny&dtype=float32", batch_size=5)
+    assert (backend.name, backend.batch_size) == ("tiny", 5)
+    assert make_backend(f"hf:{tiny_path}?batch_size=2", batch_size=5).batch_size == 2
+    openai = make_backend("openai:http://127.0.0.1:9/v1?model=qwen&max_concurrency=3")
+    assert (openai.name, openai.max_concurrency, openai.url) == ("qwen", 3, "http://127.0.0.1:9/v1/chat/completions")
+    for bad, message in [("gpt4", "backend spec must be"), ("hf:", "backend spec must be"),
+                         ("openai:http://x/v1", "model=NAME"), (f"hf:{tiny_path}?colour=red", "unknown option"),
+                         ("openai:http://x/v1?model=m&api_key=k", "OPENAI_API_KEY"),
+                         ("openai:ftp://x?model=m", "http")]:
+        with pytest.raises(ValueError, match=message):
+            make_backend(bad)
+
+
+# --- OpenAI-compatible HTTP ---------------------------------------------------------------------------
+
+
+class ChatServer:
+    """A local /v1/chat/completions server; ``answer(body) -> (status, payload)`` decides each reply."""
+
+    def __init__(self, answer):
+        self.requests: list[dict] = []
+        self.headers: list[dict] = []
+        self.active = self.max_active = 0
+        lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server API)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with lock:
+                    server.requests.append(body)
+                    server.headers.append(dict(self.headers))
+                    server.active += 1
+                    server.max_active = max(server.max_active, server.active)
+                try:
+                    if self.path != "/v1/chat/completions":
+                        status, payload = 404, {"error": {"message": f"no route {self.path}"}}
+                    else:
+                        status, payload = answer(body)
+                finally:
+                    with lock:
+                        server.active -= 1
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                if status == 429:
+                    self.send_header("Retry-After", "0")
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def completion(text: str) -> dict:
+    return {"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                                      "finish_reason": "stop"}]}
+
+
+def test_openai_backend_matches_the_model_behind_the_server(hf):
+    """The server answers with the tiny model; the client's batch equals calling the model directly."""
+    model_lock = threading.Lock()
+
+    def answer(body):
+        time.sleep(0.05)  # let requests overlap
+        config = GenerationConfig(max_new_tokens=body["max_tokens"], temperature=body["temperature"])
+        with model_lock:
+            text = hf.generate([body["messages"]], config)[0]
+        return 200, completion(text)
+
+    with ChatServer(answer) as server:
+        client = OpenAIBackend(server.url, "tiny", api_key="secret", max_concurrency=4)
+        got = client.generate(CONVERSATIONS, GREEDY)
+    assert got == [hf.generate([c], GREEDY)[0] for c in CONVERSATIONS]
+    assert server.max_active > 1, "a batch should be sent as concurrent requests"
+    assert server.max_active <= 4
+    assert {r["model"] for r in server.requests} == {"tiny"}
+    assert all(h["Authorization"] == "Bearer secret" for h in server.headers)
+    assert sorted(json.dumps(r["messages"]) for r in server.requests) == sorted(json.dumps(c) for c in CONVERSATIONS)
+
+
+def test_openai_backend_retries_server_errors_and_rate_limits():
+    attempts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def answer(body):
+        key = body["messages"][-1]["content"]
+        with lock:
+            attempts[key] = attempts.get(key, 0) + 1
+            n = attempts[key]
+        if n == 1:
+            return 500, {"error": {"message": "overloaded"}}
+        if n == 2 and key.startswith("b"):
+            return 429, {"error": {"message": "slow down"}}
+        return 200, completion(f"<tool_call>{key}</tool_call> and more")
+
+    config = GenerationConfig(max_new_tokens=8, temperature=0.5, seed=3, stop=(" and",))
+    with ChatServer(answer) as server:
+        client = OpenAIBackend(server.url, "m", backoff=0.01)
+        got = client.generate([[{"role": "user", "content": c}] for c in ("a1", "b2", "a3")], config)
+    assert got == ["<tool_call>a1</tool_call>", "<tool_call>b2</tool_call>", "<tool_call>a3</tool_call>"]
+    assert attempts == {"a1": 2, "b2": 3, "a3": 2}
+    body = server.requests[0]
+    assert (body["max_tokens"], body["temperature"], body["top_p"], body["seed"], body["stop"]) == (
+        8, 0.5, 1.0, 3, [" and"])
+
+
+@pytest.mark.parametrize("status, payload, options, message", [
+    (400, {"error": {"message": "bad model name"}}, {}, "HTTP 400.*bad model name"),
+    (503, {"error": {"message": "down"}}, {"max_retries": 2}, "no answer after 3 attempts; last: HTTP 503.*down"),
+    (200, {"unexpected": True}, {}, "not a chat completion"),
+])
+def test_openai_backend_errors_are_clear(status, payload, options, message):
+    with ChatServer(lambda body: (status, payload)) as server, pytest.raises(BackendError, match=message):
+        OpenAIBackend(server.url, "m", backoff=0.001, **options).generate(CONVERSATIONS[:1], GREEDY)
+
+
+def test_openai_backend_without_a_server():
+    with ChatServer(lambda body: (200, completion("x"))) as server:
+        url = server.url
+    with pytest.raises(BackendError, match="no answer after 2 attempts"):  # nothing listens any more
+        OpenAIBackend(url, "m", max_retries=1, backoff=0.001, timeout=2).generate(CONVERSATIONS[:1], GREEDY)
+
+
+# --- vLLM ---------------------------------------------------------------------------------------------
+
+
+def _vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def test_vllm_backend_names_its_extra_when_missing(tiny_path):
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match=r"resilibench\[vllm\]"):
+            VLLMBackend(tiny_path)
+    else:
+        pytest.skip("vllm is installed")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _vllm_available(), reason="needs vllm and a CUDA GPU")
+def test_vllm_backend_batches_greedy_generation(tmp_path):
+    # Attention kernels want a common head size: 256 / 4 heads = 64.
+    path = build_tiny_lm(tmp_path / "tiny_vllm", hidden_size=256, num_heads=4)
+    backend = VLLMBackend(path, gpu_memory_utilization=0.2, max_model_len=2048, enforce_eager=True,
+                          dtype="float32")
+    got = backend.generate(CONVERSATIONS, GREEDY)
+    assert len(got) == len(CONVERSATIONS) and all(isinstance(t, str) for t in got)
+    assert len(set(got)) > 1
+    assert backend.generate(CONVERSATIONS, GREEDY) == got  # greedy: the same batch, the same answers
+    full = got[0]
+    stop = full[2:4]
+    if stop.strip():
+        stopped = backend.generate(CONVERSATIONS[:1], GenerationConfig(max_new_tokens=16, stop=(stop,)))[0]
+        assert stopped == full[: full.find(stop)]

@@ -1,0 +1,128 @@
+"""Workflow prompts: arguments that pass the schema, plans that render and parse back, the four variants."""
+
+import re
+
+import pytest
+
+from resilibench.envs.config import WorldConfig
+from resilibench.envs.registry import default_registry
+from resilibench.envs.tasks import TASK_TYPE_NAMES, load_tasks
+from resilibench.metrics.workflow import Node, Workflow
+from resilibench.policies.bounds import reference_workflow
+from resilibench.policies.flaws import FLAW_TYPES
+from resilibench.policies.plan_follower import workflow_success
+from resilibench.policies.prompts import (
+    PLAN_HEADING,
+    PLAN_STYLES,
+    PROMPT_VARIANTS,
+    build_prompt,
+    parse_plan,
+    render_plan,
+    with_arguments,
+)
+
+REGISTRY = default_registry()
+BY_SIGNATURE = {}
+for _task in load_tasks(split=None):
+    BY_SIGNATURE.setdefault(_task.required_tools, _task)
+TASKS = [next(t for t in BY_SIGNATURE.values() if t.task_type == ty) for ty in TASK_TYPE_NAMES]
+TASK = TASKS[2]
+
+
+def sorted_edges(workflow):
+    return Workflow(workflow.nodes, tuple(sorted(workflow.edges)))
+
+
+def test_with_arguments_makes_plans_pass_the_schema():
+    every_tool = Workflow(tuple(Node(name) for name in REGISTRY.names))
+    for task in TASKS:
+        for node in with_arguments(task, every_tool).nodes:
+            tool = REGISTRY[node.tool]
+            assert tool.check_arguments(node.arguments) is None
+            assert {p.name for p in tool.parameters if p.required} <= set(node.arguments)
+            for name in ("source", "input_format", "options"):  # the task's own values where they fit
+                if name in node.arguments and name in task.inputs:
+                    assert node.arguments[name] == task.inputs[name]
+        reference = reference_workflow(task)
+        plan = with_arguments(task, reference)
+        assert plan.tools == reference.tools and plan.edges == reference.edges
+        assert all(REGISTRY[n.tool].check_arguments(n.arguments) is None for n in plan.nodes)
+    kept = Workflow((Node.make("file_operations_reader", arguments={"source": 7}),))
+    assert with_arguments(TASK, kept).nodes[0].arguments["source"] == 7  # given arguments are never rewritten
+
+
+@pytest.mark.parametrize("style", PLAN_STYLES)
+def test_plans_render_and_parse_back(style):
+    plan = with_arguments(TASK, reference_workflow(TASK))
+    odd = Workflow((Node(text="check the inputs by hand"), Node.make("network_fetcher", "get it", {"source": "u"}),
+                    Node("utility_logger")), ((0, 2), (1, 2)))
+    for workflow in (plan, reference_workflow(TASK), odd, Workflow(())):
+        text = render_plan(workflow, style, task=TASK, matcher="lexical")
+        assert parse_plan(text) == sorted_edges(workflow)
+    with pytest.raises(ValueError, match="numbered"):
+        render_plan(plan, "yaml")
+
+
+def test_mcp_task_form_carries_reasons_dependencies_alternatives_and_the_exact_probability():
+    plan = with_arguments(TASK, reference_workflow(TASK))
+    text = render_plan(plan, "mcp_task", task=TASK, matcher="lexical")
+    for tag in ("mcp_task", "workflow_intelligence", "execution_plan", "failure_handling", "execution_tracking"):
+        assert f"<{tag}>" in text and f"</{tag}>" in text
+    probability = float(re.search(r"Predicted success probability: ([\d.]+)", text).group(1))
+    assert probability == pytest.approx(workflow_success(TASK, plan), abs=5e-5)
+    assert text.count("   - Reason: ") == text.count("   - Alternatives: ") == len(plan.nodes)
+    for i, tool in enumerate(plan.tools):
+        block = text.split(f"\n{i + 1}. Execute {tool}\n", 1)[1].split("\n", 8)[:8]
+        alternatives = next(x for x in block if "Alternatives:" in x).split(": ", 1)[1].split(", ")
+        assert tool not in alternatives and not set(alternatives) & set(plan.tools)
+        if tool in TASK.required_tools:
+            assert "a tool the task requires" in next(x for x in block if "Reason:" in x)
+
+
+@pytest.mark.parametrize("style", PLAN_STYLES)
+def test_the_four_variants(style):
+    kwargs = {"plan_style": style, "matcher": "lexical"}
+    baseline = build_prompt(TASK, "baseline", **kwargs)
+    cot = build_prompt(TASK, "cot", **kwargs)
+    optimal = build_prompt(TASK, "optimal", **kwargs)
+    flawed = build_prompt(TASK, "flawed", flaw_type="order", seed=1, **kwargs)
+    for prompt in (baseline, cot, optimal, flawed):
+        for needle in ("<tool_search>", "<tool_info>", "<tool_call>", '"task completed"', "10 turns",
+                       TASK.description, "one tool call per message"):
+            assert needle in prompt.text
+    assert baseline.plan is None and baseline.injection is None and PLAN_HEADING not in baseline.text
+    assert "<mcp_task>" not in baseline.text and "Reasoning:" in cot.text and "Reasoning:" not in baseline.text
+    assert optimal.plan == with_arguments(TASK, reference_workflow(TASK))
+    assert parse_plan(optimal.text) == sorted_edges(optimal.plan)
+    assert flawed.injection.original == optimal.plan and flawed.plan == flawed.injection.workflow
+    assert parse_plan(flawed.text) == sorted_edges(flawed.plan) != sorted_edges(optimal.plan)
+    assert "flaw" not in flawed.text.lower()
+    if style == "mcp_task":  # the flawed plan claims the optimal plan's success probability
+        claim = re.compile(r"Predicted success probability: [\d.]+")
+        assert claim.search(flawed.text).group(0) == claim.search(optimal.text).group(0)
+    assert build_prompt(TASK, "flawed", flaw_type="order", seed=1, **kwargs) == flawed
+
+
+def test_every_flaw_type_builds_a_prompt_and_a_caller_plan_is_used():
+    for flaw in FLAW_TYPES:
+        prompt = build_prompt(TASK, "flawed", flaw_type=flaw, matcher="lexical")
+        assert prompt.injection.flaw_type == flaw and parse_plan(prompt.text) == sorted_edges(prompt.plan)
+    mine = Workflow.chain(["file_operations_reader", "data_processing_parser"])
+    prompt = build_prompt(TASK, "optimal", workflow=mine)
+    assert prompt.plan.tools == mine.tools and all(n.params for n in prompt.plan.nodes)
+    twelve = build_prompt(TASK, "baseline", config=WorldConfig().replace(rules={"turn_limit": 12}))
+    assert "12 turns" in twelve.text
+
+
+def test_bad_requests_are_refused_clearly():
+    with pytest.raises(ValueError, match="flaw_type"):
+        build_prompt(TASK, "flawed")
+    with pytest.raises(ValueError, match="only accepted with variant 'flawed'"):
+        build_prompt(TASK, "optimal", flaw_type="order")
+    with pytest.raises(ValueError, match="baseline"):
+        build_prompt(TASK, "fancy")
+    with pytest.raises(ValueError, match="mcp_task"):
+        build_prompt(TASK, "optimal", plan_style="xml")
+    with pytest.raises(ValueError, match="plan line"):
+        parse_plan("1. tool: ok\nnot a step")
+    assert set(PROMPT_VARIANTS) == {"baseline", "cot", "optimal", "flawed"}

@@ -1,0 +1,134 @@
+"""The scripted reference agents in the text env: the text world is the planner world.
+
+* The optimal text agent plays, call for call, the episode ``OptimalPlanner`` plays in ``ResiliBench-v0``
+  under the same rules and seed, and its full-success rate is bound (iii) within a 99% interval.
+* The plan follower, reading plans from prompt text only, reaches the exact success of following its
+  plan (``workflow_success``); on optimal plans that is close to bound (iii), on flawed plans it drops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from resilibench.agents.harness import eval_jobs, run_eval
+from resilibench.agents.scripted import (
+    COMPLETION_MESSAGE,
+    OptimalTextAgent,
+    PlanFollowingTextAgent,
+    call_message,
+)
+from resilibench.envs.planner_env import ResiliBenchEnv, make_world_config
+from resilibench.envs.simulator import task_seed
+from resilibench.envs.tasks import TASK_TYPE_NAMES, get_task, load_tasks
+from resilibench.metrics.workflow import Workflow
+from resilibench.policies.bounds import OptimalPlanner
+from resilibench.policies.flaws import FLAW_TYPES
+from resilibench.policies.plan_follower import workflow_success
+
+Z99 = 2.5758293035489004
+
+
+def tasks_of_every_type(count: int):
+    tasks = load_tasks(split="test")
+    return [t for name in TASK_TYPE_NAMES for t in [t for t in tasks if t.task_type == name][:count]]
+
+
+def within_99(rows, expected_of) -> tuple[float, float, float]:
+    """(observed full-success rate, expected rate, 99% half-width) for independent episodes whose
+    success probabilities are ``expected_of(row)``."""
+    p = [expected_of(r) for r in rows]
+    observed = sum(r["level"] == "full_success" for r in rows) / len(rows)
+    expected = sum(p) / len(p)
+    half = Z99 * math.sqrt(sum(q * (1 - q) for q in p)) / len(p)
+    return observed, expected, half
+
+
+@pytest.fixture(scope="module")
+def optimal_rows():
+    jobs = eval_jobs(tasks_of_every_type(2), ["baseline"], seeds=range(40))
+    return run_eval(OptimalTextAgent(), jobs, batch_size=64, progress=False)
+
+
+def test_optimal_text_agent_plays_the_planner_episode(optimal_rows):
+    """Same seed, same rules (strict dependencies): the same calls with the same outcomes, the same level."""
+    planner_envs = {}
+    for r in optimal_rows:
+        task = get_task(r["task_id"])
+        env = planner_envs.setdefault(task.instance_id, ResiliBenchEnv(tasks=[task], split=None,
+                                                                       strict_dependencies=True))
+        env.reset(seed=task_seed(task.instance_id, r["seed"]), options={"task_id": task.instance_id})
+        planner = OptimalPlanner(env.config)
+        planner.reset(task, None)
+        done = False
+        while not done:
+            _, _, terminated, truncated, info = env.step(planner.act(env.episode, None))
+            done = terminated or truncated
+        assert [c.to_dict() for c in env.episode.trace] == r["trace"]
+        assert info["level"] == r["level"]
+
+
+def test_optimal_text_agent_attains_bound_iii(optimal_rows):
+    assert len(optimal_rows) == 10 * 40
+    for task_type in TASK_TYPE_NAMES:
+        mine = [r for r in optimal_rows if r["task_type"] == task_type]
+        observed, expected, half = within_99(mine, lambda r: r["bound_iii"])
+        assert abs(observed - expected) <= half, (task_type, observed, expected, half)
+    observed, expected, half = within_99(optimal_rows, lambda r: r["bound_iii"])
+    assert abs(observed - expected) <= half, (observed, expected, half)
+    assert all(r["end_reason"] in ("finished", "consecutive_failures", "repetition_loop") for r in optimal_rows)
+    # The optimal agent finishes every episode it can no longer win by signalling completion itself.
+    assert all(r["completed"] or r["end_reason"] != "finished" for r in optimal_rows)
+
+
+@pytest.fixture(scope="module")
+def plan_rows():
+    jobs = eval_jobs(tasks_of_every_type(1), ["optimal", "flawed"], seeds=range(20), flaw_types=FLAW_TYPES)
+    return run_eval(PlanFollowingTextAgent(), jobs, batch_size=64, progress=False)
+
+
+TEXT_CONFIG = make_world_config(None, None, True, None)  # the text env's rules: strict dependencies
+
+
+def plan_value(row) -> float:
+    """Exact full-success probability of following the plan the row's prompt showed."""
+    return workflow_success(get_task(row["task_id"]), Workflow.from_dict(row["plan"]), TEXT_CONFIG)
+
+
+def test_plan_follower_gets_what_its_plans_are_worth(plan_rows):
+    """Reading plans from prompt text loses nothing: the success rate is the exact value of the plans."""
+    for prompt in ("optimal", "flawed"):
+        mine = [r for r in plan_rows if r["prompt"] == prompt]
+        observed, expected, half = within_99(mine, plan_value)
+        assert abs(observed - expected) <= half, (prompt, observed, expected, half)
+
+
+def test_plan_follower_optimal_close_to_bound_and_flawed_plans_hurt(plan_rows):
+    optimal = [r for r in plan_rows if r["prompt"] == "optimal"]
+    flawed = [r for r in plan_rows if r["prompt"] == "flawed"]
+    rate = lambda rows: sum(r["level"] == "full_success" for r in rows) / len(rows)  # noqa: E731
+    observed, bound, half = within_99(optimal, lambda r: r["bound_iii"])
+    assert observed >= bound - half - 0.05, (observed, bound)
+    assert rate(flawed) < rate(optimal) - 0.1, (rate(flawed), rate(optimal))
+    by_flaw = {f: rate([r for r in flawed if r["flaw_type"] == f]) for f in FLAW_TYPES}
+    shown = ", ".join(f"{f} {v:.3f}" for f, v in by_flaw.items())
+    print(f"\nplan follower full success: optimal {rate(optimal):.3f} (bound iii {bound:.3f}); "
+          f"flawed {rate(flawed):.3f}; by flaw type: {shown}")
+    assert min(by_flaw.values()) < rate(optimal) - 0.2, "some flaw type should hurt a literal follower badly"
+
+
+def test_messages_speak_the_protocol():
+    from resilibench.envs.toolbox import parse_message
+
+    parsed = parse_message(call_message("data_processing_parser", {"source": "a.json"}))
+    assert [(c.name, c.arguments, c.problem) for c in parsed.calls] == [
+        ("data_processing_parser", {"source": "a.json"}, None)]
+    assert not parsed.completes
+    assert parse_message(COMPLETION_MESSAGE).completes and not parse_message(COMPLETION_MESSAGE).has_tags
+
+
+def test_plan_follower_without_a_plan_signals_completion():
+    jobs = eval_jobs(tasks_of_every_type(1)[:2], ["baseline"], seeds=[0])
+    rows = run_eval(PlanFollowingTextAgent(), jobs, progress=False)
+    assert all(r["turns"] == 0 and r["completed"] and r["level"] == "failure" for r in rows)

@@ -1,0 +1,344 @@
+"""ResiliBenchText-v0: the chat protocol over the shared Episode core."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+from gymnasium.utils.seeding import np_random
+
+import resilibench  # noqa: F401  (registers the env ids)
+from helpers import PIPELINE, make_task
+from resilibench.envs.config import WorldConfig
+from resilibench.envs.planner_env import ResiliBenchEnv
+from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
+from resilibench.envs.simulator import RETRY_LIMIT_ERROR, episode_seed
+from resilibench.envs.text_env import CHARSET, RESET_OPTIONS, ResiliBenchTextEnv, flaw_seed
+from resilibench.metrics.workflow import Workflow
+from resilibench.policies.bounds import reference_workflow
+from resilibench.policies.prompts import PLAN_HEADING, parse_plan, with_arguments
+
+NAMES = default_registry().names
+
+
+def call(name: str, arguments: str = "") -> str:
+    return f"<tool_call>{name} {arguments}</tool_call>"
+
+
+def make_env(outcomes=None, **kwargs) -> ResiliBenchTextEnv:
+    """A text env over the pipeline task; ``outcomes`` scripts the episode's draws (True = success)."""
+    env = ResiliBenchTextEnv(tasks=[make_task()], search="lexical", **kwargs)
+    env.reset(seed=0)
+    if outcomes is not None:
+        stream = np.ones_like(env.episode.stream)
+        stream[: len(outcomes), 0] = [0.0 if ok else 1.0 for ok in outcomes]
+        stream[:, 1] = 0.0
+        env.episode.stream = stream
+    return env
+
+
+# --- API ----------------------------------------------------------------------------------------------
+
+
+def test_check_env_and_text_spaces():
+    env = ResiliBenchTextEnv(split="test", search="lexical")
+    check_env(env, skip_render_check=True)
+    env.action_space.seed(0)
+    sample = env.action_space.sample()
+    assert env.action_space.contains(sample) and set(sample) <= CHARSET
+    assert {"<", ">", "{", "}", '"', " ", "\n"} <= CHARSET  # the protocol's characters can be sampled
+    obs, _ = env.reset(seed=1)
+    assert env.observation_space.contains(obs)
+    obs, *_ = env.step(sample)
+    assert env.observation_space.contains(obs)
+
+
+def test_gym_make_and_render_shows_the_conversation():
+    env = gym.make("ResiliBenchText-v0", render_mode="ansi", search="lexical")
+    prompt, info = env.reset(seed=3)
+    assert prompt == env.unwrapped.prompt.text and info["prompt"] == "baseline"
+    assert info["level"] is None and info["trace"] == [] and info["turn"] == 0
+    env.step("<tool_search>read a file</tool_search>")
+    shown = env.render()
+    assert shown.startswith("[user]\n" + prompt[:50])
+    assert "[assistant]\n<tool_search>read a file</tool_search>" in shown
+    assert "Tool search results for 'read a file': file_operations_reader" in shown
+    assert [m["role"] for m in env.unwrapped.messages] == ["user", "assistant", "user"]
+
+
+def test_observations_stay_in_the_space():
+    task = dataclasses.replace(make_task(), description="Café – résumé → 数据 " + "x" * 2000)
+    env = ResiliBenchTextEnv(tasks=[task], search="lexical", max_length=1024)
+    prompt, _ = env.reset(seed=0)
+    assert env.observation_space.contains(prompt) and len(prompt) == 1024
+    assert "Café – résumé → ?? x" in prompt and prompt.endswith("[... truncated]")
+    obs, *_ = env.step("<tool_search>file</tool_search>" * 3)  # three searches: longer than the limit
+    assert env.observation_space.contains(obs) and obs.endswith("[... truncated]")
+
+
+def test_bad_use_is_rejected():
+    env = ResiliBenchTextEnv(search="lexical")
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("hi")
+    with pytest.raises(ValueError, match="accepted: \\['task_id'"):
+        env.reset(seed=0, options={"task": "x"})
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="string"):
+        env.step(3)
+    env.step("task completed")
+    with pytest.raises(RuntimeError, match="ended"):
+        env.step("task completed")
+    for kwargs, field in [({"split": "dev"}, "split"), ({"render_mode": "rgb"}, "render_mode"),
+                          ({"search": "x"}, "search"), ({"max_length": 10}, "max_length")]:
+        with pytest.raises(ValueError, match=field):
+            ResiliBenchTextEnv(**kwargs)
+
+
+# --- the protocol -------------------------------------------------------------------------------------
+
+
+def test_reminder_costs_the_turn():
+    env = make_env()
+    obs, reward, terminated, truncated, info = env.step("I will now read the file.")
+    assert "No tool request found" in obs and "<tool_call>" in obs
+    assert info["turn"] == 1 and info["trace"] == [] and not (terminated or truncated)
+    assert info["parsed"] == {"searches": [], "infos": [], "calls": [], "completes": False}
+
+
+def test_search_and_info_cost_a_turn_without_a_draw():
+    env = make_env()
+    obs, *_, info = env.step("<tool_search>parse json</tool_search><tool_info>data_processing_validator</tool_info>")
+    assert obs.startswith("Tool search results for 'parse json': data_processing_parser")
+    assert "data_processing_validator\n  Category: data_processing" in obs
+    assert "Requires: data_processing_parser" in obs
+    assert info["turn"] == 1 and env.episode.draws_used == 0
+    obs, *_, info = env.step("<tool_info>data_procesing_validatr</tool_info>")
+    assert "did you mean data_processing_validator" in obs and info["turn"] == 2
+
+
+def test_invalid_arguments_name_the_argument():
+    env = make_env()
+    obs, *_, info = env.step(call("file_operations_reader", '{"path": "data/a.csv"}'))
+    assert info["trace"][0]["error_code"] == INVALID_INPUT and info["trace"][0]["probability"] is None
+    assert "'path' was unexpected" in obs and "accepted arguments: options, source" in obs
+    obs, *_, info = env.step(call("file_operations_reader", '{"source": "data/a.csv"'))
+    assert info["trace"][1]["error_code"] == INVALID_INPUT and "malformed JSON" in obs
+    assert env.episode.draws_used == 0
+    obs, *_, info = env.step(call("file_operations_reader", '{"source": "data/a.csv"}'))
+    assert env.episode.draws_used == 1 and info["trace"][2]["probability"] is not None
+
+
+def test_unknown_tool_costs_the_turn_but_is_no_call():
+    env = make_env()
+    obs, *_, info = env.step(call("file_reader"))
+    assert "Tool call not executed: unknown tool 'file_reader'" in obs
+    assert info["turn"] == 1 and info["trace"] == [] and env.episode.n_failures == 0
+    obs, *_, info = env.step("<tool_call></tool_call>")
+    assert "no tool name" in obs and info["turn"] == 2 and info["trace"] == []
+
+
+def test_one_call_per_turn():
+    env = make_env([True, True])
+    obs, *_, info = env.step(call(PIPELINE[0]) + "\n" + call(PIPELINE[1]) + call("data_processing_parser"))
+    assert [r["tool"] for r in info["trace"]] == [PIPELINE[0]]
+    assert f"not executed: {PIPELINE[1]}, data_processing_parser" in obs
+    assert info["parsed"]["calls"][1]["name"] == PIPELINE[1] and info["turn"] == 1
+
+
+def test_replay_of_a_succeeded_tool_costs_the_turn_without_a_draw():
+    env = make_env([True])
+    env.step(call(PIPELINE[0]))
+    obs, *_, info = env.step(call(PIPELINE[0]))
+    assert info["trace"][1]["replayed"] and info["trace"][1]["success"]
+    assert env.episode.draws_used == 1 and info["turn"] == 2 and "already succeeded" in obs
+
+
+def test_retry_cap_answers_without_a_draw():
+    env = ResiliBenchTextEnv(tasks=[make_task(max_retries=1)], search="lexical")
+    env.reset(seed=0)
+    env.episode.stream[:] = 0.99  # every draw fails
+    env.step(call(PIPELINE[0]))
+    env.step(call("utility_logger"))  # breaks the same-tool streak
+    env.step(call(PIPELINE[0]))
+    obs, *_, info = env.step(call(PIPELINE[0]))
+    assert info["trace"][-1]["error_code"] == RETRY_LIMIT_ERROR and info["trace"][-1]["probability"] is None
+    assert env.episode.draws_used == 3 and "at most 2 times" in obs
+
+
+def test_strict_dependencies_are_the_default():
+    env = make_env()
+    obs, *_, info = env.step(call("data_processing_transformer"))
+    assert info["trace"][0]["error_code"] == DEPENDENCY_ERROR and "data_processing_parser must succeed first" in obs
+    lenient = make_env(strict_dependencies=False)
+    _, *_, info = lenient.step(call("data_processing_transformer"))
+    assert info["trace"][0]["error_code"] != DEPENDENCY_ERROR and info["trace"][0]["probability"] == pytest.approx(0.4)
+
+
+# --- episode end --------------------------------------------------------------------------------------
+
+
+def test_full_success_with_completion_in_the_last_call_message():
+    env = make_env([True] * 6)
+    # strict dependencies: the validator, transformer and aggregator need the parser (not a required tool)
+    for tool in (PIPELINE[0], "data_processing_parser", *PIPELINE[1:-1]):
+        _, reward, terminated, truncated, info = env.step(call(tool))
+        assert reward == 0.0 and not terminated and info["trace"][-1]["success"]
+    obs, reward, terminated, truncated, info = env.step(call(PIPELINE[-1]) + " Task completed.")
+    assert info["trace"][-1]["tool"] == PIPELINE[-1] and info["trace"][-1]["success"]
+    assert reward == 1.0 and terminated and not truncated
+    assert info["level"] == "full_success" and info["end_reason"] == "finished"
+    assert info["evaluation"]["coverage"] == 1.0 and "result: full_success" in obs
+
+
+def test_completion_alone_ends_without_a_turn():
+    env = make_env()
+    _, reward, terminated, truncated, info = env.step("All steps completed.")
+    assert terminated and not truncated and reward == 0.0
+    assert info["turn"] == 0 and info["level"] == "failure" and info["evaluation"]["completed"]
+
+
+@pytest.mark.parametrize(("tools", "reason"), [
+    (["file_operations_reader", "utility_logger"] * 3, "consecutive_failures"),
+    (["utility_logger"] * 3, "repetition_loop"),
+])
+def test_failure_terminations(tools, reason):
+    env = make_env([False] * 10)
+    steps = 0
+    while not env.episode.done:
+        _, reward, terminated, truncated, info = env.step(call(tools[steps]))
+        steps += 1
+    assert steps == {"consecutive_failures": 5, "repetition_loop": 3}[reason] and terminated
+    assert info["end_reason"] == reason and info["level"] == "failure" and reward == 0.0 and not truncated
+
+
+@pytest.mark.parametrize(("last", "truncated_expected"), [
+    ("Task completed.", False),
+    ("one more search", True),
+    (call("file_operations_reader") + " Task completed.", False),  # the call is not played
+])
+def test_turn_limit(last, truncated_expected):
+    env = make_env(turn_limit=4)
+    for _ in range(3):
+        env.step("<tool_search>reader</tool_search>")
+    obs, *_ = env.step("<tool_search>writer</tool_search>")
+    assert "No turns left" in obs and env.episode.turns_left == 0
+    obs, reward, terminated, truncated, info = env.step(last)
+    assert truncated is truncated_expected and terminated is not truncated_expected
+    assert info["end_reason"] == ("out_of_turns" if truncated_expected else "finished")
+    assert info["trace"] == [] and ("not executed" in obs) == ("tool_call" in last)
+
+
+def test_human_render_prints_each_exchange(capsys):
+    env = ResiliBenchTextEnv(tasks=[make_task()], search="lexical", render_mode="human")
+    env.reset(seed=0)
+    assert capsys.readouterr().out.startswith("[user]\nExecute a")
+    env.step("hello")
+    printed = capsys.readouterr().out
+    assert printed.startswith("[assistant]\nhello\n\n[user]\nNo tool request found")
+
+
+# --- one core: same seed and same calls as ResiliBench-v0 -----------------------------------------------
+
+
+def _scripted_actions(rng: np.random.Generator, episode) -> int:
+    """A seeded policy mixing the next required tool, random tools (failures, dependency errors, replays,
+    retry caps) and early finishing."""
+    u = rng.random()
+    if u < 0.08 and episode.trace:
+        return len(NAMES)
+    if u < 0.6 and episode.next_required < len(episode.required):
+        return episode.required[episode.next_required]
+    return int(rng.integers(len(NAMES)))
+
+
+@pytest.mark.parametrize(("strict", "profile"), [(True, "test"), (False, "test"), (False, "training")])
+def test_same_seed_and_calls_give_the_same_outcomes_as_the_planner_env(strict, profile):
+    config = WorldConfig().replace(rules={"strict_dependencies": strict, "profile": profile})
+    planner = ResiliBenchEnv(split="test", config=config)
+    text = ResiliBenchTextEnv(split="test", config=config, strict_dependencies=None, search="lexical")
+    by_kwarg = ResiliBenchTextEnv(split="test", config=WorldConfig().replace(rules={"profile": profile}),
+                                  strict_dependencies=strict, search="lexical")
+    ends = set()
+    for seed in range(120):
+        planner.reset(seed=seed)
+        text.reset(seed=seed)
+        by_kwarg.reset(seed=seed)
+        assert text.task is planner.episode.task and by_kwarg.task is text.task
+        rng = np.random.default_rng(seed)
+        for _ in range(12):
+            action = _scripted_actions(rng, planner.episode)
+            message = "task completed" if action == len(NAMES) else call(NAMES[action])
+            expected = planner.step(action)
+            for env in (text, by_kwarg):
+                _, reward, terminated, truncated, info = env.step(message)
+                assert (reward, terminated, truncated) == expected[1:4]
+                assert info["trace"] == [r.to_dict() for r in expected[4]["trace"]]
+                assert info["level"] == expected[4].get("level")
+            if terminated or truncated:
+                ends.add(info["end_reason"])
+                break
+    # the scripted calls reach every kind of end (the training profile's high rates never fail 5 times)
+    assert {"finished", "out_of_turns"} <= ends
+    assert profile == "training" or {"consecutive_failures", "repetition_loop"} <= ends
+    assert planner.rewarder.success_rate > 0  # the running rate the training profile reads moved, in step
+
+
+def test_same_seed_same_conversation():
+    messages = ["<tool_search>read</tool_search>", call("file_operations_reader", '{"source": "a"}'),
+                call("data_processing_parser"), "hello", call("data_processing_validator"), "task completed"]
+
+    def run(seed):
+        env = ResiliBenchTextEnv(split="test", search="lexical")
+        env.reset(seed=seed)
+        for m in messages:
+            if env.episode.done:
+                break
+            env.step(m)
+        return env.messages, env.episode.trace
+
+    assert run(5) == run(5)
+    assert any(run(5) != run(s) for s in (6, 7))
+
+
+def test_reset_options_and_prompt_variants():
+    assert set(RESET_OPTIONS) == {"task_id", "prompt", "flaw_type", "severity", "plan_style", "workflow"}
+    env = ResiliBenchTextEnv(split="test", search="lexical")
+    task = env.tasks[7]
+    prompt, info = env.reset(seed=0, options={"task_id": task.instance_id})
+    assert info["task_id"] == task.instance_id and env.task is task
+    assert info["prompt"] == "baseline" and PLAN_HEADING not in prompt and info["injection"] is None
+    assert task.description in prompt
+
+    prompt, info = env.reset(seed=0, options={"task_id": task.instance_id, "prompt": "optimal"})
+    assert info["prompt"] == "optimal" and PLAN_HEADING in prompt
+    assert parse_plan(prompt).tools == env.prompt.plan.tools
+    assert env.prompt.plan.tools == with_arguments(task, reference_workflow(task, env.config)).tools
+
+    plan = Workflow.chain(["utility_logger", "file_operations_reader"])
+    prompt, _ = env.reset(seed=0, options={"task_id": task.instance_id, "prompt": "optimal", "workflow": plan})
+    assert parse_plan(prompt).tools == ("utility_logger", "file_operations_reader")
+
+    with pytest.raises(ValueError, match="plan_style"):  # passed on to build_prompt, which checks it
+        env.reset(seed=0, options={"prompt": "optimal", "plan_style": "bullets"})
+    with pytest.raises(ValueError, match="flaw_type"):
+        env.reset(seed=0, options={"prompt": "flawed"})
+
+
+def test_flawed_prompt_is_seeded_by_the_episode_seed():
+    env = ResiliBenchTextEnv(split="test", search="lexical", prompt="flawed", flaw_type="missing_step",
+                             severity=0.8)
+    _, info = env.reset(seed=4)
+    assert info["flaw_type"] == "missing_step" and info["injection"]["changes"]
+    assert info["injection"]["severity"] == 0.8
+    # the env's generator: task index, then the episode seed; the flaw seed derives from the latter
+    generator, _ = np_random(4)
+    generator.integers(len(env.tasks))
+    assert env.prompt.injection.seed == flaw_seed(episode_seed(generator))
+    again, info_again = ResiliBenchTextEnv(split="test", search="lexical", prompt="flawed",
+                                           flaw_type="missing_step", severity=0.8).reset(seed=4)
+    assert again == env.prompt.text and info_again["injection"] == info["injection"]
+    _, info = env.reset(seed=4, options={"prompt": "flawed", "flaw_type": "order"})
+    assert info["flaw_type"] == "order"
