@@ -128,6 +128,16 @@ def load_library(path: str | None):
     return tasks, source
 
 
+def interleave_task_types(tasks: Sequence[Any]) -> list[Any]:
+    """Tasks in turn by task type (the first of each type, then the second, ...), so that the first few
+    cover every type."""
+    queues: dict[str, list[Any]] = {}
+    for t in tasks:
+        queues.setdefault(t.task_type, []).append(t)
+    depth = max((len(q) for q in queues.values()), default=0)
+    return [q[i] for i in range(depth) for q in queues.values() if i < len(q)]
+
+
 def select_tasks(tasks, split: str | None, task_types: Sequence[str] | None,
                   task_ids: Sequence[str] | None = None, limit: int | None = None):
     """Filter the library; task ids (when given) select tasks regardless of split. ``limit`` keeps the
@@ -145,12 +155,7 @@ def select_tasks(tasks, split: str | None, task_types: Sequence[str] | None,
     if task_types:
         selected = [t for t in selected if t.task_type in task_types]
     if limit is not None and limit < len(selected):
-        # Take task types in turn so a small --limit still covers every selected type.
-        queues = {}
-        for t in selected:
-            queues.setdefault(t.task_type, []).append(t)
-        depth = max(len(q) for q in queues.values())
-        selected = [q[i] for i in range(depth) for q in queues.values() if i < len(q)][:limit]
+        selected = interleave_task_types(selected)[:limit]
     if not selected:
         raise CliError("no task matches the selection (--split / --task-type / --task-id)")
     return selected
@@ -327,7 +332,10 @@ def json_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 def check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has_rows: bool,
                        identity: dict[str, Any]) -> None:
-    """Refuse to add rows to a directory whose results came from another world config or task library."""
+    """Refuse to add rows to a directory whose results came from another world config or task library.
+
+    ``identity`` holds "world" and "tasks_sha256"; any other key names a run-config entry that must match
+    too (e.g. an area's evaluation settings)."""
     summary_path = directory / "summary.json"
     recorded = [("results.jsonl", m.get("config", {})) for m in existing_meta]
     if summary_path.exists():
@@ -341,6 +349,7 @@ def check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has_
                        "is unknown; use another --output-dir or --no-resume to start afresh")
     for where, config in recorded:
         theirs = {"world": config.get("world"), "tasks_sha256": (config.get("tasks") or {}).get("sha256")}
+        theirs |= {key: config.get(key) for key in identity if key not in theirs}
         differences = json_diff(theirs, identity)
         if differences:
             shown = "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more" if len(differences) > 3 else "")

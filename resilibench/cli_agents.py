@@ -11,7 +11,6 @@ under another world config, task library or evaluation settings are never mixed 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -22,7 +21,6 @@ from resilibench.cli import (
     CliError,
     check_same_config,
     dedupe,
-    json_diff,
     load_library,
     load_world_config,
     nonnegative_int,
@@ -83,16 +81,6 @@ def make_agent(spec: str, generation: Any, batch_size: int):
         raise CliError(f"--agent {spec}: {exc}") from None
 
 
-def _check_eval_settings(directory: Path, recorded: list[dict[str, Any]], settings: dict[str, Any]) -> None:
-    """Refuse to add episodes played under other evaluation settings (severity, generation, rules)."""
-    for config in recorded:
-        differences = json_diff(config.get("eval"), settings)
-        if differences:
-            raise CliError(f"--output-dir {directory}: its results were produced with other evaluation settings "
-                           f"({'; '.join(differences[:3])}); refusing to mix results: use another --output-dir, "
-                           "or --no-resume to discard them")
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     from resilibench.agents.backends import BackendError
     from resilibench.agents.base import GenerationConfig
@@ -124,7 +112,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     run_config = {"world": config.to_dict(), "tasks": source, "agent": args.agent, "eval": settings,
                   "prompts": prompts, "flaw_types": flaw_types, "split": args.split, "task_types": task_types,
                   "task_ids": args.task_id, "limit": args.limit, "task_count": len(selected), "episodes": len(jobs)}
-    identity = to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"]})
+    identity = to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"], "eval": settings})
 
     directory = Path(args.output_dir)
     if directory.exists() and not directory.is_dir():
@@ -143,10 +131,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 for w in caught:
                     print(f"warning: {w.message}", file=sys.stderr)
                 check_same_config(directory, existing.metadata, bool(existing.rows), identity)
-                recorded = [m.get("config", {}) for m in existing.metadata]
-                if summary_path.exists():
-                    recorded.append(summary_config(summary_path))
-                _check_eval_settings(directory, recorded, settings)
             else:
                 for stale in (summary_path, plot_path):
                     stale.unlink(missing_ok=True)
@@ -179,11 +163,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CliError(f"--output-dir {directory}: another run is writing there (lock {lock}); wait for it or use "
                        "another --output-dir") from None
     return 0
-
-
-def summary_config(path: Path) -> dict[str, Any]:
-    """The run config recorded in a summary.json (``check_same_config`` has checked it parses)."""
-    return json.loads(path.read_text())["metadata"]["config"]
 
 
 def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:

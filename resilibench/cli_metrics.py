@@ -18,7 +18,7 @@ from resilibench.cli import (
     check_same_config,
     dedupe,
     format_table,
-    json_diff,
+    interleave_task_types,
     load_library,
     load_world_config,
     nonnegative_int,
@@ -176,16 +176,6 @@ def cmd_score(args: argparse.Namespace) -> int:
 # --- calibrate ----------------------------------------------------------------------------------------
 
 
-def _interleave(tasks: Sequence[Any]) -> list[Any]:
-    """Tasks in turn by task type (the first of each type, then the second, ...), so a small --limit
-    covers every type, as ``select_tasks``'s limit does."""
-    queues: dict[str, list[Any]] = {}
-    for t in tasks:
-        queues.setdefault(t.task_type, []).append(t)
-    depth = max((len(q) for q in queues.values()), default=0)
-    return [q[i] for i in range(depth) for q in queues.values() if i < len(q)]
-
-
 @dataclass
 class _Calibration:
     """What `metrics calibrate` was asked to do, resolved and checked."""
@@ -194,8 +184,7 @@ class _Calibration:
     metrics: list[str]
     directory: Path
     run_config: dict[str, Any]
-    identity: dict[str, Any]  # world config and task library: what `run` results check too
-    settings: dict[str, Any]  # calibration settings that must match to mix rows
+    identity: dict[str, Any]  # world config, task library and calibration settings: must match to mix rows
     args: argparse.Namespace
 
 
@@ -215,7 +204,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     directory = Path(args.output_dir)
     if directory.exists() and not directory.is_dir():
         raise CliError(f"--output-dir: {directory} exists and is not a directory")
-    goldens = golden_workflows(_interleave(selected), config, min_nodes=args.min_nodes, text_only=args.text_only,
+    goldens = golden_workflows(interleave_task_types(selected), config, min_nodes=args.min_nodes, text_only=args.text_only,
                                limit=args.limit)
     if not goldens.goldens:
         raise CliError(f"no selected task has a workflow of at least {args.min_nodes} steps (--min-nodes)")
@@ -227,8 +216,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         plan=plan, metrics=metrics, directory=directory,
         run_config={"world": config.to_dict(), "tasks": source, "split": args.split, "task_types": task_types,
                     "limit": args.limit, "calibration": settings},
-        identity=to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"]}),
-        settings=to_jsonable(settings), args=args,
+        identity=to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"], "calibration": settings}),
+        args=args,
     )
     lock = directory / ".lock"
     try:
@@ -237,17 +226,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     except BlockingIOError:
         raise CliError(f"--output-dir {directory}: another calibration is writing there (lock {lock}); wait for it "
                        "or use another --output-dir") from None
-
-
-def _check_same_settings(directory: Path, existing_meta: list[dict[str, Any]], settings: dict[str, Any]) -> None:
-    """Refuse to add rows scored with other metrics or perturbation settings."""
-    for meta in existing_meta:
-        theirs = (meta.get("config") or {}).get("calibration")
-        differences = json_diff(theirs, settings)
-        if differences:
-            raise CliError(f"--output-dir {directory}: results.jsonl was produced with other calibration settings "
-                           f"({'; '.join(differences[:3])}); refusing to mix results: use the same options, another "
-                           "--output-dir, or --no-resume to discard them")
 
 
 def _execute_calibration(job: _Calibration) -> int:
@@ -270,7 +248,6 @@ def _execute_calibration(job: _Calibration) -> int:
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)
         check_same_config(directory, existing.metadata, bool(existing.rows), job.identity)
-        _check_same_settings(directory, existing.metadata, job.settings)
         existing_rows = existing.rows
     else:
         for stale in (paths["summary.json"], paths["scores.png"], paths["sensitivity.png"]):

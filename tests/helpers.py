@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 
+from resilibench.agents.base import GenerationConfig, Message
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.simulator import Episode
 from resilibench.envs.tasks import Task
@@ -39,3 +42,19 @@ def scripted_episode(task: Task, outcomes, config: WorldConfig | None = None) ->
     stream[:, 1] = 0.0
     episode.stream = stream
     return episode
+
+
+class ScriptedBackend:
+    """A Backend whose answers come from ``answer(conversation)``; ``calls`` records each batch size.
+
+    A real implementation of the Backend interface with fixed behaviour, for feeding exact answers."""
+
+    name = "scripted"
+
+    def __init__(self, answer: Callable[[list[Message]], str]):
+        self.answer = answer
+        self.calls: list[int] = []
+
+    def generate(self, conversations: Sequence[Sequence[Message]], config: GenerationConfig) -> list[str]:
+        self.calls.append(len(conversations))
+        return [self.answer(list(c)) for c in conversations]

@@ -130,7 +130,7 @@ def test_calibrate_interrupt_resume_and_outputs(tmp_path, capsys):
     assert "0 to score" in capsys.readouterr().err and read_jsonl(results).rows == after
     assert main(["metrics", "calibrate", "--task-type", "complex_validation_pipeline", "--limit", "6", "--metrics",
                  "bleu", "--output-dir", str(directory)]) == 2
-    assert "other calibration settings" in capsys.readouterr().err and read_jsonl(results).rows == after
+    assert "a different config (calibration." in capsys.readouterr().err and read_jsonl(results).rows == after
     assert main([*_calibrate(directory), "--limit", "3", "--no-resume"]) == 0
     assert len(_rows(results)) == json.loads((directory / "summary.json").read_text())["counts"]["distinct_pairs"]
 

@@ -63,7 +63,7 @@ def test_eval_refuses_to_mix_settings(eval_dir, tmp_path, capsys):
     (directory / "results.jsonl").write_bytes((eval_dir / "results.jsonl").read_bytes())
     config = tmp_path / "world.json"
     config.write_text(json.dumps({"failure": {"base_success": 0.7}}))
-    for extra, message in ((["--severity", "0.9"], "other evaluation settings"),
+    for extra, message in ((["--severity", "0.9"], "a different config (eval."),
                            (["--config", str(config)], "different config")):
         capsys.readouterr()
         assert main([*EVAL, "--agent", "scripted:optimal", "--output-dir", str(directory), *extra]) == 2

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
 
 import pytest
 
+from helpers import ScriptedBackend
 from resilibench.agents.base import GenerationConfig, Message
 from resilibench.metrics.judge import Judge, VerdictError, judge_messages, parse_verdict
 from resilibench.metrics.workflow import Workflow
@@ -14,22 +14,6 @@ from resilibench.metrics.workflow import Workflow
 REF = Workflow.chain(["file_operations_reader", "data_processing_parser", "file_operations_writer"],
                      ["read the input file", "parse it", "write the result"])
 PRED = Workflow.chain(["file_operations_reader", "file_operations_writer"], ["read the input file", "write the result"])
-
-
-class ScriptedBackend:
-    """A Backend whose answers come from ``answer(conversation)``; ``calls`` records each batch size.
-
-    A real implementation of the Backend interface with fixed behaviour, for feeding exact answers."""
-
-    name = "scripted"
-
-    def __init__(self, answer: Callable[[list[Message]], str]):
-        self.answer = answer
-        self.calls: list[int] = []
-
-    def generate(self, conversations: Sequence[Sequence[Message]], config: GenerationConfig) -> list[str]:
-        self.calls.append(len(conversations))
-        return [self.answer(list(c)) for c in conversations]
 
 
 def verdict(score, reason="one step is missing", **extra) -> str:

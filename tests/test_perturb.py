@@ -8,8 +8,8 @@ import json
 import networkx as nx
 import numpy as np
 import pytest
-from test_judge import ScriptedBackend
 
+from helpers import ScriptedBackend
 from resilibench.agents.base import GenerationConfig
 from resilibench.envs.tasks import load_tasks
 from resilibench.metrics.perturb import (
