@@ -357,6 +357,32 @@ def check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has_
                            "refusing to mix results: use another --output-dir, or --no-resume to discard them")
 
 
+def read_existing_results(directory: Path, results_path: Path, identity: dict[str, Any]):
+    """The rows and metadata already in ``results_path`` (a truncated tail is reported, the writer repairs
+    it), after checking they come from the same config (``check_same_config``)."""
+    from resilibench.results import read_jsonl
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            existing = read_jsonl(results_path)
+        except ValueError as exc:
+            raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    check_same_config(directory, existing.metadata, bool(existing.rows), identity)
+    return existing
+
+
+def open_results_writer(results_path: Path, metadata: dict[str, Any], resume: bool):
+    """A JsonlWriter appending to ``results_path`` (quietly repairing a truncated tail already reported)."""
+    from resilibench.results import JsonlWriter
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return JsonlWriter(results_path, metadata=metadata, resume=resume)
+
+
 def _print_run_table(summary: dict[str, Any], task_types: Sequence[str]) -> None:
     headers = ("planner", "task_type", "episodes", "full", "full 95% CI", "partial", "failure", "bound_iii",
                "bound_ii", "full/iii")
@@ -421,10 +447,8 @@ def _execute_run(plan: _RunPlan, resume: bool, split: str) -> int:
     """Run the missing episodes of ``plan`` into its directory, then write the summary and the plot."""
     from resilibench.policies.runner import run_jobs
     from resilibench.results import (
-        JsonlWriter,
         completed_keys,
         plot_full_success,
-        read_jsonl,
         run_metadata,
         summarize_levels,
         write_json_atomic,
@@ -434,16 +458,7 @@ def _execute_run(plan: _RunPlan, resume: bool, split: str) -> int:
     results_path, summary_path, plot_path = (directory / n for n in ("results.jsonl", "summary.json", "summary.png"))
     existing_rows: list[dict[str, Any]] = []
     if resume:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                existing = read_jsonl(results_path)
-            except ValueError as exc:
-                raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
-        for w in caught:
-            print(f"warning: {w.message}", file=sys.stderr)
-        check_same_config(directory, existing.metadata, bool(existing.rows), plan.identity)
-        existing_rows = existing.rows
+        existing_rows = read_existing_results(directory, results_path, plan.identity).rows
     else:
         for stale in (summary_path, plot_path):
             stale.unlink(missing_ok=True)
@@ -455,9 +470,7 @@ def _execute_run(plan: _RunPlan, resume: bool, split: str) -> int:
     new_rows: list[dict[str, Any]] = []
     if todo:
         metadata = run_metadata(plan.run_config, plan.seeds)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a truncated tail was reported above; the writer repairs it
-            writer = JsonlWriter(results_path, metadata=metadata, resume=resume)
+        writer = open_results_writer(results_path, metadata, resume)
         bar = progress_bar(len(todo), "episodes")
 
         def on_result(row: dict[str, Any]) -> None:

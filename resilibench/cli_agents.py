@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 from resilibench.cli import (
     SPLIT_CHOICES,
     CliError,
-    check_same_config,
     dedupe,
     load_library,
     load_world_config,
     nonnegative_int,
     positive_int,
+    read_existing_results,
     select_tasks,
 )
 
@@ -122,15 +121,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         with exclusive_lock(lock):
             if args.resume:
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    try:
-                        existing = read_jsonl(results_path)
-                    except ValueError as exc:
-                        raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
-                for w in caught:
-                    print(f"warning: {w.message}", file=sys.stderr)
-                check_same_config(directory, existing.metadata, bool(existing.rows), identity)
+                read_existing_results(directory, results_path, identity)
             else:
                 for stale in (summary_path, plot_path):
                     stale.unlink(missing_ok=True)

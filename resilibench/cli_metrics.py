@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,15 +14,16 @@ from resilibench.cli import (
     SPLIT_CHOICES,
     CliError,
     Parser,
-    check_same_config,
     dedupe,
     format_table,
     interleave_task_types,
     load_library,
     load_world_config,
     nonnegative_int,
+    open_results_writer,
     positive_int,
     progress_bar,
+    read_existing_results,
     select_tasks,
 )
 
@@ -232,23 +232,14 @@ def _execute_calibration(job: _Calibration) -> int:
     """Score the pairs of the plan that the directory lacks, then write the summary, tables and plots."""
     from resilibench.metrics.calibration import plot_scores, plot_sensitivity, run_items, summarize
     from resilibench.metrics.perturb import LLMPerturber
-    from resilibench.results import JsonlWriter, read_jsonl, run_metadata, write_json_atomic
+    from resilibench.results import run_metadata, write_json_atomic
 
     args, plan, directory = job.args, job.plan, job.directory
     paths = {name: directory / name for name in ("results.jsonl", "summary.json", "goldens.json", "scores.png",
                                                   "sensitivity.png")}
     existing_rows: list[dict[str, Any]] = []
     if args.resume:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                existing = read_jsonl(paths["results.jsonl"])
-            except ValueError as exc:
-                raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
-        for w in caught:
-            print(f"warning: {w.message}", file=sys.stderr)
-        check_same_config(directory, existing.metadata, bool(existing.rows), job.identity)
-        existing_rows = existing.rows
+        existing_rows = read_existing_results(directory, paths["results.jsonl"], job.identity).rows
     else:
         for stale in (paths["summary.json"], paths["scores.png"], paths["sensitivity.png"]):
             stale.unlink(missing_ok=True)
@@ -268,9 +259,7 @@ def _execute_calibration(job: _Calibration) -> int:
         perturber = (LLMPerturber(backend, attempts=args.attempts, generation=_generation(args, 1024))
                      if plan.method == "llm" else None)
         metadata = run_metadata(job.run_config, [plan.seed], extra={"scorer": scorer.settings})
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a truncated tail was reported above; the writer repairs it
-            writer = JsonlWriter(paths["results.jsonl"], metadata=metadata, resume=args.resume)
+        writer = open_results_writer(paths["results.jsonl"], metadata, args.resume)
         bar = progress_bar(len(todo), "pairs")
 
         def on_row(row: dict[str, Any]) -> None:
