@@ -33,6 +33,25 @@ def make_world_config(
     return config.replace(rules=overrides) if overrides else config
 
 
+def task_by_id(tasks: Sequence[Task], task_id: str) -> Task:
+    """A task of ``tasks`` by id, else from the shipped library (any split); KeyError naming the id."""
+    return next((t for t in tasks if t.instance_id == task_id), None) or get_task(task_id)
+
+
+def choose_task(tasks: Sequence[Task], np_random: np.random.Generator, options: dict[str, Any] | None) -> Task:
+    """The task of a reset: ``options["task_id"]`` pins it, else one drawn with the env's ``np_random``
+    (the same draw in every front end, so seeds pair across them). Other options are an error."""
+    task_id = None
+    if options:
+        options = dict(options)
+        task_id = options.pop("task_id", None)
+        if options:
+            raise ValueError(f"unknown reset option(s) {sorted(options)}; accepted: ['task_id']")
+    if task_id is not None:
+        return task_by_id(tasks, task_id)
+    return tasks[int(np_random.integers(len(tasks)))]
+
+
 def select_tasks(tasks: Sequence[Task] | None, split: str | None, task_types) -> list[Task]:
     """The env's task pool: given tasks, or the shipped library filtered by split and task types."""
     pool = list(tasks) if tasks is not None else load_tasks(split=split, task_types=task_types)
@@ -156,16 +175,7 @@ class ResiliBenchEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        task_id = None
-        if options:
-            options = dict(options)
-            task_id = options.pop("task_id", None)
-            if options:
-                raise ValueError(f"unknown reset option(s) {sorted(options)}; accepted: ['task_id']")
-        if task_id is not None:
-            task = self._task_by_id(task_id)
-        else:
-            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        task = choose_task(self.tasks, self.np_random, options)
         self.episode = Episode.start(task, episode_seed(self.np_random), self.config, self.registry,
                                      success_rate=self.rewarder.success_rate)
         self._obs = self._initial_observation(task)
@@ -233,12 +243,6 @@ class ResiliBenchEnv(gym.Env):
         if ep.evaluation is not None:
             lines.append(f"  end: {ep.end_reason}, level {ep.evaluation.level}")
         return "\n".join(lines)
-
-    def _task_by_id(self, task_id: str) -> Task:
-        for task in self.tasks:
-            if task.instance_id == task_id:
-                return task
-        return get_task(task_id)
 
     def _initial_observation(self, task: Task) -> np.ndarray:
         """A fresh copy of the first observation of ``task`` (computed once per task object)."""

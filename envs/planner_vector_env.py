@@ -15,7 +15,7 @@ from resilibench.envs import rng as brng
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.evaluator import FULL, LEVELS, grade, output_tool_ids
 from resilibench.envs.observation import N_STATUS, ObservationLayout, counter_tables, initial_observation
-from resilibench.envs.planner_env import make_world_config, select_tasks
+from resilibench.envs.planner_env import make_world_config, select_tasks, task_by_id
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import PHASES, REWARD_MODES
 from resilibench.envs.simulator import (
@@ -32,7 +32,7 @@ from resilibench.envs.simulator import (
     success_probability,
     termination_code,
 )
-from resilibench.envs.tasks import SPLITS, Task, get_task
+from resilibench.envs.tasks import SPLITS, Task
 
 _U64 = np.uint64
 _EPISODE_SEED_BOUND = 2**63 - 1  # episode_seed draws integers(2**63 - 1)
@@ -486,14 +486,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         pinned = {}
         for r in rows.tolist():
             if ids[r] is not None:
-                pinned[r] = self._task_row(self._task_by_id(ids[r]))
+                pinned[r] = self._task_row(task_by_id(self.tasks, ids[r]))
         return pinned
-
-    def _task_by_id(self, task_id: str) -> Task:
-        for task in self.tasks:
-            if task.instance_id == task_id:
-                return task
-        return get_task(task_id)
 
     def _start_episodes(self, rows: np.ndarray, pinned: dict[int, int]) -> None:
         """Begin new episodes in ``rows``: next task and stream from each row's generator, state cleared."""

@@ -11,11 +11,11 @@ import numpy as np
 from gymnasium import spaces
 
 from resilibench.envs.config import WorldConfig
-from resilibench.envs.planner_env import make_world_config, select_tasks
+from resilibench.envs.planner_env import make_world_config, select_tasks, task_by_id
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import ShapedRewarder
 from resilibench.envs.simulator import Episode, episode_seed
-from resilibench.envs.tasks import SPLITS, Task, get_task
+from resilibench.envs.tasks import SPLITS, Task
 from resilibench.envs.toolbox import (
     SEARCH_METHODS,
     ParsedMessage,
@@ -213,7 +213,7 @@ class ResiliBenchTextEnv(gym.Env):
             settings.update(options)
         super().reset(seed=seed)
         if task_id is not None:
-            task = self._task_by_id(task_id)
+            task = task_by_id(self.tasks, task_id)
         else:
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         seed_of_episode = episode_seed(self.np_random)
@@ -334,12 +334,6 @@ class ResiliBenchTextEnv(gym.Env):
         if len(text) > self.max_length:
             text = text[: self.max_length - len(TRUNCATION_MARK)] + TRUNCATION_MARK
         return text
-
-    def _task_by_id(self, task_id: str) -> Task:
-        for task in self.tasks:
-            if task.instance_id == task_id:
-                return task
-        return get_task(task_id)
 
     def _info(self) -> dict[str, Any]:
         episode, prompt = self.episode, self.prompt

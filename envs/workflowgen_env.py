@@ -11,9 +11,9 @@ from gymnasium import spaces
 
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.observation import N_TASK_FEATURES, task_features
-from resilibench.envs.planner_env import select_tasks
+from resilibench.envs.planner_env import choose_task, select_tasks
 from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
-from resilibench.envs.tasks import SPLITS, Task, get_task
+from resilibench.envs.tasks import SPLITS, Task
 from resilibench.metrics.structural import chain_f1, reachability_f1
 from resilibench.metrics.workflow import Node, Workflow
 from resilibench.policies.bounds import reference_workflow
@@ -156,16 +156,7 @@ class WorkflowGenEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        task_id = None
-        if options:
-            options = dict(options)
-            task_id = options.pop("task_id", None)
-            if options:
-                raise ValueError(f"unknown reset option(s) {sorted(options)}; accepted: ['task_id']")
-        if task_id is not None:
-            task = next((t for t in self.tasks if t.instance_id == task_id), None) or get_task(task_id)
-        else:
-            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        task = choose_task(self.tasks, self.np_random, options)
         self.task = task
         self.nodes: list[int] = []
         self.edges: list[tuple[int, int]] = []
