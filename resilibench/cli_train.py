@@ -1,10 +1,267 @@
-"""`train ppo` and `eval-policy`: RLlib PPO planners."""
+"""`train ppo` and `eval-policy`: RLlib PPO planners, trained and measured against bound (iii).
+
+`train ppo` writes checkpoints, a progress log and its config into --output-dir and resumes from the last
+checkpoint with --resume. `eval-policy` plays a trained policy greedily with the episodes and seeds of
+`resilibench run` and writes the same results files (results.jsonl, summary.json, summary.png), so PPO
+sits in the same table as every other planner; --export-workflows adds its happy-path workflows beside
+the reference workflows, with its exact success.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
 from typing import Any
+
+from resilibench.cli import (
+    SPLIT_CHOICES,
+    CliError,
+    Parser,
+    _execute_run,
+    _RunPlan,
+    dedupe,
+    format_table,
+    load_library,
+    load_world_config,
+    nonnegative_int,
+    positive_int,
+    progress_bar,
+    select_tasks,
+)
+
+# Kept in step with resilibench.policies.ppo (not imported here, so `resilibench --help` stays fast).
+SPLITS = ("train", "validation", "test")
+REWARDS = ("sparse", "shaped")
+ENCODERS = ("transformer", "mlp")
+DEFAULT_TIME_BUDGET_MIN = 20.0
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
+    return value
+
+
+def _assignment(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value  # a bare string
+
+
+# --- train ppo -----------------------------------------------------------------------------------------
+
+
+def _train_config(args: argparse.Namespace):
+    """The PPOTrainConfig of the command line (defaults from the dataclass, then flags, then --set)."""
+    from resilibench.policies.ppo.training import PPOTrainConfig
+
+    fields = {f.name for f in dataclasses.fields(PPOTrainConfig)}
+    values: dict[str, Any] = {}
+    for key, value in args.set or []:
+        if key not in fields:
+            raise CliError(f"--set {key}: unknown hyperparameter; accepted: {', '.join(sorted(fields))}")
+        values[key] = value
+    flags = {
+        "task_types": dedupe(args.task_type) if args.task_type else None, "split": args.split,
+        "tasks_path": args.tasks, "reward": args.reward, "curriculum": args.curriculum, "encoder": args.encoder,
+        "iterations": args.iterations, "time_budget_min": args.time_budget, "num_env_runners": args.num_env_runners,
+        "num_envs_per_env_runner": args.num_envs_per_env_runner, "num_learners": args.num_learners,
+        "num_gpus_per_learner": args.num_gpus_per_learner, "seed": args.seed,
+        "checkpoint_every": args.checkpoint_every,
+    }
+    values.update({k: v for k, v in flags.items() if v is not None})
+    if values.get("iterations") is None and values.get("time_budget_min") is None:
+        values["time_budget_min"] = DEFAULT_TIME_BUDGET_MIN
+    if args.config:
+        values["world"] = load_world_config(args.config).to_dict()
+    try:
+        return PPOTrainConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"train ppo: {exc}") from None
+
+
+def cmd_train_ppo(args: argparse.Namespace) -> int:
+    from resilibench.results import exclusive_lock
+
+    cfg = _train_config(args)
+    from resilibench.policies.ppo.training import TRAINING_FILE, train
+
+    directory = Path(args.output_dir)
+    if directory.exists() and not directory.is_dir():
+        raise CliError(f"--output-dir: {directory} exists and is not a directory")
+    held = (directory / TRAINING_FILE).exists()
+    if held and not args.resume:
+        raise CliError(f"--output-dir {directory} already holds a training run: add --resume to continue it, "
+                       "or use another --output-dir")
+    if args.resume and not held:
+        print(f"nothing to resume in {directory}; starting a new run", file=sys.stderr)
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = directory / ".lock"
+    try:
+        with exclusive_lock(lock):
+            row = train(cfg, directory, resume=held, address=args.address,
+                        log=lambda line: print(line, flush=True))
+    except BlockingIOError:
+        raise CliError(f"--output-dir {directory}: another `resilibench train` is writing there (lock {lock})") from None
+    except ValueError as exc:
+        raise CliError(f"train ppo: {exc}") from None
+    print(f"trained to iteration {row.get('iteration')} ({row.get('env_steps', 0):,} env steps, "
+          f"{row.get('train_seconds', 0) / 60:.1f} min); checkpoint {row['checkpoint']}", file=sys.stderr)
+    print(f"evaluate it with: resilibench eval-policy {directory} --split test", file=sys.stderr)
+    return 0
+
+
+# --- eval-policy ---------------------------------------------------------------------------------------
+
+
+def _check_same_policy(directory: Path, digest: str) -> None:
+    """Refuse to add rows of one policy to results of another (``check_same_config`` compares only the
+    world config and the task library)."""
+    from resilibench.results import read_jsonl
+
+    results = directory / "results.jsonl"
+    if not results.exists():
+        return
+    try:
+        recorded = read_jsonl(results).metadata
+    except ValueError as exc:
+        raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
+    for meta in recorded:
+        theirs = (meta.get("config", {}).get("policy") or {}).get("sha256")
+        if theirs is not None and theirs != digest:
+            raise CliError(f"--output-dir {directory}: results.jsonl holds episodes of another policy "
+                           f"(weights sha256 {theirs[:12]}, this checkpoint {digest[:12]}); use another "
+                           "--output-dir, or --no-resume to discard them")
+
+
+def cmd_eval_policy(args: argparse.Namespace) -> int:
+    from resilibench.envs.tasks import TASK_TYPE_NAMES
+    from resilibench.policies.runner import episode_jobs
+    from resilibench.results import exclusive_lock, to_jsonable
+
+    config = load_world_config(args.config, need_bounds=True)
+    tasks, source = load_library(args.tasks)
+    from resilibench.policies.ppo.evaluation import PPOPlanner, checkpoint_digest, registered_planner
+
+    try:
+        planner = PPOPlanner(args.checkpoint)
+    except (ValueError, OSError) as exc:
+        raise CliError(f"CHECKPOINT: {exc}") from None
+    seeds = dedupe(args.seeds)
+    task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
+    selected = select_tasks(tasks, args.split, task_types, limit=args.limit)
+    directory = Path(args.output_dir)
+    if directory.exists() and not directory.is_dir():
+        raise CliError(f"--output-dir: {directory} exists and is not a directory")
+    digest = checkpoint_digest(planner.checkpoint)
+    planners = [planner.name]
+    plan = _RunPlan(
+        config=config, planners=planners, seeds=seeds, task_types=task_types, tasks=selected,
+        jobs=episode_jobs(planners, selected, seeds), directory=directory,
+        run_config={"world": config.to_dict(), "tasks": source, "planners": planners, "split": args.split,
+                    "task_types": task_types, "limit": args.limit, "task_count": len(selected),
+                    "episodes": len(selected) * len(seeds),
+                    "policy": {"checkpoint": str(planner.checkpoint), "sha256": digest}},
+        identity=to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"]}),
+    )
+    if args.resume:
+        _check_same_policy(directory, digest)
+    lock = directory / ".lock"
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        with exclusive_lock(lock), registered_planner(planner):
+            status = _execute_run(plan, resume=args.resume, split=args.split)
+    except BlockingIOError:
+        raise CliError(f"--output-dir {directory}: another run is writing there (lock {lock}); wait for it or "
+                       "use another --output-dir") from None
+    if status == 0 and args.export_workflows:
+        _export_workflows(planner, selected, config, Path(args.export_workflows), plan.run_config, seeds)
+    return status
+
+
+def _export_workflows(planner, tasks, config, path: Path, run_config: dict[str, Any], seeds) -> None:
+    from resilibench.policies.ppo.evaluation import compare_workflows
+    from resilibench.results import run_metadata, write_json_atomic
+
+    with progress_bar(len(tasks), "workflows") as bar:
+        comparison = compare_workflows(planner, tasks, config, on_task=lambda: bar.update(1))
+    write_json_atomic(path, {"metadata": run_metadata(run_config, seeds), **comparison})
+    rows = [(name, s["tasks"], s["match_rate"], s["bound_iii"], s["policy_success"], s["policy_over_bound_iii"])
+            for name, s in comparison["summary"].items()]
+    print(format_table(("task_type", "tasks", "workflow = reference", "bound_iii", "ppo exact", "exact/iii"), rows))
+    print(f"wrote {path}", file=sys.stderr)
+
+
+# --- parser -------------------------------------------------------------------------------------------
 
 
 def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
-    """Add this area's subcommands to the ``resilibench`` parser (none yet)."""
+    """Add `train ppo` and `eval-policy` to the ``resilibench`` parser."""
+    from resilibench.envs.tasks import TASK_TYPE_NAMES
+
+    type_help = f"repeatable (default all); one of {', '.join(TASK_TYPE_NAMES)}"
+    train = commands.add_parser("train", help="train planners (RLlib PPO)")
+    algorithms = train.add_subparsers(dest="train_command", metavar="ALGO", required=True, parser_class=Parser)
+    ppo = algorithms.add_parser(
+        "ppo", parents=[parents["library"], parents["world"]],
+        help="train a PPO planner on ResiliBench-v0 (local Ray by default, --address for a cluster)")
+    ppo.add_argument("--task-type", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE", help=type_help)
+    ppo.add_argument("--split", choices=SPLITS, help="tasks to train on (default train)")
+    ppo.add_argument("--reward", choices=REWARDS, help="sparse (default): 1 on full success; shaped: paper D.3")
+    ppo.add_argument("--curriculum", action=argparse.BooleanOptionalAction, default=None,
+                     help="the five-stage curriculum of paper D.4.2 (default on)")
+    ppo.add_argument("--encoder", choices=ENCODERS, help="policy network (default transformer)")
+    ppo.add_argument("--iterations", type=positive_int, metavar="N", help="stop at iteration N (total)")
+    ppo.add_argument("--time-budget", type=_positive_float, metavar="MIN",
+                     help=f"stop after MIN minutes of training, all sessions together (default "
+                     f"{DEFAULT_TIME_BUDGET_MIN:g} when --iterations is not given)")
+    ppo.add_argument("--num-env-runners", type=nonnegative_int, metavar="N",
+                     help="sampling processes (0: sample in the driver)")
+    ppo.add_argument("--num-envs-per-env-runner", type=positive_int, metavar="N", help="envs stepped as a batch")
+    ppo.add_argument("--num-learners", type=nonnegative_int, metavar="N", help="learner processes (0: the driver)")
+    ppo.add_argument("--num-gpus-per-learner", type=_nonnegative_float, metavar="X", help="GPUs per learner")
+    ppo.add_argument("--address", metavar="ADDR", help="Ray cluster to join (e.g. auto); default: start local Ray")
+    ppo.add_argument("--output-dir", default="runs/ppo", metavar="DIR", help="default runs/ppo")
+    ppo.add_argument("--resume", action="store_true", help="continue the run in DIR from its last checkpoint")
+    ppo.add_argument("--seed", type=nonnegative_int, help="default 0")
+    ppo.add_argument("--checkpoint-every", type=positive_int, metavar="K", help="iterations between checkpoints")
+    ppo.add_argument("--set", action="append", type=_assignment, metavar="KEY=VALUE",
+                     help="any other hyperparameter of PPOTrainConfig, value as JSON (e.g. --set lr=0.001)")
+    ppo.set_defaults(func=cmd_train_ppo)
+
+    evaluate = commands.add_parser(
+        "eval-policy", parents=[parents["library"], parents["world"]],
+        help="play a trained PPO policy greedily, as `run` plays planners (same files, same seeds)")
+    evaluate.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint, or a `train ppo` output directory")
+    evaluate.add_argument("--split", choices=SPLIT_CHOICES, default="test")
+    evaluate.add_argument("--task-type", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE", help=type_help)
+    evaluate.add_argument("--seeds", nargs="+", type=nonnegative_int, default=[0, 1, 2], metavar="N")
+    evaluate.add_argument("--limit", type=positive_int, help="use only the first N selected tasks")
+    evaluate.add_argument("--output-dir", default="runs/eval-ppo", metavar="DIR", help="default runs/eval-ppo")
+    evaluate.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                          help="skip episodes already in DIR/results.jsonl (default); --no-resume starts afresh")
+    evaluate.add_argument("--export-workflows", metavar="FILE",
+                          help="also write each task's happy-path workflow, whether it equals the reference "
+                          "workflow, and the policy's exact success beside bound (iii), as JSON")
+    evaluate.set_defaults(func=cmd_eval_policy)

@@ -1,1 +1,36 @@
-"""RLlib PPO planners for ResiliBench-v0."""
+"""RLlib PPO planners for ResiliBench-v0 (new API stack).
+
+* ``wrappers``: ``MaskedPlannerEnv`` (the action mask inside a Dict observation) and ``episode_observation``.
+* ``module``: ``PlannerModule``, the masked policy network (tool-set Transformer or MLP).
+* ``curriculum``: the five stages of paper D.4.2 / Table 12; ``callbacks``: the RLlib callback running it.
+* ``training``: ``PPOTrainConfig`` (every hyperparameter) and ``train`` (checkpoints, resume).
+* ``evaluation``: ``PPOPlanner`` (a checkpoint as a ``Planner``), workflow export and exact success.
+
+This package needs the ``rl`` extra (ray[rllib], torch) for everything but the wrappers and the
+curriculum logic; ``require_rl`` says so when they are missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ENCODERS = ("transformer", "mlp")
+# The policy network's settings (``PlannerModule``'s model_config); PPOTrainConfig carries the same fields.
+DEFAULT_MODEL_CONFIG: dict[str, Any] = {
+    "encoder": "transformer",
+    "d_model": 32,  # transformer token width
+    "n_heads": 2,
+    "n_layers": 1,
+    "ff_dim": 64,
+    "mlp_hiddens": [256, 256],  # mlp trunk
+    "value_hiddens": [64],  # value head (both encoders)
+}
+
+
+def require_rl() -> None:
+    """Fail with a message naming the extra when ray[rllib] or torch is missing."""
+    try:
+        import ray.rllib  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"PPO planners need the rl extra: pip install 'resilibench[rl]' ({exc})") from None

@@ -1,0 +1,212 @@
+"""Trained PPO policies as planners: greedy evaluation, exact success, and workflow export.
+
+``PPOPlanner(checkpoint)`` loads the RLModule of a training checkpoint (no Ray cluster needed) and acts
+greedily (argmax of the masked logits), so it runs through ``resilibench.policies.runner`` like every
+other planner and its exact full-success probability comes from ``policies.bounds.exact_policy_success``.
+``policy_workflow`` rolls the policy out on the happy path (every call succeeds) and returns the
+``Workflow`` it follows; ``compare_workflows`` sets it beside ``reference_workflow`` (the bound-(iii)
+policy's) for a list of tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from resilibench.envs.config import WorldConfig
+from resilibench.envs.observation import ObservationLayout
+from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry
+from resilibench.envs.simulator import Episode
+from resilibench.envs.tasks import Task
+from resilibench.metrics.workflow import Node, Workflow
+from resilibench.policies.ppo import require_rl
+from resilibench.policies.ppo.training import CHECKPOINTS, latest_checkpoint, quiet_logs
+from resilibench.policies.ppo.wrappers import episode_observation
+
+MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
+CHECKPOINT_MARKER = "rllib_checkpoint.json"
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory, given it or a training output directory (then its newest checkpoint)."""
+    path = Path(path)
+    if (path / CHECKPOINT_MARKER).is_file():
+        return path
+    if (path / CHECKPOINTS).is_dir():
+        latest = latest_checkpoint(path)
+        if latest is not None:
+            return latest
+    raise ValueError(f"{path} is neither an RLlib checkpoint (no {CHECKPOINT_MARKER}) nor a training output "
+                     f"directory with checkpoints (make one with `resilibench train ppo --output-dir DIR`)")
+
+
+def checkpoint_digest(checkpoint: Path) -> str:
+    """sha256 of the policy's weights file: identifies the policy in results metadata."""
+    return hashlib.sha256((checkpoint / MODULE_PATH / "module_state.pkl").read_bytes()).hexdigest()
+
+
+def load_module(checkpoint: str | Path):
+    """The trained ``PlannerModule`` of a checkpoint, in eval mode on the CPU."""
+    require_rl()
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    quiet_logs()
+    path = resolve_checkpoint(checkpoint) / MODULE_PATH
+    if not path.is_dir():
+        raise ValueError(f"{path.parent.parent.parent.parent} has no policy module at {MODULE_PATH}")
+    module = RLModule.from_checkpoint(str(path.resolve()))
+    module.eval()
+    return module
+
+
+class PPOPlanner:
+    """A trained policy as a ``Planner``: the greedy (argmax) action of the masked policy logits.
+
+    It reads only the observation (recomputed from the episode when none is given) and the legal
+    actions; decisions are memoised per (observation, mask), as the policy is deterministic."""
+
+    name = "ppo"
+
+    def __init__(self, checkpoint: str | Path, module: Any | None = None):
+        self.checkpoint = resolve_checkpoint(checkpoint) if module is None else Path(checkpoint)
+        self.module = module if module is not None else load_module(self.checkpoint)
+        self.n_actions = int(self.module.action_space.n)
+        self.layout = ObservationLayout(self.n_actions - 1)
+        self._memo: dict[bytes, int] = {}
+
+    def reset(self, task: Task, rng: np.random.Generator) -> None:
+        """Nothing to prepare: the policy sees the task through the observation."""
+
+    def act(self, episode: Episode, observation: np.ndarray | None) -> int:
+        obs = episode_observation(episode, self.layout) if observation is None else observation
+        mask = episode.action_mask
+        key = obs.tobytes() + mask.tobytes()
+        action = self._memo.get(key)
+        if action is None:
+            action = self.actions(obs[None], mask[None])[0]
+            if len(self._memo) < 1_000_000:
+                self._memo[key] = action
+        return action
+
+    def actions(self, observations: np.ndarray, masks: np.ndarray) -> list[int]:
+        """Greedy actions for a batch of flat observations and action masks."""
+        import torch
+
+        with torch.no_grad():
+            out = self.module.greedy_actions(torch.as_tensor(observations, dtype=torch.float32),
+                                             torch.as_tensor(masks, dtype=torch.float32))
+        return [int(a) for a in out]
+
+
+def path_workflow(task: Task, tools: Sequence[int], registry: ToolRegistry) -> Workflow:
+    """The workflow of a tool sequence, built as ``reference_workflow`` builds the optimal one: each tool
+    after the tools it depends on, each required tool after the previous required one."""
+    nodes = tuple(Node(registry.names[t], OPERATION_PHRASES[registry.tools[t].operation]) for t in tools)
+    position = {t: i for i, t in enumerate(tools)}
+    edges = {(position[d], position[t]) for t in tools for d in registry.dependency_ids[t] if d in position}
+    required = [t for t in task.required_ids(registry) if t in position]
+    edges |= {(position[a], position[b]) for a, b in pairwise(required)}
+    return Workflow(nodes, tuple(sorted(edges)))
+
+
+def policy_workflow(planner: Any, task: Task, config: WorldConfig | None = None) -> Workflow:
+    """The workflow ``planner`` follows on the happy path: every call succeeds (in strict mode, a call
+    with an unmet dependency still fails without a draw); the tools that succeeded, in call order."""
+    episode = Episode.start(task, 0, config or WorldConfig())
+    episode.stream = np.zeros_like(episode.stream)  # every draw 0: success whenever p > 0
+    finish = len(episode.registry)
+    planner.reset(task, np.random.default_rng(0))
+    while not episode.done and episode.turns_left > 0:
+        action = planner.act(episode, None)
+        if action == finish:
+            break
+        episode.call(action)
+    registry = episode.registry
+    tools = [registry.id_of(r.tool) for r in episode.trace if r.success and not r.replayed]
+    return path_workflow(task, tools, registry)
+
+
+def policy_key(task: Task) -> tuple:
+    """What a policy that reads only observations sees of a task, plus what drives its episodes: tasks
+    with equal keys get identical behaviour (same actions, same exact success)."""
+    from resilibench.envs.observation import initial_observation
+    from resilibench.envs.registry import default_registry
+
+    registry = default_registry()
+    first = initial_observation(task, registry, ObservationLayout(len(registry)))
+    return first.tobytes(), task.required_ids(registry), task.max_retries
+
+
+def compare_workflows(planner: Any, tasks: Sequence[Task], config: WorldConfig | None = None,
+                      exact: bool = True, on_task: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Per task: the policy's happy-path workflow, the reference (bound-(iii)) workflow, whether they
+    coincide (equal canonical keys), bound (iii) and, with ``exact``, the policy's exact full-success
+    probability and the gap; plus a summary (match rate, mean success gap) over ``tasks`` and per task
+    type. ``on_task`` is called after each task (progress bars)."""
+    from resilibench.policies.bounds import exact_policy_success, optimal_success, reference_workflow
+
+    config = config or WorldConfig()
+    rows = []
+    seen: dict[tuple, tuple[Workflow, float | None]] = {}
+    for task in tasks:
+        # Tasks with the same first observation and dynamics get the same actions: evaluate them once.
+        key = policy_key(task)
+        if key not in seen:
+            seen[key] = (policy_workflow(planner, task, config),
+                         exact_policy_success(planner, task, config) if exact else None)
+        mine, success = seen[key]
+        reference = reference_workflow(task, config)
+        row: dict[str, Any] = {
+            "task_id": task.instance_id, "task_type": task.task_type,
+            "match": mine.canonical_key() == reference.canonical_key(),
+            "policy_workflow": mine.to_dict(), "reference_workflow": reference.to_dict(),
+            "policy_tools": list(mine.tools), "reference_tools": list(reference.tools),
+            "bound_iii": optimal_success(task, config),
+        }
+        if exact:
+            row["policy_success"] = success
+            row["success_gap"] = row["bound_iii"] - success
+        rows.append(row)
+        if on_task is not None:
+            on_task()
+    summary = _workflow_summary(rows)
+    by_type = {}
+    for name in dict.fromkeys(r["task_type"] for r in rows):
+        by_type[name] = _workflow_summary([r for r in rows if r["task_type"] == name])
+    return {"tasks": rows, "summary": {"all": summary, **by_type}}
+
+
+def _workflow_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    n = len(rows)
+    out: dict[str, Any] = {"tasks": n, "match_rate": sum(r["match"] for r in rows) / n if n else None,
+                           "bound_iii": sum(r["bound_iii"] for r in rows) / n if n else None}
+    if n and "policy_success" in rows[0]:
+        out["policy_success"] = sum(r["policy_success"] for r in rows) / n
+        out["success_gap"] = out["bound_iii"] - out["policy_success"]
+        out["policy_over_bound_iii"] = out["policy_success"] / out["bound_iii"] if out["bound_iii"] else None
+    return out
+
+
+@contextmanager
+def registered_planner(planner: Any) -> Iterator[None]:
+    """Make ``policies.runner.make_planner(planner.name)`` return ``planner`` while the block runs, so the
+    runner (and ``resilibench run``'s results machinery) can play a planner built from a checkpoint."""
+    from resilibench.policies import heuristics
+
+    table = heuristics.HEURISTICS
+    missing = object()
+    previous = table.get(planner.name, missing)
+    table[planner.name] = lambda: planner
+    try:
+        yield
+    finally:
+        if previous is missing:
+            del table[planner.name]
+        else:
+            table[planner.name] = previous

@@ -1,0 +1,412 @@
+"""PPO training of ResiliBench-v0 planners with RLlib (new API stack), resumable, with checkpoints.
+
+``PPOTrainConfig`` holds every hyperparameter in one place (defaults tuned on a 2-core machine, see
+docs/ppo.md); ``build_ppo_config`` turns it into an RLlib ``PPOConfig``; ``train`` runs iterations into an
+output directory:
+
+    DIR/training.json            config and metadata (resilibench.results.run_metadata)
+    DIR/progress.jsonl           one row per iteration (iteration, env steps, return, full success, ...)
+    DIR/checkpoints/iter_NNNNNN  RLlib checkpoints (Algorithm.save_to_path) with state.json beside them
+    DIR/checkpoints/latest.json  the newest checkpoint; ``resume=True`` continues from it
+
+A checkpoint holds the algorithm (learner, optimizer, env-runner connectors, iteration count); state.json
+adds what RLlib does not know about: the curriculum stage, env steps and the training time so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from resilibench.envs.config import WorldConfig
+from resilibench.envs.tasks import SPLITS, TASK_TYPE_NAMES, Task, load_tasks
+from resilibench.policies.ppo import DEFAULT_MODEL_CONFIG, ENCODERS, require_rl
+from resilibench.policies.ppo.curriculum import CurriculumConfig, stage_pools
+
+REWARDS = ("sparse", "shaped")
+ENV_NAME = "ResiliBenchMasked-v0"  # MaskedPlannerEnv over ResiliBench-v0, registered with Ray Tune
+TRAINING_FILE, PROGRESS_FILE, CHECKPOINTS, LATEST, STATE_FILE = (
+    "training.json", "progress.jsonl", "checkpoints", "latest.json", "state.json")
+# Fields that may differ between a run and its resumption (resources and stopping rules).
+RESUMABLE_CHANGES = frozenset({"iterations", "time_budget_min", "num_env_runners", "num_envs_per_env_runner",
+                               "num_learners", "num_gpus_per_learner", "num_torch_threads",
+                               "checkpoint_every", "keep_checkpoints"})
+
+
+@dataclass
+class PPOTrainConfig:
+    """Everything a PPO training run depends on. Defaults: tuned for ResiliBench-v0 on 2 CPU cores."""
+
+    # What to train on.
+    task_types: tuple[str, ...] | None = None  # None: all five
+    split: str = "train"
+    tasks_path: str | None = None  # a task library file; None: the shipped one
+    reward: str = "sparse"  # "sparse" or "shaped" (paper D.3)
+    curriculum: bool = True  # the five-stage curriculum of paper D.4.2 (resilibench.policies.ppo.curriculum)
+    curriculum_config: dict[str, Any] = field(default_factory=dict)  # CurriculumConfig overrides
+    balance_task_types: bool = True  # draw a task type uniformly, then a task of it (else tasks uniformly)
+    world: dict[str, Any] = field(default_factory=dict)  # WorldConfig overrides (sections as dicts)
+    # Policy network (resilibench.policies.ppo.module).
+    encoder: str = "transformer"
+    d_model: int = 32
+    n_heads: int = 2
+    n_layers: int = 1
+    ff_dim: int = 64
+    mlp_hiddens: tuple[int, ...] = (256, 256)
+    value_hiddens: tuple[int, ...] = (64,)
+    # PPO.
+    lr: float = 1e-3
+    lr_end: float | None = 1e-4  # linear decay from lr to lr_end over lr_decay_steps env steps (None: constant)
+    lr_decay_steps: int = 800_000
+    gamma: float = 0.99  # below 1 so that finishing as soon as the task is done pays
+    lambda_: float = 0.95
+    clip_param: float = 0.2
+    vf_clip_param: float = 10.0
+    vf_loss_coeff: float = 0.5
+    entropy_coeff: float = 0.01
+    use_kl_loss: bool = False
+    kl_coeff: float = 0.2
+    grad_clip: float = 0.5  # paper D.5.1
+    train_batch_size: int = 4000  # env steps per iteration (per learner)
+    minibatch_size: int = 500
+    num_epochs: int = 4
+    # Resources.
+    num_env_runners: int = 1  # learning dominates an iteration on 2 cores: 0, 1 or 2 runners are within noise
+    num_envs_per_env_runner: int = 32
+    num_learners: int = 0  # 0: learn in the driver process
+    num_gpus_per_learner: float = 0.0
+    num_torch_threads: int = 1  # torch threads of the driver (env runners get Ray's default, 1 per CPU)
+    # Run.
+    seed: int = 0
+    iterations: int | None = None  # stop at this (total) iteration count
+    time_budget_min: float | None = None  # stop when the training time (all sessions) reaches this
+    checkpoint_every: int = 10  # iterations; a checkpoint is also written at the end
+    keep_checkpoints: int = 3  # the newest ones are kept, older ones deleted
+
+    def __post_init__(self) -> None:
+        if self.task_types is not None:
+            self.task_types = tuple(self.task_types)
+            unknown = [t for t in self.task_types if t not in TASK_TYPE_NAMES]
+            if unknown or not self.task_types:
+                raise ValueError(f"task_types: unknown {unknown or 'empty'}; accepted: {list(TASK_TYPE_NAMES)}")
+        self.mlp_hiddens, self.value_hiddens = tuple(self.mlp_hiddens), tuple(self.value_hiddens)
+        checks = [
+            ("split", self.split in SPLITS, f"one of {list(SPLITS)}"),
+            ("reward", self.reward in REWARDS, f"one of {list(REWARDS)}"),
+            ("encoder", self.encoder in ENCODERS, f"one of {list(ENCODERS)}"),
+            ("d_model", self.d_model > 0 and self.d_model % self.n_heads == 0, "a positive multiple of n_heads"),
+            ("train_batch_size", self.train_batch_size >= self.minibatch_size > 0, ">= minibatch_size > 0"),
+            ("num_epochs", self.num_epochs >= 1, ">= 1"),
+            ("num_env_runners", self.num_env_runners >= 0, ">= 0"),
+            ("num_envs_per_env_runner", self.num_envs_per_env_runner >= 1, ">= 1"),
+            ("num_learners", self.num_learners >= 0, ">= 0"),
+            ("num_gpus_per_learner", self.num_gpus_per_learner >= 0, ">= 0"),
+            ("num_torch_threads", self.num_torch_threads >= 1, ">= 1"),
+            ("iterations", self.iterations is None or self.iterations >= 1, ">= 1"),
+            ("time_budget_min", self.time_budget_min is None or self.time_budget_min > 0, "> 0"),
+            ("checkpoint_every", self.checkpoint_every >= 1, ">= 1"),
+            ("keep_checkpoints", self.keep_checkpoints >= 1, ">= 1"),
+            ("lr", self.lr > 0, "> 0"),
+            ("lr_end", self.lr_end is None or self.lr_end > 0, "> 0 or None"),
+            ("lr_decay_steps", self.lr_decay_steps >= 1, ">= 1"),
+            ("gamma", 0 < self.gamma <= 1, "in (0, 1]"),
+            ("lambda_", 0 <= self.lambda_ <= 1, "in [0, 1]"),
+        ]
+        for name, ok, accepted in checks:
+            if not ok:
+                raise ValueError(f"{name}: must be {accepted}, got {getattr(self, name)!r}")
+        self.world_config()  # raises on unknown sections or fields
+        try:
+            CurriculumConfig(**self.curriculum_config)
+        except TypeError as exc:
+            raise ValueError(f"curriculum_config: {exc}") from None
+
+    def world_config(self) -> WorldConfig:
+        """The world the envs run (``world`` applied to the defaults)."""
+        return WorldConfig().replace(**self.world) if self.world else WorldConfig()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, as written into training.json."""
+        return dataclasses.asdict(self)
+
+    def model_config(self) -> dict[str, Any]:
+        """``PlannerModule``'s model_config."""
+        config = {k: getattr(self, k) for k in DEFAULT_MODEL_CONFIG}
+        config["mlp_hiddens"], config["value_hiddens"] = list(self.mlp_hiddens), list(self.value_hiddens)
+        return config
+
+    def training_tasks(self) -> list[Task]:
+        """The tasks the envs draw from (before any curriculum stage narrows them)."""
+        tasks = load_tasks(self.tasks_path, self.split, self.task_types)
+        if not tasks:
+            raise ValueError(f"no tasks for split={self.split!r}, task_types={self.task_types!r}")
+        return tasks
+
+    def env_config(self, stage: int = 0) -> dict[str, Any]:
+        """RLlib's env_config for ``wrappers.make_env`` and the training callback."""
+        return {"tasks_path": self.tasks_path, "split": self.split,
+                "task_types": list(self.task_types) if self.task_types else None, "reward": self.reward,
+                "world": self.world, "curriculum": self.curriculum, "curriculum_config": self.curriculum_config,
+                "balance_task_types": self.balance_task_types,
+                "stage": stage if self.curriculum else -1}
+
+
+def quiet_logs() -> None:
+    """Keep RLlib's and Tune's notices (new API stack, deprecations, setup times, gputil) off the console."""
+    logging.getLogger("ray.rllib").setLevel(logging.ERROR)
+    logging.getLogger("ray.tune").setLevel(logging.ERROR)
+
+
+def build_ppo_config(cfg: PPOTrainConfig, stage: int = 0, cluster: bool = False):
+    """The RLlib ``PPOConfig`` of a training config (curriculum starting at ``stage``). On a ``cluster``
+    failed env runners are restarted; locally they are not (Ray warns about restartable actors)."""
+    require_rl()
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+    from ray.tune.registry import register_env
+
+    from resilibench.policies.ppo.callbacks import TrainingCallbacks
+    from resilibench.policies.ppo.module import PlannerModule
+    from resilibench.policies.ppo.wrappers import make_env
+
+    quiet_logs()
+    register_env(ENV_NAME, make_env)
+    return (
+        PPOConfig()
+        .environment(ENV_NAME, env_config=cfg.env_config(stage), disable_env_checking=True)
+        .env_runners(num_env_runners=cfg.num_env_runners, num_envs_per_env_runner=cfg.num_envs_per_env_runner,
+                     rollout_fragment_length="auto")
+        .learners(num_learners=cfg.num_learners, num_gpus_per_learner=cfg.num_gpus_per_learner)
+        .rl_module(rl_module_spec=RLModuleSpec(module_class=PlannerModule, model_config=cfg.model_config()))
+        .training(lr=cfg.lr if cfg.lr_end is None else [[0, cfg.lr], [cfg.lr_decay_steps, cfg.lr_end]], gamma=cfg.gamma, lambda_=cfg.lambda_, clip_param=cfg.clip_param,
+                  vf_clip_param=cfg.vf_clip_param, vf_loss_coeff=cfg.vf_loss_coeff,
+                  entropy_coeff=cfg.entropy_coeff, use_kl_loss=cfg.use_kl_loss, kl_coeff=cfg.kl_coeff,
+                  grad_clip=cfg.grad_clip, train_batch_size_per_learner=cfg.train_batch_size,
+                  minibatch_size=cfg.minibatch_size, num_epochs=cfg.num_epochs)
+        .callbacks(TrainingCallbacks)
+        .fault_tolerance(restart_failed_env_runners=cluster)
+        .debugging(seed=cfg.seed, log_level="ERROR")
+        .reporting(metrics_num_episodes_for_smoothing=100)
+    )
+
+
+def init_ray(cfg: PPOTrainConfig, address: str | None = None) -> bool:
+    """Start local Ray with enough CPUs for the env runners and learners (or join ``address``); quiet
+    logs, no dashboard. Returns False when Ray was already initialised (then it is left as it is).
+    Raises ValueError when the learners ask for more GPUs than Ray sees (the job would wait forever)."""
+    require_rl()
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR}
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            needed = cfg.num_env_runners + (cfg.num_learners if cfg.num_gpus_per_learner == 0 else 0)
+            ray.init(num_cpus=max(os.cpu_count() or 1, needed, 1), **kwargs)
+        started = True
+    gpus_needed = cfg.num_gpus_per_learner * max(cfg.num_learners, 1)
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    if gpus_needed > gpus:
+        if started:
+            ray.shutdown()
+        raise ValueError(f"num_gpus_per_learner: {cfg.num_gpus_per_learner} GPU(s) x {max(cfg.num_learners, 1)} "
+                         f"learner(s) asked for, the Ray cluster has {gpus:g}")
+    return started
+
+
+@cache
+def _bound_mean(task_ids: tuple[str, ...], world: str, tasks_path: str | None) -> float:
+    from resilibench.policies.bounds import optimal_success
+
+    # Bounds exist for the test failure profile, the one policies are measured on.
+    config = WorldConfig().replace(**json.loads(world)).replace(rules={"profile": "test"})
+    by_id = {t.instance_id: t for t in load_tasks(tasks_path)}
+    return sum(optimal_success(by_id[i], config) for i in task_ids) / len(task_ids)
+
+
+def bound_iii_mean(tasks: Sequence[Task], cfg: PPOTrainConfig) -> float:
+    """Mean bound (iii) (exact optimal full success, test failure profile) over ``tasks``: what a policy
+    facing a uniform draw of them can reach."""
+    return _bound_mean(tuple(t.instance_id for t in tasks), json.dumps(cfg.world, sort_keys=True), cfg.tasks_path)
+
+
+@dataclass
+class TrainingState:
+    """What a checkpoint adds to RLlib's own state."""
+
+    iteration: int = 0
+    env_steps: int = 0
+    train_seconds: float = 0.0
+    stage: int = 0
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    """The newest checkpoint of a training output directory (None when there is none)."""
+    pointer = Path(directory) / CHECKPOINTS / LATEST
+    if not pointer.is_file():
+        return None
+    path = Path(directory) / CHECKPOINTS / json.loads(pointer.read_text())["checkpoint"]
+    return path if path.is_dir() else None
+
+
+def read_state(checkpoint: Path) -> TrainingState:
+    return TrainingState(**json.loads((checkpoint / STATE_FILE).read_text()))
+
+
+def check_resumable(saved: dict[str, Any], cfg: PPOTrainConfig) -> None:
+    """Refuse to resume a run with a different training config (resources and stopping rules may change)."""
+    current = cfg.to_dict()
+    from resilibench.results import to_jsonable
+
+    saved_j, current_j = to_jsonable(saved), to_jsonable(current)
+    differences = [k for k in sorted(set(saved_j) | set(current_j))
+                   if k not in RESUMABLE_CHANGES and saved_j.get(k) != current_j.get(k)]
+    if differences:
+        shown = ", ".join(f"{k}: {saved_j.get(k)!r} -> {current_j.get(k)!r}" for k in differences[:4])
+        raise ValueError(f"the run in this directory was trained with a different config ({shown}); "
+                         "use another output directory or start afresh without resume")
+
+
+def format_progress(row: dict[str, Any]) -> str:
+    """The one-line progress report of an iteration."""
+    def num(value: Any, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    stage = f"  stage {row['stage']}" if row.get("stage", -1) >= 0 else ""
+    return (f"iter {row['iteration']:>4}  steps {row['env_steps']:>9,}  return {num(row['return_mean'], '.3f')}  "
+            f"full {num(row['full_success'], '.3f')}  full/iii {num(row['full_over_bound_iii'], '.3f')}{stage}  "
+            f"{num(row['env_steps_per_s'], ',.0f')} steps/s  {row['train_seconds'] / 60:.1f} min")
+
+
+def train(cfg: PPOTrainConfig, output_dir: str | Path, resume: bool = False, address: str | None = None,
+          log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train until ``cfg.iterations`` or ``cfg.time_budget_min`` (at least one must be set); returns the last
+    progress row with ``checkpoint`` (the final checkpoint's path). With ``resume``, continue from the newest
+    checkpoint in ``output_dir`` (iteration count, env steps, training time and curriculum stage carry on;
+    iterations logged after that checkpoint are run again and logged again)."""
+    import torch
+
+    from resilibench.results import JsonlWriter, run_metadata, write_json_atomic
+
+    if cfg.iterations is None and cfg.time_budget_min is None:
+        raise ValueError("set iterations or time_budget_min (or both)")
+    directory = Path(output_dir)
+    record_path = directory / TRAINING_FILE
+    record = json.loads(record_path.read_text()) if resume and record_path.is_file() else None
+    if record is not None:
+        check_resumable(record["train"], cfg)
+    elif (directory / CHECKPOINTS).exists() or record_path.exists():
+        raise ValueError(f"{directory} already holds a training run; resume it or use another output directory")
+    checkpoint = latest_checkpoint(directory) if record is not None else None
+    state = read_state(checkpoint) if checkpoint else TrainingState()
+    tasks = cfg.training_tasks()
+    pools = stage_pools(tasks) if cfg.curriculum else None
+    torch.set_num_threads(cfg.num_torch_threads)  # more threads than cores spin and stall on small batches
+    started_ray = init_ray(cfg, address)
+    algo = writer = None
+    row: dict[str, Any] = {}
+    try:
+        algo = build_ppo_config(cfg, state.stage, cluster=address is not None).build_algo()
+        if checkpoint is not None:
+            algo.restore_from_path(str(checkpoint.resolve()))
+            log(f"resumed from {checkpoint} (iteration {algo.iteration}, {state.env_steps:,} env steps, "
+                f"{state.train_seconds / 60:.1f} min)")
+        session = run_metadata({"train": cfg.to_dict(), "world": cfg.world_config().to_dict(),
+                                "task_count": len(tasks)}, [cfg.seed],
+                               extra={"resumed_from": str(checkpoint) if checkpoint else None})
+        record = record or {"train": cfg.to_dict(), "sessions": []}
+        record["train"] = cfg.to_dict()
+        record["sessions"].append(session)
+        write_json_atomic(record_path, record)
+        writer = JsonlWriter(directory / PROGRESS_FILE, metadata=session, resume=checkpoint is not None)
+
+        bounds: dict[int, float] = {}
+
+        def bound_for(stage: int) -> float:
+            if stage not in bounds:
+                bounds[stage] = bound_iii_mean(pools[stage] if pools and stage >= 0 else tasks, cfg)
+            return bounds[stage]
+
+        bound_for(state.stage if cfg.curriculum else -1)
+        budget_s = cfg.time_budget_min * 60 if cfg.time_budget_min is not None else None
+        last_saved = algo.iteration
+        while (cfg.iterations is None or algo.iteration < cfg.iterations) and (
+                budget_s is None or state.train_seconds < budget_s):
+            started = time.perf_counter()
+            result = algo.train()
+            elapsed = time.perf_counter() - started
+            row = _progress_row(result, state, elapsed, bound_for(state.stage if cfg.curriculum else -1),
+                                cfg.curriculum)
+            state = TrainingState(row["iteration"], row["env_steps"], row["train_seconds"],
+                                  result["resilibench"]["stage"] if cfg.curriculum else 0)
+            writer.write(row)
+            log(format_progress(row))
+            if algo.iteration - last_saved >= cfg.checkpoint_every:
+                save_checkpoint(algo, directory, state, cfg.keep_checkpoints)
+                last_saved = algo.iteration
+        if row or checkpoint is None:
+            row["checkpoint"] = str(save_checkpoint(algo, directory, state, cfg.keep_checkpoints))
+        else:  # nothing left to do
+            row = {"iteration": state.iteration, "env_steps": state.env_steps,
+                   "train_seconds": state.train_seconds, "checkpoint": str(checkpoint)}
+    finally:
+        if writer is not None:
+            writer.close()
+        if algo is not None:
+            algo.stop()
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+    return row
+
+
+def _progress_row(result: dict[str, Any], before: TrainingState, elapsed: float, bound: float,
+                  curriculum: bool) -> dict[str, Any]:
+    """The progress row of one iteration (``before``: the state at its start)."""
+    mine = result.get("resilibench", {})
+    runners = result["env_runners"]
+    steps = int(runners.get("num_env_steps_sampled_lifetime", 0))
+    full = mine.get("full_success")
+    return {
+        "iteration": int(result["training_iteration"]), "env_steps": steps,
+        "return_mean": _finite(runners.get("episode_return_mean")),
+        "episodes": mine.get("episodes"), "full_success": full,
+        "bound_iii": bound, "full_over_bound_iii": None if full is None else full / bound,
+        "stage": before.stage if curriculum else -1, "stage_success": mine.get("stage_success"),
+        "env_steps_per_s": (steps - before.env_steps) / elapsed if elapsed > 0 else None,
+        "iteration_seconds": elapsed, "train_seconds": before.train_seconds + elapsed,
+    }
+
+
+def _finite(value: Any) -> float | None:
+    import math
+
+    return float(value) if value is not None and math.isfinite(float(value)) else None
+
+
+def save_checkpoint(algo: Any, directory: Path, state: TrainingState, keep: int = 3) -> Path:
+    """Write an RLlib checkpoint with its state.json, point latest.json at it, and delete all but the
+    ``keep`` newest checkpoints."""
+    import shutil
+
+    from resilibench.results import write_json_atomic
+
+    name = f"iter_{state.iteration:06d}"
+    path = directory / CHECKPOINTS / name
+    algo.save_to_path(str(path.resolve()))
+    write_json_atomic(path / STATE_FILE, dataclasses.asdict(state))
+    write_json_atomic(directory / CHECKPOINTS / LATEST, {"checkpoint": name, "iteration": state.iteration})
+    for old in sorted((directory / CHECKPOINTS).glob("iter_*"))[:-keep]:
+        shutil.rmtree(old)
+    return path

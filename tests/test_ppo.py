@@ -1,0 +1,369 @@
+"""PPO planners with real RLlib: training, checkpoints, resume, masking, curriculum, eval-policy, CLI errors.
+
+One local Ray instance (2 CPUs) serves the module; networks and batches are tiny so the whole file runs in
+well under the CI budget on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.rllib")
+torch = pytest.importorskip("torch")
+
+from helpers import make_task  # noqa: E402
+from resilibench.cli import main  # noqa: E402
+from resilibench.envs.planner_env import ResiliBenchEnv  # noqa: E402
+from resilibench.envs.registry import default_registry  # noqa: E402
+from resilibench.envs.tasks import load_tasks  # noqa: E402
+from resilibench.policies.bounds import (  # noqa: E402
+    OptimalPlanner,
+    exact_bound,
+    exact_policy_success,
+    optimal_success,
+)
+from resilibench.policies.ppo.curriculum import (  # noqa: E402
+    STAGES,
+    CurriculumConfig,
+    CurriculumTracker,
+    next_stage,
+    stage_pools,
+    stage_success,
+)
+from resilibench.policies.ppo.evaluation import (  # noqa: E402
+    PPOPlanner,
+    compare_workflows,
+    policy_workflow,
+    resolve_checkpoint,
+)
+from resilibench.policies.ppo.training import (  # noqa: E402
+    PPOTrainConfig,
+    build_ppo_config,
+    check_resumable,
+    latest_checkpoint,
+    read_state,
+    train,
+)
+from resilibench.policies.ppo.wrappers import ACTION_MASK, OBSERVATIONS, MaskedPlannerEnv, episode_observation  # noqa: E402
+from resilibench.results import read_jsonl  # noqa: E402
+
+TYPE = "simple_data_transformation"  # small pool, few distinct bound problems: fast bounds
+TINY = {"d_model": 16, "n_heads": 2, "n_layers": 1, "ff_dim": 32, "value_hiddens": (16,),
+        "train_batch_size": 256, "minibatch_size": 128, "num_epochs": 1, "num_env_runners": 0,
+        "num_envs_per_env_runner": 4, "task_types": (TYPE,), "checkpoint_every": 1}
+TINY_FLAGS = ["--task-type", TYPE, "--num-env-runners", "0", "--num-envs-per-env-runner", "4",
+              "--checkpoint-every", "1", *[x for k in ("d_model", "n_heads", "n_layers", "ff_dim", "train_batch_size",
+                                                          "minibatch_size", "num_epochs")
+                                          for x in ("--set", f"{k}={TINY[k]}")],
+              "--set", "value_hiddens=[16]"]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray instance for the module, shut down at its end."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def trained(ray_session, tmp_path_factory) -> Path:
+    """Two real PPO iterations through the CLI (checkpoint after each)."""
+    out = tmp_path_factory.mktemp("ppo") / "run"
+    assert main(["train", "ppo", "--iterations", "2", "--output-dir", str(out), *TINY_FLAGS]) == 0
+    return out
+
+
+def _masked_steps(env: gym.Env, planner, seeds):
+    """(observation, action mask, chosen action) of greedy episodes of ``planner``."""
+    out = []
+    for seed in seeds:
+        obs, info = env.reset(seed=seed)
+        planner.reset(env.unwrapped.episode.task, np.random.default_rng(seed))
+        done = False
+        while not done:
+            action = planner.act(env.unwrapped.episode, obs)
+            out.append((obs, info["action_mask"].copy(), action))
+            obs, _, terminated, truncated, info = env.step(action)
+            done = terminated or truncated
+    return out
+
+
+# --- wrapper and observation ---------------------------------------------------------------------------
+
+
+def test_episode_observation_matches_the_env_step_for_step():
+    env = ResiliBenchEnv(split="test")
+    rng = np.random.default_rng(0)
+    for seed in range(20):
+        obs, info = env.reset(seed=seed)
+        while True:
+            assert np.array_equal(episode_observation(env.episode), obs)
+            legal = np.flatnonzero(info["action_mask"])
+            obs, _, terminated, truncated, info = env.step(int(rng.choice(legal)))
+            if terminated or truncated:
+                break
+
+
+def test_masked_env_keeps_the_contract_and_moves_the_mask_into_the_observation():
+    inner, wrapped = ResiliBenchEnv(split="test"), MaskedPlannerEnv(ResiliBenchEnv(split="test"))
+    assert wrapped.observation_space[ACTION_MASK].shape == (31,)
+    obs_a, info_a = inner.reset(seed=3)
+    obs_b, info_b = wrapped.reset(seed=3)
+    assert np.array_equal(obs_a, obs_b[OBSERVATIONS]) and wrapped.observation_space.contains(obs_b)
+    while True:
+        action = int(np.flatnonzero(info_a["action_mask"])[0])
+        assert np.array_equal(obs_b[ACTION_MASK], info_a["action_mask"].astype(np.float32))
+        obs_a, r_a, t_a, tr_a, info_a = inner.step(action)
+        obs_b, r_b, t_b, tr_b, info_b = wrapped.step(action)
+        assert np.array_equal(obs_a, obs_b[OBSERVATIONS]) and (r_a, t_a, tr_a) == (r_b, t_b, tr_b)
+        if t_a or tr_a:
+            break
+    assert info_b["level"] == info_a["level"] and info_b["stage"] == -1
+    assert 0.0 <= info_b["progress"] <= info_b["coverage"] <= 1.0
+
+
+def test_balanced_task_types_are_drawn_uniformly_and_reproducibly():
+    from collections import Counter
+
+    def types(seed: int) -> list[str]:
+        env = MaskedPlannerEnv(ResiliBenchEnv(split="train"), balance_task_types=True)
+        drawn = [env.reset(seed=seed)[1]["task_type"]]
+        drawn += [env.reset()[1]["task_type"] for _ in range(999)]
+        return drawn
+
+    drawn = types(7)
+    assert drawn == types(7) and drawn != types(8)
+    counts = Counter(drawn)
+    assert len(counts) == 5 and min(counts.values()) > 150  # uniform: 200 each; uniform over tasks: 64 simple
+    env = MaskedPlannerEnv(ResiliBenchEnv(split="train"), balance_task_types=True)
+    pinned = load_tasks(split="train")[5]
+    assert env.reset(seed=0, options={"task_id": pinned.instance_id})[1]["task_type"] == pinned.task_type
+
+
+# --- curriculum ----------------------------------------------------------------------------------------
+
+
+def test_curriculum_transition_rule():
+    config = CurriculumConfig()
+    assert next_stage(0, 49, 49, config) == 0  # too few episodes, however good
+    assert next_stage(0, 36, 50, config) == 1  # 0.72 > 0.7
+    assert next_stage(1, 35, 50, config) == 1  # 0.70 is not above 0.7
+    assert next_stage(2, 14, 50, config) == 1  # 0.28 < 0.3
+    assert next_stage(0, 0, 60, config) == 0 and next_stage(4, 60, 60, config) == 4  # clamped
+    tracker = CurriculumTracker(0, CurriculumConfig(min_episodes=3, window=4))
+    for success in (True, True, False):
+        tracker.record(0, success)
+    tracker.record(1, False)  # an episode of another stage does not count
+    assert tracker.rate == pytest.approx(2 / 3) and not tracker.update()
+    tracker.record(0, True)
+    assert tracker.update() and tracker.stage == 1 and tracker.rate is None  # 3/4 > 0.7; window restarts
+
+
+def test_table_12_thresholds_and_stage_pools():
+    assert [s.required_coverage for s in STAGES] == [0.2, 0.4, 0.7, 0.9, 1.0]
+    assert [s.max_errors for s in STAGES] == [50, 30, 20, 15, 10]
+    assert stage_success(0, progress=0.1, coverage=0.2, errors=50)
+    assert not stage_success(4, progress=1.0, coverage=0.9, errors=0)
+    assert not stage_success(3, progress=0.6, coverage=1.0, errors=0)
+    tasks = load_tasks(split="train")
+    pools = stage_pools(tasks)
+    assert {t.complexity for t in pools[0]} == {"easy"} and {t.complexity for t in pools[1]} == {"easy", "medium"}
+    assert len(pools[4]) == len(tasks)
+    hard_only = [t for t in tasks if t.complexity == "hard"]
+    assert stage_pools(hard_only)[0] == hard_only  # nothing easy: the stage trains on what there is
+    with pytest.raises(ValueError, match="regress < advance"):
+        CurriculumConfig(advance=0.2, regress=0.3)
+
+
+def test_curriculum_callback_advances_on_a_real_iteration(ray_session):
+    cfg = PPOTrainConfig(**TINY, curriculum=True, curriculum_config={"advance": 0.05, "regress": 0.0,
+                                                                     "min_episodes": 5, "window": 50})
+    algo = build_ppo_config(cfg).build_algo()
+    try:
+        env = algo.env_runner.env.unwrapped.envs[0]
+        assert env.get_wrapper_attr("stage") == 0
+        assert {t.complexity for t in env.unwrapped.tasks} == {"easy"}
+        result = algo.train()
+        summary = result["resilibench"]
+        # Stage 0 counts an episode as a success with one required tool done: a random policy clears 0.05.
+        assert summary["stage"] == 1 and summary["episodes"] > 5
+        assert env.get_wrapper_attr("stage") == 1
+    finally:
+        algo.stop()
+
+
+# --- masking -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoder", ["transformer", "mlp"])
+def test_masked_logits_never_sample_illegal_actions(encoder):
+    from ray.rllib.core.columns import Columns
+    from ray.rllib.core.distribution.torch.torch_distribution import TorchCategorical
+
+    from resilibench.policies.ppo.module import PlannerModule
+
+    env = MaskedPlannerEnv(ResiliBenchEnv(split="test"))
+    module = PlannerModule(observation_space=env.observation_space, action_space=env.action_space,
+                           model_config={"encoder": encoder, "d_model": 16, "n_heads": 2, "n_layers": 1})
+    rng = np.random.default_rng(0)
+    masks = (rng.random((256, 31)) < 0.2).astype(np.float32)
+    masks[:, 30] = 1.0
+    masks[:8] = 0.0
+    masks[:8, 5] = 1.0  # a single legal action
+    batch = {Columns.OBS: {OBSERVATIONS: torch.rand(256, 204), ACTION_MASK: torch.as_tensor(masks)}}
+    for forward in (module.forward_exploration, module.forward_inference, module.forward_train):
+        with torch.no_grad():
+            logits = forward(batch)[Columns.ACTION_DIST_INPUTS]
+        dist = TorchCategorical(logits=logits)
+        samples = torch.stack([dist.sample() for _ in range(50)]).numpy()
+        assert masks[np.arange(256), samples].all()
+        assert masks[np.arange(256), logits.argmax(-1).numpy()].all()
+        assert torch.isfinite(dist.entropy()).all()
+    assert (logits[:8].argmax(-1) == 5).all()
+
+
+def test_rllib_sampling_and_restored_greedy_policy_stay_legal(trained):
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    checkpoint = resolve_checkpoint(trained)
+    algo = Algorithm.from_checkpoint(str(checkpoint.resolve()))
+    try:
+        episodes = algo.env_runner.sample(num_timesteps=300, explore=True)
+        steps = 0
+        for episode in episodes:
+            masks, actions = episode.get_observations()[ACTION_MASK], episode.get_actions()
+            assert len(actions) == len(masks) - 1  # one observation more than actions
+            assert (masks[np.arange(len(actions)), actions] == 1.0).all()
+            steps += len(actions)
+        assert steps >= 300
+    finally:
+        algo.stop()
+    planner = PPOPlanner(trained)
+    for _obs, mask, action in _masked_steps(ResiliBenchEnv(split="test"), planner, range(40)):
+        assert mask[action] == 1
+
+
+# --- training, checkpoints, resume ---------------------------------------------------------------------
+
+
+def test_training_writes_progress_config_and_checkpoints(trained):
+    contents = read_jsonl(trained / "progress.jsonl")
+    assert [r["iteration"] for r in contents.rows] == [1, 2]
+    assert contents.rows[1]["env_steps"] > contents.rows[0]["env_steps"] >= 256
+    for row in contents.rows:
+        assert row["bound_iii"] == pytest.approx(np.mean([optimal_success(t) for t in load_tasks(split="train",
+                                                                                                task_types=[TYPE])]))
+        assert 0.0 <= row["full_success"] <= 1.0 and row["env_steps_per_s"] > 0
+    record = json.loads((trained / "training.json").read_text())
+    assert record["train"]["task_types"] == [TYPE] and record["train"]["d_model"] == 16
+    assert record["sessions"][0]["packages"]["ray"] and contents.metadata[0]["git_revision"]
+    assert latest_checkpoint(trained).name == "iter_000002"
+    assert read_state(latest_checkpoint(trained)).iteration == 2
+    assert (trained / "checkpoints" / "iter_000001" / "rllib_checkpoint.json").is_file()
+
+
+def test_checkpoint_round_trip_gives_the_same_greedy_actions(trained, tmp_path):
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    checkpoint = resolve_checkpoint(trained)
+    planner = PPOPlanner(checkpoint)
+    steps = _masked_steps(ResiliBenchEnv(split="test"), planner, range(10))
+    obs = np.stack([s[0] for s in steps])
+    masks = np.stack([s[1] for s in steps])
+    algo = Algorithm.from_checkpoint(str(checkpoint.resolve()))
+    try:
+        live = algo.get_module()
+        with torch.no_grad():
+            live_actions = live.greedy_actions(torch.as_tensor(obs), torch.as_tensor(masks, dtype=torch.float32))
+        assert live_actions.tolist() == [s[2] for s in steps]
+        algo.save_to_path(str(tmp_path / "again"))
+    finally:
+        algo.stop()
+    assert PPOPlanner(tmp_path / "again").actions(obs, masks) == [s[2] for s in steps]
+
+
+def test_resume_continues_the_iteration_count(trained, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    cfg = PPOTrainConfig(**TINY, iterations=3)
+    lines = []
+    row = train(cfg, copy, resume=True, log=lines.append)
+    assert lines[0].startswith("resumed from") and row["iteration"] == 3
+    rows = read_jsonl(copy / "progress.jsonl").rows
+    assert [r["iteration"] for r in rows] == [1, 2, 3] and rows[2]["env_steps"] > rows[1]["env_steps"]
+    assert latest_checkpoint(copy).name == "iter_000003"
+    assert len(json.loads((copy / "training.json").read_text())["sessions"]) == 2
+    with pytest.raises(ValueError, match="different config .*lr"):
+        check_resumable(cfg.to_dict(), PPOTrainConfig(**TINY, lr=0.01))
+    check_resumable(cfg.to_dict(), PPOTrainConfig(**{**TINY, "num_env_runners": 2}))  # resources may change
+
+
+# --- evaluation ----------------------------------------------------------------------------------------
+
+
+def test_eval_policy_writes_the_run_files_and_workflows(trained, tmp_path, capsys):
+    out, workflows = tmp_path / "eval", tmp_path / "workflows.json"
+    args = ["eval-policy", str(trained), "--task-type", TYPE, "--limit", "3", "--seeds", "0", "1",
+            "--output-dir", str(out), "--export-workflows", str(workflows)]
+    assert main(args) == 0
+    contents = read_jsonl(out / "results.jsonl")
+    assert len(contents.rows) == 6 and {r["planner"] for r in contents.rows} == {"ppo"}
+    assert contents.metadata[0]["config"]["policy"]["sha256"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert "ppo" in summary["overall"] and (out / "summary.png").stat().st_size > 0
+    exported = json.loads(workflows.read_text())
+    assert len(exported["tasks"]) == 3 and exported["metadata"]["config"]["policy"]["sha256"]
+    for row in exported["tasks"]:
+        assert 0.0 <= row["policy_success"] <= row["bound_iii"] + 1e-12
+    assert "ppo exact" in capsys.readouterr().out
+    assert main(args) == 0  # resumes: nothing new to run
+    assert len(read_jsonl(out / "results.jsonl").rows) == 6
+
+
+def test_workflow_export_of_the_optimal_planner_matches_the_reference():
+    planner = OptimalPlanner()
+    tasks = load_tasks(split="test", task_types=[TYPE])[:4] + [make_task()]
+    comparison = compare_workflows(planner, tasks)
+    assert comparison["summary"]["all"]["match_rate"] == 1.0
+    assert comparison["summary"]["all"]["success_gap"] == pytest.approx(0.0, abs=1e-12)
+    registry = default_registry()
+    happy = tuple(registry.names[t] for t in exact_bound(tasks[-1]).happy_path())
+    assert policy_workflow(planner, tasks[-1]).tools == happy and len(happy) > len(tasks[-1].required_tools)
+
+
+def test_ppo_planner_exact_success_is_bounded(trained):
+    planner = PPOPlanner(trained)
+    task = load_tasks(split="test", task_types=[TYPE])[0]
+    assert 0.0 <= exact_policy_success(planner, task) <= optimal_success(task) + 1e-12
+
+
+# --- CLI errors ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["train", "ppo", "--iterations", "0"], "--iterations: expected a positive integer"),
+    (["train", "ppo", "--encoder", "lstm"], "--encoder: invalid choice"),
+    (["train", "ppo", "--time-budget", "-1"], "--time-budget: expected a positive number"),
+    (["train", "ppo", "--set", "bogus=1"], "--set bogus: unknown hyperparameter"),
+    (["train", "ppo", "--set", "minibatch_size=9999"], "train_batch_size: must be >= minibatch_size"),
+    (["eval-policy", "/nonexistent/run"], "CHECKPOINT: /nonexistent/run is neither"),
+    (["eval-policy", ".", "--seeds", "x"], "--seeds: expected a non-negative integer"),
+])
+def test_cli_rejects_bad_arguments(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_refuses_an_existing_run_without_resume(trained, capsys):
+    assert main(["train", "ppo", "--iterations", "1", "--output-dir", str(trained), *TINY_FLAGS]) == 2
+    assert "already holds a training run: add --resume" in capsys.readouterr().err
