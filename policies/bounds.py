@@ -267,11 +267,15 @@ def reference_workflow(task: Task, config: WorldConfig | None = None) -> Workflo
     """The optimal policy's workflow: its happy-path tool sequence with dependency edges (a tool after
     each tool it depends on) and the required order (each required tool after the previous one)."""
     bound = exact_bound(task, config)
-    registry = bound.registry
-    path = bound.happy_path()
-    nodes = tuple(Node(registry.names[t], OPERATION_PHRASES[registry.tools[t].operation]) for t in path)
-    position = {t: i for i, t in enumerate(path)}
-    edges = {(position[d], position[t]) for t in path for d in registry.dependency_ids[t] if d in position}
+    return path_workflow(task, bound.happy_path(), bound.registry)
+
+
+def path_workflow(task: Task, tools: Sequence[int], registry: ToolRegistry) -> Workflow:
+    """The workflow of a tool sequence: each tool after the tools it depends on, each required tool after
+    the previous required one (how the optimal and the learned policies' workflows are built)."""
+    nodes = tuple(Node(registry.names[t], OPERATION_PHRASES[registry.tools[t].operation]) for t in tools)
+    position = {t: i for i, t in enumerate(tools)}
+    edges = {(position[d], position[t]) for t in tools for d in registry.dependency_ids[t] if d in position}
     required = [t for t in task.required_ids(registry) if t in position]
     edges |= {(position[a], position[b]) for a, b in pairwise(required)}
     return Workflow(nodes, tuple(sorted(edges)))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,10 @@ import numpy as np
 
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.observation import ObservationLayout
-from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry
 from resilibench.envs.simulator import Episode
 from resilibench.envs.tasks import Task
-from resilibench.metrics.workflow import Node, Workflow
+from resilibench.metrics.workflow import Workflow
+from resilibench.policies.bounds import path_workflow
 from resilibench.policies.ppo import require_rl
 from resilibench.policies.ppo.training import CHECKPOINTS, latest_checkpoint, quiet_logs
 from resilibench.policies.ppo.wrappers import episode_observation
@@ -102,17 +101,6 @@ class PPOPlanner:
             out = self.module.greedy_actions(torch.as_tensor(observations, dtype=torch.float32),
                                              torch.as_tensor(masks, dtype=torch.float32))
         return [int(a) for a in out]
-
-
-def path_workflow(task: Task, tools: Sequence[int], registry: ToolRegistry) -> Workflow:
-    """The workflow of a tool sequence, built as ``reference_workflow`` builds the optimal one: each tool
-    after the tools it depends on, each required tool after the previous required one."""
-    nodes = tuple(Node(registry.names[t], OPERATION_PHRASES[registry.tools[t].operation]) for t in tools)
-    position = {t: i for i, t in enumerate(tools)}
-    edges = {(position[d], position[t]) for t in tools for d in registry.dependency_ids[t] if d in position}
-    required = [t for t in task.required_ids(registry) if t in position]
-    edges |= {(position[a], position[b]) for a, b in pairwise(required)}
-    return Workflow(nodes, tuple(sorted(edges)))
 
 
 def policy_workflow(planner: Any, task: Task, config: WorldConfig | None = None) -> Workflow:
