@@ -235,9 +235,13 @@ def _bound_mean(task_ids: tuple[str, ...], world: str, tasks_path: str | None) -
 
 
 def bound_iii_mean(tasks: Sequence[Task], cfg: PPOTrainConfig) -> float:
-    """Mean bound (iii) (exact optimal full success, test failure profile) over ``tasks``: what a policy
-    facing a uniform draw of them can reach."""
-    return _bound_mean(tuple(t.instance_id for t in tasks), json.dumps(cfg.world, sort_keys=True), cfg.tasks_path)
+    """Mean bound (iii) (exact optimal full success, test failure profile) over the task draw of the envs:
+    uniform over ``tasks``, or with ``balance_task_types`` uniform over task types, then tasks."""
+    world = json.dumps(cfg.world, sort_keys=True)
+    groups: dict[str, list[str]] = {}
+    for t in tasks:
+        groups.setdefault(t.task_type if cfg.balance_task_types else "", []).append(t.instance_id)
+    return sum(_bound_mean(tuple(ids), world, cfg.tasks_path) for ids in groups.values()) / len(groups)
 
 
 @dataclass
