@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
 
             start = time.perf_counter()
             row = train(budget, out, log=log)
-            print(lines[-1])
+            if len(lines) % 10:
+                print(lines[-1])
             print(f"trained {row['iteration']} iterations, {row['env_steps']:,} env steps in "
                   f"{row['train_seconds'] / 60:.1f} min of training ({(time.perf_counter() - start) / 60:.1f} min "
                   f"wall, start-up and bounds included); load average {load_average()}")
