@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     import torch
 
-    from resilibench.policies.ppo.training import PPOTrainConfig, build_ppo_config, quiet_logs, train
+    from resilibench.policies.ppo import quiet_logs
+    from resilibench.policies.ppo.training import PPOTrainConfig, build_ppo_config, train
 
     quiet_logs()
     torch.set_num_threads(1)

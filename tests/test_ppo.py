@@ -48,6 +48,7 @@ from resilibench.policies.ppo.training import (  # noqa: E402
     check_resumable,
     latest_checkpoint,
     read_state,
+    restore_algorithm,
     train,
 )
 from resilibench.policies.ppo.wrappers import ACTION_MASK, OBSERVATIONS, MaskedPlannerEnv, episode_observation  # noqa: E402
@@ -302,6 +303,16 @@ def test_resume_continues_the_iteration_count(trained, tmp_path):
     assert [r["iteration"] for r in rows] == [1, 2, 3] and rows[2]["env_steps"] > rows[1]["env_steps"]
     assert latest_checkpoint(copy).name == "iter_000003"
     assert len(json.loads((copy / "training.json").read_text())["sessions"]) == 2
+    # The env runners (one remote here) sample with the restored weights, not fresh ones.
+    algo = build_ppo_config(PPOTrainConfig(**{**TINY, "num_env_runners": 1})).build_algo()
+    try:
+        restore_algorithm(algo, latest_checkpoint(copy))
+        saved = PPOPlanner(copy).module.state_dict()
+        for runner in algo.env_runner_group.foreach_env_runner(lambda r: r.module.state_dict(),
+                                                              local_env_runner=False):
+            assert set(runner) <= set(saved) and all(torch.equal(runner[k], saved[k]) for k in runner)
+    finally:
+        algo.stop()
     with pytest.raises(ValueError, match="different config .*lr"):
         check_resumable(cfg.to_dict(), PPOTrainConfig(**TINY, lr=0.01))
     check_resumable(cfg.to_dict(), PPOTrainConfig(**{**TINY, "num_env_runners": 2}))  # resources may change

@@ -12,6 +12,7 @@ curriculum logic; ``require_rl`` says so when they are missing.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 ENCODERS = ("transformer", "mlp")
@@ -34,3 +35,10 @@ def require_rl() -> None:
         import torch  # noqa: F401
     except ImportError as exc:
         raise ImportError(f"PPO planners need the rl extra: pip install 'resilibench[rl]' ({exc})") from None
+
+
+def quiet_logs() -> None:
+    """Keep RLlib's and Tune's notices (new API stack, deprecations inside RLlib, setup times, gputil) off
+    the console. ``module`` calls it on import, so every Ray process that builds the policy is quiet."""
+    for name in ("ray.rllib", "ray.tune", "ray._common.deprecation"):
+        logging.getLogger(name).setLevel(logging.ERROR)

@@ -29,8 +29,10 @@ from torch.nn import functional as F
 
 from resilibench.envs.observation import N_STATUS, ObservationLayout
 from resilibench.envs.simulator import NOT_ATTEMPTED, SUCCESS
-from resilibench.policies.ppo import DEFAULT_MODEL_CONFIG, ENCODERS
+from resilibench.policies.ppo import DEFAULT_MODEL_CONFIG, ENCODERS, quiet_logs
 from resilibench.policies.ppo.wrappers import ACTION_MASK, OBSERVATIONS
+
+quiet_logs()  # this module is imported by every Ray process that builds the policy
 
 
 def mask_logits(logits: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from typing import Any
 
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.tasks import SPLITS, TASK_TYPE_NAMES, Task, load_tasks
-from resilibench.policies.ppo import DEFAULT_MODEL_CONFIG, ENCODERS, require_rl
+from resilibench.policies.ppo import DEFAULT_MODEL_CONFIG, ENCODERS, quiet_logs, require_rl
 from resilibench.policies.ppo.curriculum import CurriculumConfig, stage_pools
 
 REWARDS = ("sparse", "shaped")
@@ -79,7 +79,7 @@ class PPOTrainConfig:
     minibatch_size: int = 500
     num_epochs: int = 4
     # Resources.
-    num_env_runners: int = 1  # learning dominates an iteration on 2 cores: 0, 1 or 2 runners are within noise
+    num_env_runners: int = 2  # on 2 cores: 1.1-1.4x the env steps per second of 1 runner (benchmarks/bench_ppo.py)
     num_envs_per_env_runner: int = 32
     num_learners: int = 0  # 0: learn in the driver process
     num_gpus_per_learner: float = 0.0
@@ -157,12 +157,6 @@ class PPOTrainConfig:
                 "world": self.world, "curriculum": self.curriculum, "curriculum_config": self.curriculum_config,
                 "balance_task_types": self.balance_task_types,
                 "stage": stage if self.curriculum else -1}
-
-
-def quiet_logs() -> None:
-    """Keep RLlib's and Tune's notices (new API stack, deprecations, setup times, gputil) off the console."""
-    logging.getLogger("ray.rllib").setLevel(logging.ERROR)
-    logging.getLogger("ray.tune").setLevel(logging.ERROR)
 
 
 def build_ppo_config(cfg: PPOTrainConfig, stage: int = 0, cluster: bool = False):
@@ -322,7 +316,7 @@ def train(cfg: PPOTrainConfig, output_dir: str | Path, resume: bool = False, add
     try:
         algo = build_ppo_config(cfg, state.stage, cluster=address is not None).build_algo()
         if checkpoint is not None:
-            algo.restore_from_path(str(checkpoint.resolve()))
+            restore_algorithm(algo, checkpoint)
             log(f"resumed from {checkpoint} (iteration {algo.iteration}, {state.env_steps:,} env steps, "
                 f"{state.train_seconds / 60:.1f} min)")
         session = run_metadata({"train": cfg.to_dict(), "world": cfg.world_config().to_dict(),
@@ -397,6 +391,26 @@ def _finite(value: Any) -> float | None:
     import math
 
     return float(value) if value is not None and math.isfinite(float(value)) else None
+
+
+def restore_algorithm(algo: Any, checkpoint: Path) -> None:
+    """Load a checkpoint into a built algorithm and give every env runner the restored weights at once.
+
+    ``Algorithm.restore_from_path`` sends the weights to remote env runners asynchronously, and RLlib
+    drops that request while the build's own weight sync is still counted in flight: the runners would
+    then sample with fresh random weights while the learner trains the restored ones."""
+    from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+
+    algo.restore_from_path(str(checkpoint.resolve()))
+    state = algo.learner_group.get_state(components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}",
+                                         inference_only=True)
+    weights = state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
+
+    def load(runner: Any) -> None:
+        if getattr(runner, "module", None) is not None:
+            runner.module.set_state(weights)
+
+    algo.env_runner_group.foreach_env_runner(load, local_env_runner=True)
 
 
 def save_checkpoint(algo: Any, directory: Path, state: TrainingState, keep: int = 3) -> Path:

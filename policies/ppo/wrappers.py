@@ -163,9 +163,6 @@ def make_env(env_config: Mapping[str, Any]) -> MaskedPlannerEnv:
     """
     from resilibench.envs.tasks import load_tasks
     from resilibench.policies.ppo.curriculum import stage_pools
-    from resilibench.policies.ppo.training import quiet_logs
-
-    quiet_logs()  # env runners build their module after their env: keep its notices quiet too
 
     world = WorldConfig().replace(**env_config["world"]) if env_config.get("world") else WorldConfig()
     tasks = load_tasks(env_config.get("tasks_path"), env_config.get("split", "train"), env_config.get("task_types"))
