@@ -158,9 +158,12 @@ class VLLMBackend:
         conversations = check_conversations(conversations)
         if not conversations:
             return []
-        params = SamplingParams(n=1, max_tokens=config.max_new_tokens, temperature=config.temperature,
-                                top_p=config.top_p if config.temperature > 0 else 1.0, seed=config.seed,
-                                stop=list(config.stop) or None)
+        # One seed per conversation (config.seed + i), as the transformers backend draws each row on: vLLM
+        # seeds each request on its own, so one shared seed would give repeated prompts identical samples.
+        params = [SamplingParams(n=1, max_tokens=config.max_new_tokens, temperature=config.temperature,
+                                 top_p=config.top_p if config.temperature > 0 else 1.0,
+                                 seed=None if config.seed is None else config.seed + i, stop=list(config.stop) or None)
+                  for i in range(len(conversations))]
         results = self.llm.chat(conversations, sampling_params=params, use_tqdm=False)
         return [truncate_at_stop(r.outputs[0].text, config.stop) for r in results]
 

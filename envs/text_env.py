@@ -35,7 +35,7 @@ from resilibench.envs.toolbox import (
 # ellipsis, bullet and arrow; any other character of a prompt becomes "?". ``step`` accepts any string.
 CHARSET = (frozenset(string.printable) | frozenset(map(chr, range(0xA0, 0x100)))
            | frozenset("\u2013\u2014\u2018\u2019\u201c\u201d\u2026\u2022\u2192"))
-RESET_OPTIONS = ("task_id", "prompt", "flaw_type", "severity", "plan_style", "workflow")
+RESET_OPTIONS = ("task_id", "prompt", "flaw_type", "severity", "plan_style", "workflow", "shown_prompt")
 TRUNCATION_MARK = "\n[... truncated]"
 
 REMINDER = (
@@ -140,7 +140,8 @@ class ResiliBenchTextEnv(gym.Env):
     * ``registry``: a ``ToolRegistry`` (default: the shared one); ``render_mode``: "ansi" or "human".
 
     ``reset(options=...)`` accepts ``task_id``, ``prompt``, ``flaw_type``, ``severity``, ``plan_style``
-    and ``workflow`` (a ``Workflow`` used as the plan instead of the optimal one) for one episode.
+    and ``workflow`` (a ``Workflow`` used as the plan instead of the optimal one) for one episode, or
+    ``shown_prompt``: a ``Prompt`` built elsewhere (``policies.prompts.build_prompt``), shown as it is.
 
     ## Version History
 
@@ -203,13 +204,14 @@ class ResiliBenchTextEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         settings = dict(self.prompt_defaults)
-        task_id = None
+        task_id, shown = None, None
         if options:
             unknown = sorted(set(options) - set(RESET_OPTIONS))
             if unknown:
                 raise ValueError(f"unknown reset option(s) {unknown}; accepted: {list(RESET_OPTIONS)}")
             options = dict(options)
             task_id = options.pop("task_id", None)
+            shown = options.pop("shown_prompt", None)
             settings.update(options)
         super().reset(seed=seed)
         if task_id is not None:
@@ -219,7 +221,7 @@ class ResiliBenchTextEnv(gym.Env):
         seed_of_episode = episode_seed(self.np_random)
         from resilibench.policies.prompts import build_prompt
 
-        prompt = build_prompt(
+        prompt = shown or build_prompt(
             task, settings["prompt"], flaw_type=settings["flaw_type"], severity=settings["severity"],
             seed=flaw_seed(seed_of_episode), plan_style=settings["plan_style"], workflow=settings["workflow"],
             config=self.config, registry=self.registry, matcher=self.matcher,

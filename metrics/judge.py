@@ -127,7 +127,7 @@ def judge_messages(pred: Workflow, ref: Workflow, task: str | None = None) -> li
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
-def _json_objects(text: str) -> list[Any]:
+def json_objects(text: str) -> list[Any]:
     """Every top-level JSON value that starts with '{' in ``text``, in order."""
     decoder = json.JSONDecoder()
     found, i = [], text.find("{")
@@ -153,7 +153,7 @@ def _score_field(data: dict[str, Any], key: str) -> int:
 
 def parse_verdict(text: str) -> Verdict:
     """The verdict in one answer, or VerdictError naming what is wrong (rules in the module docstring)."""
-    objects = [o for o in _json_objects(text) if isinstance(o, dict)]
+    objects = [o for o in json_objects(text) if isinstance(o, dict)]
     if not objects:
         raise VerdictError("no JSON object found")
     scored = [o for o in objects if "score" in o]

@@ -29,9 +29,11 @@ RUN_KEY = ("planner", "task_id", "seed")
 # where ``parents`` maps "library" (--tasks) and "world" (--config) to argparse parent parsers.
 COMMAND_MODULES = (
     "resilibench.cli_agents",
+    "resilibench.cli_breaker",
     "resilibench.cli_mcp",
     "resilibench.cli_metrics",
     "resilibench.cli_train",
+    "resilibench.cli_robust",
 )
 
 
@@ -63,6 +65,16 @@ def positive_int(text: str) -> int:
     value = nonnegative_int(text)
     if value == 0:
         raise argparse.ArgumentTypeError("expected a positive integer, got 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value
 
 
@@ -331,13 +343,13 @@ def json_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 
 def check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has_rows: bool,
-                       identity: dict[str, Any]) -> None:
+                       identity: dict[str, Any], source: str = "results.jsonl") -> None:
     """Refuse to add rows to a directory whose results came from another world config or task library.
 
     ``identity`` holds "world" and "tasks_sha256"; any other key names a run-config entry that must match
-    too (e.g. an area's evaluation settings)."""
+    too (e.g. an area's evaluation settings). ``source`` names the file ``existing_meta`` came from."""
     summary_path = directory / "summary.json"
-    recorded = [("results.jsonl", m.get("config", {})) for m in existing_meta]
+    recorded = [(source, m.get("config", {})) for m in existing_meta]
     if summary_path.exists():
         try:
             recorded.append(("summary.json", json.loads(summary_path.read_text())["metadata"]["config"]))
@@ -345,7 +357,7 @@ def check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has_
             raise CliError(f"--output-dir {directory}: summary.json is not a ResiliBench summary; use another "
                            "--output-dir or --no-resume to start afresh") from None
     if has_rows and not existing_meta:
-        raise CliError(f"--output-dir {directory}: results.jsonl has rows but no metadata record, so its config "
+        raise CliError(f"--output-dir {directory}: {source} has rows but no metadata record, so its config "
                        "is unknown; use another --output-dir or --no-resume to start afresh")
     for where, config in recorded:
         theirs = {"world": config.get("world"), "tasks_sha256": (config.get("tasks") or {}).get("sha256")}
@@ -370,7 +382,7 @@ def read_existing_results(directory: Path, results_path: Path, identity: dict[st
             raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
-    check_same_config(directory, existing.metadata, bool(existing.rows), identity)
+    check_same_config(directory, existing.metadata, bool(existing.rows), identity, results_path.name)
     return existing
 
 

@@ -27,6 +27,7 @@ from resilibench.cli import (
     load_library,
     load_world_config,
     nonnegative_int,
+    positive_float,
     positive_int,
     progress_bar,
     select_tasks,
@@ -37,16 +38,6 @@ SPLITS = ("train", "validation", "test")
 REWARDS = ("sparse", "shaped")
 ENCODERS = ("transformer", "mlp")
 DEFAULT_TIME_BUDGET_MIN = 20.0
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
 
 
 def _nonnegative_float(text: str) -> float:
@@ -233,7 +224,7 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
                      help="the five-stage curriculum of paper D.4.2 (default on)")
     ppo.add_argument("--encoder", choices=ENCODERS, help="policy network (default transformer)")
     ppo.add_argument("--iterations", type=positive_int, metavar="N", help="stop at iteration N (total)")
-    ppo.add_argument("--time-budget", type=_positive_float, metavar="MIN",
+    ppo.add_argument("--time-budget", type=positive_float, metavar="MIN",
                      help=f"stop after MIN minutes of training, all sessions together (default "
                      f"{DEFAULT_TIME_BUDGET_MIN:g} when --iterations is not given)")
     ppo.add_argument("--num-env-runners", type=nonnegative_int, metavar="N",

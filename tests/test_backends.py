@@ -289,6 +289,10 @@ def test_vllm_backend_batches_greedy_generation(tmp_path):
     assert len(got) == len(CONVERSATIONS) and all(isinstance(t, str) for t in got)
     assert len(set(got)) > 1
     assert backend.generate(CONVERSATIONS, GREEDY) == got  # greedy: the same batch, the same answers
+    # Repeated prompts in one seeded call get distinct samples (ScPO's r candidates), reproducibly.
+    sampling = GenerationConfig(max_new_tokens=16, temperature=1.0, seed=7)
+    samples = backend.generate(CONVERSATIONS[:1] * 4, sampling)
+    assert len(set(samples)) > 1 and backend.generate(CONVERSATIONS[:1] * 4, sampling) == samples
     full = got[0]
     stop = full[2:4]
     if stop.strip():

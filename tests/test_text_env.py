@@ -19,7 +19,7 @@ from resilibench.envs.simulator import RETRY_LIMIT_ERROR, episode_seed
 from resilibench.envs.text_env import CHARSET, RESET_OPTIONS, ResiliBenchTextEnv, flaw_seed
 from resilibench.metrics.workflow import Workflow
 from resilibench.policies.bounds import reference_workflow
-from resilibench.policies.prompts import PLAN_HEADING, parse_plan, with_arguments
+from resilibench.policies.prompts import PLAN_HEADING, build_prompt, parse_plan, with_arguments
 
 NAMES = default_registry().names
 
@@ -304,7 +304,8 @@ def test_same_seed_same_conversation():
 
 
 def test_reset_options_and_prompt_variants():
-    assert set(RESET_OPTIONS) == {"task_id", "prompt", "flaw_type", "severity", "plan_style", "workflow"}
+    assert set(RESET_OPTIONS) == {"task_id", "prompt", "flaw_type", "severity", "plan_style", "workflow",
+                                  "shown_prompt"}
     env = ResiliBenchTextEnv(split="test", search="lexical")
     task = env.tasks[7]
     prompt, info = env.reset(seed=0, options={"task_id": task.instance_id})
@@ -320,6 +321,11 @@ def test_reset_options_and_prompt_variants():
     plan = Workflow.chain(["utility_logger", "file_operations_reader"])
     prompt, _ = env.reset(seed=0, options={"task_id": task.instance_id, "prompt": "optimal", "workflow": plan})
     assert parse_plan(prompt).tools == ("utility_logger", "file_operations_reader")
+
+    # A prebuilt prompt is shown as it is: a dropped argument stays dropped (``workflow`` would refill it).
+    flawed = build_prompt(task, "flawed", flaw_type="parameter", severity=1.0, seed=3, config=env.config)
+    prompt, info = env.reset(seed=0, options={"task_id": task.instance_id, "shown_prompt": flawed})
+    assert prompt == flawed.text and env.prompt is flawed and info["injection"] == flawed.injection.to_dict()
 
     with pytest.raises(ValueError, match="plan_style"):  # passed on to build_prompt, which checks it
         env.reset(seed=0, options={"prompt": "optimal", "plan_style": "bullets"})

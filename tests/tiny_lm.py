@@ -21,22 +21,7 @@ from pathlib import Path
 
 import pytest
 
-SPECIAL_TOKENS = ("<|pad|>", "<|begin|>", "<|end|>", "<|unk|>")
-ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
 PROTOCOL_TAGS = ("<tool_search>", "</tool_search>", "<tool_info>", "</tool_info>", "<tool_call>", "</tool_call>")
-
-# Roles, then the content; assistant turns wrapped in generation markers (TRL's assistant masks).
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\n' }}"
-    "{% if message['role'] == 'assistant' %}"
-    "{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}"
-    "{% else %}{{ message['content'] + eos_token }}{% endif %}"
-    "{{ '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
-)
 
 
 def default_corpus() -> list[str]:
@@ -67,55 +52,18 @@ def default_corpus() -> list[str]:
     return corpus
 
 
-def build_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = 4096):
-    """A ``PreTrainedTokenizerFast``: byte-level BPE trained on ``corpus`` (default: ``default_corpus``),
-    with pad/bos/eos/unk, the role markers and protocol tags as single tokens, and ``CHAT_TEMPLATE``."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE(unk_token="<|unk|>"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    backend.train_from_iterator(list(corpus if corpus is not None else default_corpus()), trainer=trainer)
-    # Role markers and tags are ordinary (non-special) tokens: decoding keeps them.
-    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in (*ROLE_TOKENS, *PROTOCOL_TAGS)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<|pad|>", bos_token="<|begin|>",
-                                        eos_token="<|end|>", unk_token="<|unk|>", padding_side="left")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
 def build_tiny_lm(directory: str | Path, seed: int = 0, hidden_size: int = 32, num_layers: int = 2,
                   num_heads: int = 4, vocab_size: int = 4096, max_positions: int = 16384,
                   initializer_range: float = 0.2, corpus: Iterable[str] | None = None) -> Path:
-    """Build and save a tiny random ``LlamaForCausalLM`` and its tokenizer in ``directory``; returns it.
+    """Build and save a tiny random causal LM and its tokenizer (``default_corpus`` unless ``corpus``) in
+    ``directory``; returns it. Deterministic for a seed. The weights are drawn wider than a real model's
+    (``initializer_range``) so that greedy outputs vary with the input instead of repeating one token."""
+    from resilibench.robust_train.scratch import build_causal_lm
 
-    Deterministic for a seed. The weights are drawn wider than a real model's (``initializer_range``)
-    so that greedy outputs vary with the input instead of repeating one token. The generation config
-    stops at the tokenizer's end token."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    directory = Path(directory)
-    tokenizer = build_tokenizer(corpus, vocab_size)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=max(1, num_heads // 2),
-        max_position_embeddings=max_positions, tie_word_embeddings=True, initializer_range=initializer_range,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id,
-                                               bos_token_id=tokenizer.bos_token_id,
-                                               eos_token_id=tokenizer.eos_token_id)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return build_causal_lm(directory, corpus if corpus is not None else default_corpus(), seed=seed,
+                           hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                           vocab_size=vocab_size, max_positions=max_positions,
+                           initializer_range=initializer_range, extra_tokens=PROTOCOL_TAGS)
 
 
 @pytest.fixture(scope="module")

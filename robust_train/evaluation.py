@@ -1,0 +1,128 @@
+"""Robustness of a workflow generator over semantic clusters (RobustFlow section 3.3, Table 2 in shape).
+
+The generator answers every variant of every cluster greedily. Per cluster, its workflow for the
+original instruction is the reference w^g (eq. 1 compares the generator with itself); each perturbed
+variant's workflow w^p is compared with it by node-chain F1 (``node``, eq. 5) and reachability F1
+(``graph``, eq. 7). An answer that is not a workflow, or a cluster whose original answer is not one,
+scores 0. Beside robustness, the table gives what the workflows are worth: ``exec``, the mean exact
+expected full success of following the variant's workflow on the task (``generator.execution_score``),
+its ratio to the optimal workflow's, the share of valid answers and the share equal to the task's
+reference (optimal) workflow.
+
+Answers are written to a JSONL file as they come and reused on a rerun.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from resilibench.agents.base import Backend, GenerationConfig
+from resilibench.robust_train.clusters import ClusterRecord
+from resilibench.robust_train.generator import (
+    GeneratorFormat,
+    GeneratorOutputError,
+    canonical_form,
+    execution_score,
+    parse_workflow,
+)
+
+COLUMNS = ("node", "graph", "exec", "exec_ratio", "valid", "optimal")
+
+
+@dataclass(frozen=True)
+class RobustnessTable:
+    """Per perturbation type (and "original"): the means of ``COLUMNS``, with the answer counts."""
+
+    rows: dict[str, dict[str, float]]
+    counts: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "counts": self.counts}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RobustnessTable:
+        return cls(data["rows"], data["counts"])
+
+
+def generate_answers(backend: Backend, records: Sequence[ClusterRecord], fmt: GeneratorFormat,
+                     answers_path: str | Path, *, max_new_tokens: int = 256, clusters_per_batch: int = 16,
+                     progress: bool = True) -> dict[str, dict[str, str]]:
+    """Greedy answers to every variant of ``records``: ``{cluster_id: {variant_id: text}}``, appended
+    to ``answers_path`` per batch of clusters and read back from it on a rerun."""
+    from tqdm.auto import tqdm
+
+    from resilibench.results import JsonlWriter, read_jsonl
+
+    answers = {row["cluster_id"]: row["answers"] for row in read_jsonl(answers_path, repair=True).rows}
+    pending = [r for r in records if r.cluster_id not in answers]
+    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0)
+    with JsonlWriter(answers_path) as writer, tqdm(total=len(records), initial=len(records) - len(pending),
+                                                   desc="generating workflows", unit="cluster",
+                                                   disable=not progress, leave=False) as bar:
+        for start in range(0, len(pending), clusters_per_batch):
+            batch = pending[start:start + clusters_per_batch]
+            jobs = [(r.cluster_id, v.variant_id, fmt.messages(v.text)) for r in batch for v in r.variants]
+            texts = backend.generate([messages for _, _, messages in jobs], config)
+            for record in batch:
+                answers[record.cluster_id] = {}
+            for (cluster_id, variant_id, _), text in zip(jobs, texts, strict=True):
+                answers[cluster_id][variant_id] = text
+            for record in batch:
+                writer.write({"cluster_id": record.cluster_id, "answers": answers[record.cluster_id]})
+            bar.update(len(batch))
+    return answers
+
+
+def robustness_table(records: Sequence[ClusterRecord], answers: dict[str, dict[str, str]]) -> RobustnessTable:
+    """The table of the module docstring from the generator's answers."""
+    from resilibench.metrics.structural import chain_f1, reachability_f1
+
+    values: dict[str, dict[str, list[float]]] = {}
+    for record in records:
+        parsed = {}
+        for v in record.variants:
+            try:
+                parsed[v.variant_id] = parse_workflow(answers[record.cluster_id][v.variant_id])
+            except GeneratorOutputError:
+                parsed[v.variant_id] = None
+        original = parsed[record.variants[0].variant_id]
+        optimal = execution_score(record.task, record.reference)
+        reference_key = canonical_form(record.reference)
+        for v in record.variants:
+            workflow = parsed[v.variant_id]
+            row = values.setdefault(v.perturbation, {c: [] for c in COLUMNS})
+            if v.perturbation != "original":
+                both = workflow is not None and original is not None
+                row["node"].append(chain_f1(workflow, original).f1 if both else 0.0)
+                row["graph"].append(reachability_f1(workflow, original).f1 if both else 0.0)
+            score = execution_score(record.task, workflow)
+            row["exec"].append(score)
+            row["exec_ratio"].append(score / optimal if optimal > 0 else 1.0)
+            row["valid"].append(float(workflow is not None))
+            row["optimal"].append(float(workflow is not None and canonical_form(workflow) == reference_key))
+    return RobustnessTable({kind: {c: fmean(v) for c, v in cols.items() if v} for kind, cols in values.items()},
+                           {kind: len(cols["exec"]) for kind, cols in values.items()})
+
+
+def format_tables(tables: dict[str, RobustnessTable], kinds: Sequence[str]) -> str:
+    """Stages side by side (RobustFlow Table 2's layout): one row per perturbation type, node / graph /
+    exec columns per stage; the original instructions' row has no robustness columns."""
+    from resilibench.cli import format_table
+
+    headers = ["perturbation"]
+    for stage in tables:
+        headers += [f"{stage} node", f"{stage} graph", f"{stage} exec"]
+    rows = []
+    for kind in kinds:
+        if not any(kind in t.rows for t in tables.values()):
+            continue
+        row = [kind]
+        for table in tables.values():
+            cells = table.rows.get(kind, {})
+            row += [f"{cells[c]:.3f}" if c in cells else "-" for c in ("node", "graph", "exec")]
+        rows.append(row)
+    return format_table(headers, rows)

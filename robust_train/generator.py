@@ -1,0 +1,109 @@
+"""The workflow generator's contract: task instruction in, a workflow of our tools out, as JSON.
+
+A generator reads an instruction (a task description or one of its perturbed variants) and answers with
+a DAG of tools, ``{"nodes": ["file_operations_reader", ...], "edges": [[0, 1], ...]}``, which parses into
+the shared ``Workflow``. Everything the training and the evaluation need comes from here:
+
+- ``GeneratorFormat.messages``: the chat messages of an instruction (a system line saying the format,
+  optionally the tool list for models that have not learned the tools);
+- ``workflow_text``: the answer the generator is taught for a workflow: tool names, the transitive
+  reduction of its edges (fewest edges, the same order constraints), compact JSON;
+- ``parse_workflow``: the generator's answer back to a ``Workflow``, with a reason when it is not one;
+- ``canonical_form``: the normalised DAG that ScPO counts votes on;
+- ``execution_score``: the exact expected full-success probability of following the workflow on the
+  task (``policies.plan_follower.workflow_success``), 0 for an answer that is not a workflow.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+
+import networkx as nx
+
+from resilibench.envs.registry import default_registry
+from resilibench.envs.tasks import Task
+from resilibench.metrics.workflow import Node, Workflow
+
+SYSTEM_PROMPT = ('Answer with the workflow for the task as JSON: {"nodes": [tool names in call order], '
+                 '"edges": [[i, j], ...] where step j needs step i}.')
+
+
+@cache
+def _tool_list() -> str:
+    registry = default_registry()
+    return "\n".join(f"- {tool.name}: {tool.description}" for tool in registry.tools)
+
+
+@dataclass(frozen=True)
+class GeneratorFormat:
+    """How an instruction is put to the generator. ``tool_list`` appends the 30 tools with their
+    descriptions to the system message (for pretrained models meeting our tools for the first time; a
+    generator trained on our data has learned them and saves the tokens)."""
+
+    system: str = SYSTEM_PROMPT
+    tool_list: bool = False
+
+    def messages(self, instruction: str) -> list[dict[str, str]]:
+        system = f"{self.system}\nTools:\n{_tool_list()}" if self.tool_list else self.system
+        return [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"system": self.system, "tool_list": self.tool_list}
+
+
+def reduced(workflow: Workflow) -> Workflow:
+    """The workflow with the transitive reduction of its edges (same reachability, fewest edges)."""
+    reduction = nx.transitive_reduction(workflow.to_networkx())
+    return Workflow(workflow.nodes, tuple(sorted(reduction.edges)))
+
+
+def workflow_text(workflow: Workflow) -> str:
+    """The answer a generator is taught for ``workflow``: tool names and reduced edges as compact JSON."""
+    flat = reduced(workflow)
+    return json.dumps({"nodes": [n.tool for n in flat.nodes], "edges": [list(e) for e in flat.edges]})
+
+
+class GeneratorOutputError(ValueError):
+    """A generator's answer that is not a workflow of known tools."""
+
+
+def parse_workflow(text: str) -> Workflow:
+    """The workflow in a generator's answer (the first JSON object in it). Tool aliases map to their
+    names. Raises ``GeneratorOutputError`` with the reason for anything else: no JSON, not a workflow, an
+    unknown tool, a bad or cyclic edge, no nodes."""
+    registry = default_registry()
+    start = text.find("{")
+    if start < 0:
+        raise GeneratorOutputError("no JSON object in the answer")
+    try:
+        data, _ = json.JSONDecoder().raw_decode(text[start:])
+        workflow = Workflow.from_dict(data)
+    except (json.JSONDecodeError, ValueError, TypeError) as exc:
+        raise GeneratorOutputError(f"not a workflow: {exc}") from None
+    if not workflow.nodes:
+        raise GeneratorOutputError("the workflow has no nodes")
+    nodes = []
+    for i, node in enumerate(workflow.nodes):
+        try:
+            nodes.append(Node(registry.names[registry.id_of(node.tool or "")]))
+        except KeyError:
+            raise GeneratorOutputError(f"node {i}: unknown tool {node.tool!r}") from None
+    parsed = Workflow(tuple(nodes), tuple(sorted(set(workflow.edges))))
+    if not nx.is_directed_acyclic_graph(parsed.to_networkx()):
+        raise GeneratorOutputError("the edges have a cycle")
+    return parsed
+
+
+def canonical_form(workflow: Workflow) -> str:
+    """The normalised DAG ScPO votes on: tool names only, transitively reduced edges, canonical node
+    order (``Workflow.canonical_key``)."""
+    return reduced(Workflow(tuple(Node(n.tool) for n in workflow.nodes), workflow.edges)).canonical_key()
+
+
+def execution_score(task: Task, workflow: Workflow | None) -> float:
+    """The exact expected full-success probability of following ``workflow`` on ``task``; 0 for None."""
+    from resilibench.policies.plan_follower import workflow_success
+
+    return 0.0 if workflow is None else workflow_success(task, workflow)

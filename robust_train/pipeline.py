@@ -1,0 +1,208 @@
+"""The robust-generation pipeline's stages, each resumable from its output directory:
+
+- ``build_generator``: a small generator from scratch (tokenizer trained on the clusters' text, tool names
+  as single tokens, random Llama weights);
+- ``run_sft``: supervised fine-tuning on (instruction, reference workflow) rows: every variant of every
+  cluster paired with the cluster's reference (instruction-augmented SFT, RobustFlow eq. 8), or only the
+  originals (how the demo trains its base generator before augmentation); a LoRA adapter (paper
+  defaults) is merged into the model afterwards so that sampling and the next stage load one directory;
+- ``evaluate_generator``: greedy answers to every variant and the robustness table
+  (``robust_train.evaluation``);
+- ``run_demo``: all of it on the built-in library, small enough for a 2-core machine
+  (``resilibench robust demo``).
+
+ScPO itself is ``robust_train.scpo.run_scpo``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resilibench.robust_train.clusters import ClusterRecord
+from resilibench.robust_train.evaluation import (
+    RobustnessTable,
+    format_tables,
+    generate_answers,
+    robustness_table,
+)
+from resilibench.robust_train.generator import GeneratorFormat, workflow_text
+from resilibench.robust_train.scpo import ScPOSettings, run_scpo
+from resilibench.robust_train.training import PreferenceSettings, SFTSettings
+
+MODEL = "model"  # the directory name of a stage's resulting model
+
+
+def sft_rows(records: Sequence[ClusterRecord], fmt: GeneratorFormat, originals_only: bool = False
+             ) -> list[dict[str, Any]]:
+    """Prompt-completion rows: each variant's instruction (or only the original's) with the cluster's
+    reference workflow as the answer."""
+    return [{"prompt": fmt.messages(v.text),
+             "completion": [{"role": "assistant", "content": workflow_text(record.reference)}]}
+            for record in records for v in (record.variants[:1] if originals_only else record.variants)]
+
+
+def run_sft(model_dir: str | Path, records: Sequence[ClusterRecord], output_dir: str | Path,
+            settings: SFTSettings | None = None, fmt: GeneratorFormat | None = None, *,
+            originals_only: bool = False, progress: bool = True) -> Path:
+    """Fine-tune ``model_dir`` on the clusters; returns ``output_dir/model`` (the adapter merged in, or
+    the fully fine-tuned model). Resumes an interrupted run; returns at once when it is done."""
+    from resilibench.robust_train.training import merge_adapter, train_sft
+
+    settings, fmt = settings or SFTSettings(), fmt or GeneratorFormat()
+    output_dir = Path(output_dir)
+    if (output_dir / MODEL).is_dir():
+        return output_dir / MODEL
+    result = train_sft(model_dir, sft_rows(records, fmt, originals_only), output_dir / "train", settings,
+                       progress=progress)
+    if settings.lora is None:
+        return _publish(result.output, output_dir / MODEL)
+    return merge_adapter(model_dir, result.output, output_dir / MODEL)
+
+
+def _publish(source: Path, target: Path) -> Path:
+    """Copy a finished model directory to ``target`` (via a temporary name, so it appears whole)."""
+    import shutil
+
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp)
+    tmp.rename(target)
+    return target
+
+
+def generator_corpus(records: Sequence[ClusterRecord], fmt: GeneratorFormat) -> list[str]:
+    """The text a from-scratch generator's tokenizer learns: the system line, every variant's
+    instruction and every reference answer."""
+    return [fmt.system, *(v.text for r in records for v in r.variants),
+            *(workflow_text(r.reference) for r in records)]
+
+
+def build_generator(directory: str | Path, records: Sequence[ClusterRecord], fmt: GeneratorFormat, *,
+                    hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4, vocab_size: int = 2048,
+                    seed: int = 0) -> Path:
+    """A random generator whose tokenizer is trained on the clusters (tool names are single tokens);
+    returns ``directory`` (built once)."""
+    from resilibench.envs.registry import default_registry
+    from resilibench.robust_train.scratch import build_causal_lm
+
+    directory = Path(directory)
+    if (directory / "config.json").exists():
+        return directory
+    tmp = directory.with_name(directory.name + ".tmp")
+    build_causal_lm(tmp, generator_corpus(records, fmt), seed=seed, hidden_size=hidden_size,
+                    num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size, max_positions=1024,
+                    extra_tokens=default_registry().names)
+    tmp.rename(directory)
+    return directory
+
+
+def evaluate_generator(model_dir: str | Path, records: Sequence[ClusterRecord], output_dir: str | Path,
+                       fmt: GeneratorFormat | None = None, *, max_new_tokens: int = 256,
+                       batch_size: int = 64, progress: bool = True) -> RobustnessTable:
+    """Greedy answers of the generator in ``model_dir`` to every variant (``answers.jsonl``) and its
+    robustness table (``table.json``) in ``output_dir``; both reused when present."""
+    from resilibench.results import write_json_atomic
+    from resilibench.robust_train.scpo import sampling_backend
+
+    fmt = fmt or GeneratorFormat()
+    output_dir = Path(output_dir)
+    if (output_dir / "table.json").exists():
+        return RobustnessTable.from_dict(json.loads((output_dir / "table.json").read_text()))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    backend = sampling_backend(Path(model_dir), batch_size)
+    answers = generate_answers(backend, records, fmt, output_dir / "answers.jsonl",
+                               max_new_tokens=max_new_tokens, progress=progress)
+    table = robustness_table(records, answers)
+    write_json_atomic(output_dir / "table.json", table.to_dict())
+    return table
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """The demo's sizes, chosen to finish in well under 30 minutes on 2 cores (``docs/robust_train.md``
+    gives the measured times)."""
+
+    train_clusters: int = 400
+    test_clusters: int = 120
+    pretrain_tasks: int = 2000
+    seed: int = 0
+    hidden_size: int = 128
+    num_layers: int = 4
+    pretrain: SFTSettings = SFTSettings(epochs=3.0, learning_rate=2e-3, batch_size=16,
+                                        gradient_accumulation_steps=1, lora=None)
+    sft: SFTSettings = SFTSettings(epochs=2.0, learning_rate=1e-3, batch_size=16, gradient_accumulation_steps=1)
+    scpo: ScPOSettings = field(default_factory=lambda: ScPOSettings(
+        iterations=2, max_new_tokens=96, clusters_per_batch=16, batch_size=96,
+        preference=PreferenceSettings(batch_size=8, gradient_accumulation_steps=1)))
+    max_new_tokens: int = 96
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[list[ClusterRecord], list[ClusterRecord],
+                                                                     list[ClusterRecord]]:
+    """The demo's cluster datasets (built once, offline): train clusters for SFT and ScPO, test clusters
+    for the table, and original-only records of more train tasks for the base generator."""
+    from resilibench.cli import interleave_task_types
+    from resilibench.envs.tasks import load_tasks
+    from resilibench.robust_train.clusters import write_clusters
+    from resilibench.robust_train.instructions import PERTURBATION_TYPES
+
+    def dataset(name: str, split: str, count: int, types: Sequence[str]) -> list[ClusterRecord]:
+        tasks = interleave_task_types(load_tasks(split=split))[:count]
+        return write_clusters(output_dir / "clusters" / name, tasks, types=types, seed=settings.seed).records
+
+    return (dataset("train", "train", settings.train_clusters, PERTURBATION_TYPES),
+            dataset("test", "test", settings.test_clusters, PERTURBATION_TYPES),
+            dataset("pretrain", "train", settings.pretrain_tasks, ()))
+
+
+def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *, progress: bool = True,
+             log: Callable[[str], None] = print) -> dict[str, RobustnessTable]:
+    """Base generator from scratch -> instruction-augmented SFT -> ScPO, with the robustness table on the
+    test clusters after each stage. Every stage resumes from ``output_dir``."""
+    from resilibench.results import run_metadata, write_json_atomic
+    from resilibench.robust_train.instructions import PERTURBATION_TYPES
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    fmt = GeneratorFormat()
+    write_json_atomic(output_dir / "meta.json", run_metadata({"demo": settings.to_dict()}, [settings.seed]))
+    started = time.monotonic()
+
+    def stage(name: str) -> None:
+        log(f"[{(time.monotonic() - started) / 60:5.1f} min] {name}")
+
+    stage("cluster datasets")
+    train, test, pretrain = demo_clusters(output_dir, settings)
+    stage("generator from scratch")
+    scratch = build_generator(output_dir / "scratch", train + pretrain, fmt, hidden_size=settings.hidden_size,
+                              num_layers=settings.num_layers, seed=settings.seed)
+    stage(f"base generator: trained on {len(pretrain)} original instructions")
+    base = run_sft(scratch, pretrain, output_dir / "base", settings.pretrain, fmt, originals_only=True,
+                   progress=progress)
+    tables: dict[str, RobustnessTable] = {}
+    models = {"base": base}
+    stage(f"SFT: {len(train)} clusters x {len(train[0].variants)} instructions")
+    models["sft"] = run_sft(base, train, output_dir / "sft", settings.sft, fmt, progress=progress)
+    stage(f"ScPO: {settings.scpo.iterations} iteration(s) on {len(train)} clusters")
+    run_scpo(models["sft"], train, output_dir / "scpo", settings.scpo, fmt, progress=progress, log=log)
+    state = json.loads((output_dir / "scpo" / "state.json").read_text())
+    for step in state["iterations"][:settings.scpo.iterations]:
+        models[f"scpo{step['iteration']}"] = Path(step["model"])
+    for name, model in models.items():
+        stage(f"evaluating {name} on {len(test)} test clusters")
+        tables[name] = evaluate_generator(model, test, output_dir / "eval" / name, fmt,
+                                          max_new_tokens=settings.max_new_tokens, progress=progress)
+    stage("done")
+    text = format_tables(tables, ("original", *PERTURBATION_TYPES))
+    (output_dir / "table.txt").write_text(text + "\n")
+    write_json_atomic(output_dir / "report.json", {name: t.to_dict() for name, t in tables.items()})
+    log(text)
+    return tables

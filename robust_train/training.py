@@ -1,0 +1,596 @@
+"""Generator training with TRL and PEFT: instruction-augmented SFT and the weighted DPO loss of ScPO.
+
+``train_sft`` fine-tunes a local causal LM on conversational prompt-completion rows (loss on the
+completion only), with a LoRA adapter (RobustFlow A.4 defaults) or in full. ``train_preferences`` trains
+a fresh LoRA adapter on a full model ``M_t`` with the ScPO loss (RobustFlow eq. 13)::
+
+    L(q) = rho_q * [-log sigmoid(beta * (log-ratio(w+) - log-ratio(w-)))] + alpha * rho_q * NLL(w+ | q)
+
+where the log-ratios are taken against ``M_t`` itself (the adapter disabled), NLL is the chosen
+completion's mean token negative log-likelihood and ``rho_q`` is the row's ``weight``. TRL 1.16
+expresses the bracket plus NLL as ``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1, alpha]`` but has
+no per-example weight; ``WeightedDPOTrainer`` adds it. ``merge_adapter`` folds an adapter into its base,
+giving the next ``M_t``.
+
+Every run writes ``output_dir/checkpoints/`` (Trainer checkpoints, resumed from the newest one) and, at
+the end, ``output_dir/final/`` (the adapter or model, the tokenizer and ``train_result.json``), renamed
+into place in one step. ``output_dir/run.json`` records what the run trains (model, settings, a digest
+of the rows), so a resumed run never mixes two configurations.
+
+torch, transformers, trl and peft are imported on first use (``pip install 'resilibench[llm]'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import math
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+LLM_EXTRA = "pip install 'resilibench[llm]'"
+FINAL_DIR = "final"
+CHECKPOINT_DIR = "checkpoints"
+RESULT_FILE = "train_result.json"
+RUN_FILE = "run.json"
+MERGE_FILE = "merge.json"
+PROMPT_ROLES = ("system", "user", "assistant")
+
+
+# --- settings ------------------------------------------------------------------------------------------
+
+
+def _check_positive(owner: object, *names: str) -> None:
+    """ValueError naming the first field of ``owner`` that is not a positive number."""
+    for name in names:
+        value = getattr(owner, name)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+            raise ValueError(f"{type(owner).__name__}.{name} must be a positive number, got {value!r}")
+
+
+def _check_common(settings: SFTSettings | PreferenceSettings) -> None:
+    """The checks both training settings share."""
+    _check_positive(settings, "epochs", "learning_rate", "batch_size", "gradient_accumulation_steps",
+                    "max_length", "save_steps", "logging_steps")
+    for name in ("batch_size", "gradient_accumulation_steps", "max_length", "save_steps", "save_total_limit"):
+        if not isinstance(getattr(settings, name), int):
+            raise ValueError(f"{type(settings).__name__}.{name} must be an integer, got {getattr(settings, name)!r}")
+    if not 0 <= settings.warmup_ratio < 1:
+        raise ValueError(f"{type(settings).__name__}.warmup_ratio must be in [0, 1), got {settings.warmup_ratio!r}")
+    if settings.max_steps != -1 and settings.max_steps < 1:
+        raise ValueError(f"{type(settings).__name__}.max_steps must be -1 (use epochs) or >= 1, "
+                         f"got {settings.max_steps!r}")
+    if settings.save_total_limit < 1:
+        raise ValueError(f"{type(settings).__name__}.save_total_limit must be >= 1, got {settings.save_total_limit!r}")
+    if settings.lora is not None and not isinstance(settings.lora, LoraSettings):
+        raise ValueError(f"{type(settings).__name__}.lora must be LoraSettings or None (full fine-tune), "
+                         f"got {settings.lora!r}")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """A LoRA adapter: rank, scaling alpha, dropout and the modules it wraps (PEFT's ``"all-linear"`` is
+    every linear layer but the output head). Defaults: RobustFlow A.4's SFT stage; ScPO uses r = 8."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "r", "alpha")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"LoraSettings.dropout must be in [0, 1), got {self.dropout!r}")
+        modules = self.target_modules
+        if not (isinstance(modules, str) and modules) and not (
+                isinstance(modules, tuple) and modules and all(isinstance(m, str) and m for m in modules)):
+            raise ValueError(f"LoraSettings.target_modules must be 'all-linear' or a non-empty tuple of module "
+                             f"names, got {modules!r}")
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    """Supervised fine-tuning (RobustFlow A.4: 3 epochs, batch 2 x gradient accumulation 2, learning rate
+    1e-4, warm-up 5 %, sequences up to 2,048 tokens). ``lora=None`` fine-tunes every weight;
+    ``max_steps`` (when not -1) overrides ``epochs``."""
+
+    epochs: float = 3.0
+    learning_rate: float = 1e-4
+    batch_size: int = 2
+    gradient_accumulation_steps: int = 2
+    warmup_ratio: float = 0.05
+    max_length: int = 2048
+    lora: LoraSettings | None = LoraSettings()
+    max_steps: int = -1
+    save_steps: int = 200
+    save_total_limit: int = 2
+    logging_steps: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+
+
+@dataclass(frozen=True)
+class PreferenceSettings:
+    """The ScPO stage (RobustFlow A.4: beta 1, NLL weight alpha 0.1, 1 epoch, batch 1 x gradient
+    accumulation 8, learning rate 1e-4, LoRA r 8 alpha 32, sequences up to 4,096 tokens)."""
+
+    beta: float = 1.0
+    nll_alpha: float = 0.1
+    epochs: float = 1.0
+    learning_rate: float = 1e-4
+    batch_size: int = 1
+    gradient_accumulation_steps: int = 8
+    warmup_ratio: float = 0.05
+    max_length: int = 4096
+    lora: LoraSettings | None = LoraSettings(r=8, alpha=32)
+    max_steps: int = -1
+    save_steps: int = 300
+    save_total_limit: int = 2
+    logging_steps: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        _check_positive(self, "beta")
+        if not isinstance(self.nll_alpha, int | float) or not self.nll_alpha >= 0:
+            raise ValueError(f"PreferenceSettings.nll_alpha must be >= 0, got {self.nll_alpha!r}")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a training run left: ``output`` (the adapter directory, or the full model directory when
+    ``lora`` is None; loadable with its tokenizer), the optimizer steps taken, the mean training loss,
+    the Trainer's log history, and whether it resumed from a checkpoint or found the finished output."""
+
+    output: Path
+    steps: int
+    train_loss: float | None
+    log: list[dict]
+    resumed: bool
+
+
+# --- input checks --------------------------------------------------------------------------------------
+
+
+def _require_llm() -> None:
+    """ImportError naming the extra when torch, transformers, trl or peft is missing."""
+    try:
+        import peft  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+        import trl  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"training needs torch, transformers, trl and peft: {LLM_EXTRA} ({exc})") from None
+
+
+def _check_model_dir(path: str | Path, field: str = "model_path") -> Path:
+    """The path of a local transformers model directory; ValueError otherwise."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{field} {str(path)!r}: not a local transformers model directory (no config.json); "
+                         "models load from local paths only")
+    return path
+
+
+def _check_messages(value: Any, where: str, roles: Sequence[str]) -> list[dict[str, str]]:
+    """``value`` as a non-empty list of ``{"role", "content"}`` messages with roles from ``roles``."""
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{where} must be a non-empty list of messages, got {value!r:.80}")
+    for j, message in enumerate(value):
+        if not isinstance(message, dict) or message.get("role") not in roles or \
+                not isinstance(message.get("content"), str):
+            raise ValueError(f"{where}[{j}] must be a message {{'role': one of {'/'.join(roles)}, 'content': str}}, "
+                             f"got {message!r:.80}")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def _check_rows(rows: Sequence[dict], keys: Sequence[str]) -> list[dict]:
+    """The rows reduced to ``keys`` (prompt/completion/chosen/rejected messages, a weight >= 0); one
+    ValueError naming the first bad row and field."""
+    if not isinstance(rows, Sequence) or isinstance(rows, str) or not rows:
+        raise ValueError("rows must be a non-empty list of training rows")
+    checked = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"rows[{i}] must be a dict with keys {', '.join(keys)}, got {type(row).__name__}")
+        missing = [key for key in keys if key not in row]
+        if missing:
+            raise ValueError(f"rows[{i}] is missing {', '.join(map(repr, missing))} (rows need {', '.join(keys)})")
+        out: dict[str, Any] = {"prompt": _check_messages(row["prompt"], f"rows[{i}]['prompt']", PROMPT_ROLES)}
+        for key in keys:
+            if key in ("completion", "chosen", "rejected"):
+                out[key] = _check_messages(row[key], f"rows[{i}][{key!r}]", ("assistant",))
+        if "weight" in keys:
+            weight = row["weight"]
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight) \
+                    or weight < 0:
+                raise ValueError(f"rows[{i}]['weight'] must be a finite number >= 0, got {weight!r}")
+            out["weight"] = float(weight)
+        checked.append(out)
+    return checked
+
+
+# --- shared run machinery ------------------------------------------------------------------------------
+
+
+def _device_args(lora: bool) -> tuple[dict[str, Any], Any]:
+    """Trainer arguments for this machine and the dtype to load the model in: CUDA with bf16 where the
+    GPU supports it (a LoRA base model loads in bf16, a fully trained one in fp32 under autocast), else
+    CPU in fp32 without activation checkpointing (it only costs time there)."""
+    import torch
+
+    if torch.cuda.is_available():
+        bf16 = torch.cuda.is_bf16_supported()
+        dtype = torch.bfloat16 if bf16 and lora else torch.float32
+        return {"use_cpu": False, "bf16": bf16, "fp16": False, "activation_checkpointing": True}, dtype
+    return {"use_cpu": True, "bf16": False, "fp16": False, "activation_checkpointing": False}, torch.float32
+
+
+def _common_args(settings: SFTSettings | PreferenceSettings, checkpoints: Path, progress: bool) -> dict[str, Any]:
+    """TrainingArguments shared by SFT and DPO runs."""
+    device, _ = _device_args(settings.lora is not None)
+    return {
+        "output_dir": str(checkpoints), "num_train_epochs": settings.epochs, "max_steps": settings.max_steps,
+        "learning_rate": settings.learning_rate, "per_device_train_batch_size": settings.batch_size,
+        "gradient_accumulation_steps": settings.gradient_accumulation_steps,
+        # A float below 1 is a fraction of the total steps (transformers 5).
+        "warmup_steps": float(settings.warmup_ratio), "max_length": settings.max_length,
+        "save_strategy": "steps", "save_steps": settings.save_steps, "save_total_limit": settings.save_total_limit,
+        "logging_steps": settings.logging_steps, "seed": settings.seed, "data_seed": settings.seed,
+        "report_to": "none", "disable_tqdm": not progress, "dataloader_num_workers": 0, **device,
+    }
+
+
+def _peft_config(lora: LoraSettings | None):
+    """PEFT's LoraConfig for ``lora`` (None when training every weight)."""
+    if lora is None:
+        return None
+    from peft import LoraConfig
+
+    modules = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=modules,
+                      task_type="CAUSAL_LM")
+
+
+def _load_model(model_path: Path, lora: bool):
+    """The model (in the dtype ``_device_args`` picks) and its tokenizer, which must carry a chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"model_path {str(model_path)!r}: the tokenizer has no chat template")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    _, dtype = _device_args(lora)
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype), tokenizer
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the dataset-preparation and weight-loading progress bars of datasets and transformers
+    (restored afterwards; the training bar is ``_progress_bar_class``'s) and PEFT's call of a renamed
+    transformers property, which warns on every model wrap."""
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    datasets_on = not datasets.are_progress_bars_disabled()
+    hf_on = hf_logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            yield
+    finally:
+        if datasets_on:
+            datasets.enable_progress_bars()
+        if hf_on:
+            hf_logging.enable_progress_bar()
+
+
+@functools.cache
+def _progress_bar_class():
+    """Transformers' training progress bar without its per-log-step printing."""
+    from transformers.trainer_callback import ProgressCallback
+
+    class ProgressBar(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            return None
+
+    return ProgressBar
+
+
+def _quiet_trainer(trainer, progress: bool):
+    """``trainer`` without transformers' per-log-step printing: a bare progress bar when ``progress``."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+    if progress:
+        trainer.add_callback(_progress_bar_class())
+    return trainer
+
+
+def _digest(rows: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+
+
+def _prepare_output(output_dir: Path, run: dict, resume: bool) -> TrainResult | None:
+    """Set up ``output_dir`` for ``run``: the finished result when resuming a finished run, else None.
+    Resuming a run recorded with other settings, rows or model is refused; ``resume=False`` clears the
+    previous run's checkpoints and output first."""
+    record = output_dir / RUN_FILE
+    final = output_dir / FINAL_DIR
+    if resume and record.is_file():
+        previous = json.loads(record.read_text())
+        if previous != run:
+            changed = sorted(k for k in set(run) | set(previous) if run.get(k) != previous.get(k))
+            raise ValueError(f"output_dir {str(output_dir)!r} holds a run with a different {', '.join(changed)}; "
+                             "use another output_dir or resume=False to start over")
+        if (final / RESULT_FILE).is_file():
+            result = json.loads((final / RESULT_FILE).read_text())
+            return TrainResult(final, result["steps"], result["train_loss"], result["log"], resumed=True)
+    if not resume:
+        for stale in (final, output_dir / CHECKPOINT_DIR):
+            shutil.rmtree(stale, ignore_errors=True)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(run, indent=1, sort_keys=True))
+    os.replace(tmp, record)
+    return None
+
+
+def _run(trainer, output_dir: Path, resume: bool) -> TrainResult:
+    """Train (from the newest checkpoint when resuming), then write ``final/`` atomically."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    checkpoints = output_dir / CHECKPOINT_DIR
+    last = get_last_checkpoint(str(checkpoints)) if resume and checkpoints.is_dir() else None
+    output = trainer.train(resume_from_checkpoint=last)
+    log = [dict(entry) for entry in trainer.state.log_history]
+    result = TrainResult(output_dir / FINAL_DIR, trainer.state.global_step, output.training_loss, log,
+                         resumed=last is not None)
+    tmp = output_dir / f".{FINAL_DIR}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_model(str(tmp))
+    trainer.processing_class.save_pretrained(str(tmp))
+    (tmp / RESULT_FILE).write_text(json.dumps(
+        {"steps": result.steps, "train_loss": result.train_loss, "log": log}, indent=1))
+    shutil.rmtree(result.output, ignore_errors=True)  # an earlier run's output that run.json did not record
+    os.replace(tmp, result.output)
+    return result
+
+
+def _run_record(kind: str, model_path: Path, settings: SFTSettings | PreferenceSettings,
+                rows: list[dict]) -> dict:
+    """What a run trains, as stored in ``run.json`` (JSON-normalised so it compares with a re-read)."""
+    return json.loads(json.dumps({"kind": kind, "model_path": str(model_path.resolve()),
+                                  "settings": asdict(settings), "rows_sha256": _digest(rows)}))
+
+
+# --- SFT -----------------------------------------------------------------------------------------------
+
+
+def make_sft_trainer(model_path: str | Path, rows: Sequence[dict], output_dir: str | Path,
+                     settings: SFTSettings = SFTSettings(), *, progress: bool = True,
+                     callbacks: Sequence[Any] = ()):
+    """A ready TRL ``SFTTrainer`` for ``rows`` (see ``train_sft``); checkpoints go to
+    ``output_dir/checkpoints``. Exposed for callers that drive the trainer themselves."""
+    _require_llm()
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    model_path = _check_model_dir(model_path)
+    rows = _check_rows(rows, ("prompt", "completion"))
+    with _quiet():
+        model, tokenizer = _load_model(model_path, settings.lora is not None)
+        args = SFTConfig(**_common_args(settings, Path(output_dir) / CHECKPOINT_DIR, progress),
+                         completion_only_loss=True)
+        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                             peft_config=_peft_config(settings.lora), callbacks=list(callbacks) or None)
+    return _quiet_trainer(trainer, progress)
+
+
+def train_sft(model_path: str | Path, rows: Sequence[dict], output_dir: str | Path,
+              settings: SFTSettings = SFTSettings(), *, resume: bool = True, progress: bool = True,
+              callbacks: Sequence[Any] = ()) -> TrainResult:
+    """Supervised fine-tuning of the local causal LM at ``model_path`` on conversational
+    prompt-completion rows, ``{"prompt": [system/user messages], "completion": [assistant message]}``,
+    with the loss on the completion only. Writes ``output_dir/final/`` (the LoRA adapter, or the full
+    model when ``settings.lora`` is None, with the tokenizer). ``callbacks`` are extra
+    ``transformers.TrainerCallback`` objects."""
+    _require_llm()
+    model_path = _check_model_dir(model_path)
+    checked = _check_rows(rows, ("prompt", "completion"))
+    output_dir = Path(output_dir)
+    finished = _prepare_output(output_dir, _run_record("sft", model_path, settings, checked), resume)
+    if finished is not None:
+        return finished
+    trainer = make_sft_trainer(model_path, checked, output_dir, settings, progress=progress, callbacks=callbacks)
+    with _quiet():
+        return _run(trainer, output_dir, resume)
+
+
+# --- weighted DPO --------------------------------------------------------------------------------------
+
+
+class _WithWeights:
+    """A preference collator that also passes each example's ``weight`` on, as a float tensor."""
+
+    def __init__(self, collator: Callable[[list[dict]], dict]):
+        self.collator = collator
+
+    def __call__(self, examples: list[dict]) -> dict:
+        import torch
+
+        batch = self.collator(examples)
+        if "weight" in examples[0]:
+            batch["weight"] = torch.tensor([float(e["weight"]) for e in examples], dtype=torch.float32)
+        return batch
+
+
+def _example(inputs: dict, i: int, n: int) -> dict:
+    """Example ``i`` of a collated preference batch of ``n`` (rows ``i`` and ``n + i`` of the stacked
+    chosen/rejected tensors, per-example tensors at ``i``), cut to its own length: trailing columns that
+    both of its sequences pad are dropped, which changes nothing for a causal LM."""
+    rows = [i, n + i]
+    attention = inputs["attention_mask"][rows]
+    length = int(attention.any(dim=0).nonzero().max()) + 1
+    out = {}
+    for key, value in inputs.items():
+        if value.size(0) == 2 * n:
+            out[key] = value[rows][:, :length] if value.dim() >= 2 else value[rows]
+        else:
+            out[key] = value[i:i + 1]
+    return out
+
+
+@functools.cache
+def _weighted_dpo_trainer_class():
+    """Build ``WeightedDPOTrainer`` on first use, so importing this module does not import TRL."""
+    from trl import DPOTrainer
+
+    class WeightedDPOTrainer(DPOTrainer):
+        """TRL's ``DPOTrainer`` with a per-example weight: a ``weight`` column (float >= 0) survives
+        column pruning and collation, and each example's loss (every term of ``loss_type``, e.g. the
+        DPO sigmoid and the SFT/NLL term) is multiplied by its weight before the batch mean.
+
+        The loss is computed one example at a time (TRL returns only the batch mean), so a batch of B
+        costs B forward passes of one pair; at ScPO's batch size of 1 that is exactly TRL's loss. For
+        B > 1 the SFT term is each chosen completion's own mean token NLL (RobustFlow eq. 13's
+        1/|w+| log M(w+|q)) where TRL averages over all chosen tokens of the batch. A dataset without
+        a ``weight`` column trains exactly as ``DPOTrainer``."""
+
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.data_collator = _WithWeights(self.data_collator)
+
+        def _set_signature_columns_if_needed(self):
+            super()._set_signature_columns_if_needed()
+            if "weight" not in self._signature_columns:
+                self._signature_columns = [*self._signature_columns, "weight"]
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            weights = inputs.pop("weight", None)
+            if weights is None:
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            if return_outputs:
+                raise NotImplementedError("WeightedDPOTrainer returns the loss only; evaluate with "
+                                          "prediction_loss_only=True")
+            n = weights.numel()
+            if n == 1:
+                return super().compute_loss(model, inputs) * weights[0]
+            loss = 0.0
+            for i in range(n):
+                loss = loss + super().compute_loss(model, _example(inputs, i, n)) * weights[i]
+            return loss / n
+
+    WeightedDPOTrainer.__module__ = __name__
+    return WeightedDPOTrainer
+
+
+def __getattr__(name: str) -> Any:
+    if name == "WeightedDPOTrainer":
+        return _weighted_dpo_trainer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def make_preference_trainer(model_path: str | Path, rows: Sequence[dict], output_dir: str | Path,
+                            settings: PreferenceSettings = PreferenceSettings(), *, progress: bool = True,
+                            callbacks: Sequence[Any] = ()):
+    """A ready ``WeightedDPOTrainer`` for ``rows`` (see ``train_preferences``): DPO sigmoid plus
+    ``nll_alpha`` times the SFT term, weighted per row. Exposed for callers that drive the trainer."""
+    _require_llm()
+    from datasets import Dataset
+    from trl import DPOConfig
+
+    model_path = _check_model_dir(model_path)
+    rows = _check_rows(rows, ("prompt", "chosen", "rejected", "weight"))
+    loss_type, loss_weights = ["sigmoid"], [1.0]
+    if settings.nll_alpha > 0:
+        loss_type, loss_weights = ["sigmoid", "sft"], [1.0, float(settings.nll_alpha)]
+    with _quiet():
+        model, tokenizer = _load_model(model_path, settings.lora is not None)
+        args = DPOConfig(**_common_args(settings, Path(output_dir) / CHECKPOINT_DIR, progress),
+                         beta=settings.beta, loss_type=loss_type, loss_weights=loss_weights)
+        # Without an adapter the reference is a second, frozen copy of M_t.
+        ref_model = None if settings.lora is not None else _load_model(model_path, False)[0]
+        trainer = _weighted_dpo_trainer_class()(
+            model=model, ref_model=ref_model, args=args, train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer, peft_config=_peft_config(settings.lora), callbacks=list(callbacks) or None)
+    return _quiet_trainer(trainer, progress)
+
+
+def train_preferences(model_path: str | Path, rows: Sequence[dict], output_dir: str | Path,
+                      settings: PreferenceSettings = PreferenceSettings(), *, resume: bool = True,
+                      progress: bool = True, callbacks: Sequence[Any] = ()) -> TrainResult:
+    """One ScPO update: weighted DPO (beta) plus the weighted NLL term (``nll_alpha``) on rows
+    ``{"prompt": [messages], "chosen": [assistant message], "rejected": [assistant message],
+    "weight": float >= 0}``. ``model_path`` is the full model ``M_t``; a fresh LoRA adapter is trained
+    on it and the reference is ``M_t`` itself (the adapter disabled), as RobustFlow eq. 13 wants. With
+    ``settings.lora=None`` every weight trains against a frozen copy. Writes ``output_dir/final/``."""
+    _require_llm()
+    model_path = _check_model_dir(model_path)
+    checked = _check_rows(rows, ("prompt", "chosen", "rejected", "weight"))
+    output_dir = Path(output_dir)
+    finished = _prepare_output(output_dir, _run_record("preferences", model_path, settings, checked), resume)
+    if finished is not None:
+        return finished
+    trainer = make_preference_trainer(model_path, checked, output_dir, settings, progress=progress,
+                                      callbacks=callbacks)
+    with _quiet():
+        return _run(trainer, output_dir, resume)
+
+
+# --- merging -------------------------------------------------------------------------------------------
+
+
+def merge_adapter(base_model_path: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> Path:
+    """Fold the LoRA adapter in ``adapter_dir`` into the model at ``base_model_path`` (PEFT
+    ``merge_and_unload``) and save the result with the tokenizer (the adapter's when it has one, else
+    the base's) in ``out_dir``, written to a temporary directory and renamed into place: the next
+    ``M_t``, loadable by ``AutoModelForCausalLM`` and by vLLM. Returns ``out_dir``.
+
+    ``out_dir/merge.json`` names the base and the adapter's digest; when ``out_dir`` already holds this
+    same merge it is returned as it is (a resumed pipeline), any other existing ``out_dir`` is refused."""
+    _require_llm()
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_model_path = _check_model_dir(base_model_path, "base_model_path")
+    adapter_dir = Path(adapter_dir)
+    weights = adapter_dir / "adapter_model.safetensors"
+    if not (adapter_dir / "adapter_config.json").is_file() or not weights.is_file():
+        raise ValueError(f"adapter_dir {str(adapter_dir)!r}: not a PEFT adapter directory "
+                         "(adapter_config.json and adapter_model.safetensors)")
+    record = {"base_model_path": str(base_model_path.resolve()),
+              "adapter_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        done = out_dir / MERGE_FILE
+        if done.is_file() and json.loads(done.read_text()) == record:
+            return out_dir
+        raise ValueError(f"out_dir {str(out_dir)!r} already exists and does not hold this merge; "
+                         "choose a new directory")
+    with _quiet():
+        base = AutoModelForCausalLM.from_pretrained(base_model_path, dtype="auto")
+        merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+        has_tokenizer = (adapter_dir / "tokenizer_config.json").is_file()
+        tokenizer = AutoTokenizer.from_pretrained(adapter_dir if has_tokenizer else base_model_path)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        merged.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / MERGE_FILE).write_text(json.dumps(record, indent=1))
+    os.replace(tmp, out_dir)
+    return out_dir

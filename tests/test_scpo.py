@@ -1,0 +1,185 @@
+"""ScPO: ranking by execution score then vote, the extremal pair and its weight, the DPO rows, and one
+full iteration (sampling, pairs, weighted DPO, merge, resume) on a tiny real model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny_lm import torch_one_thread  # noqa: F401 (fixture)
+
+from resilibench.metrics.workflow import Workflow
+from resilibench.robust_train.generator import GeneratorFormat, canonical_form, parse_workflow, workflow_text
+from resilibench.robust_train.scpo import (
+    Candidate,
+    ScPOSettings,
+    pair_rows,
+    preference_pair,
+    rank_candidates,
+)
+
+A = canonical_form(Workflow.chain(["file_operations_reader", "data_processing_parser"]))
+B = canonical_form(Workflow.chain(["file_operations_reader", "data_processing_filter"]))
+C = canonical_form(Workflow.chain(["file_operations_reader", "data_processing_parser", "data_processing_validator"]))
+
+
+def cand(variant: str, key: str, score: float) -> Candidate:
+    return Candidate(variant, key, key, score)  # the canonical JSON is itself a valid answer
+
+
+def test_score_first_then_vote():
+    candidates = [cand("v0", A, 0.5), cand("v1", B, 0.9), cand("v2", A, 0.5), cand("v0", C, 0.5),
+                  Candidate("v2", "garbage", "invalid:garbage", 0.0, "no JSON object in the answer")]
+    ranked = rank_candidates(candidates)
+    assert [r.key for r in ranked] == [B, A, C, "invalid:garbage"]
+    assert [r.vote for r in ranked] == [0.2, 0.4, 0.2, 0.2]
+    assert ranked[1].variants == ("v0", "v2")
+    best, worst, gap = preference_pair(ranked, vote_weight=0.1)
+    assert (best.key, worst.key) == (B, "invalid:garbage")
+    assert gap == pytest.approx(0.9 + 0.1 * 0.2 - (0.0 + 0.1 * 0.2))
+
+
+def test_votes_break_ties_in_score_and_weigh_the_pair():
+    ranked = rank_candidates([cand("v0", A, 0.5), cand("v1", A, 0.5), cand("v2", C, 0.5)])
+    best, worst, gap = preference_pair(ranked, vote_weight=0.1)
+    assert (best.key, worst.key) == (A, C) and gap == pytest.approx(0.1 * (2 / 3 - 1 / 3))
+    # Without a vote weight, equally good answers make no pair.
+    assert preference_pair(ranked, vote_weight=0.0) is None
+
+
+def test_one_unique_answer_makes_no_pair():
+    assert preference_pair(rank_candidates([cand("v0", A, 0.3), cand("v1", A, 0.3)]), 0.1) is None
+    # Nor do answers none of which is a workflow, however their votes differ.
+    junk = [Candidate(v, t, f"invalid:{t}", 0.0, "no JSON") for v, t in (("v0", "x"), ("v1", "x"), ("v2", "y"))]
+    assert preference_pair(rank_candidates(junk), 0.1) is None
+    assert rank_candidates([]) == []
+
+
+def test_soft_vote_counts_near_misses():
+    # C extends A and shares only its first step with B: under the soft vote A gains more from C.
+    candidates = [cand("v0", A, 0.5), cand("v1", B, 0.5), cand("v2", C, 0.1)]
+    exact = {r.key: r.vote for r in rank_candidates(candidates, "exact")}
+    soft = {r.key: r.vote for r in rank_candidates(candidates, "soft")}
+    assert exact[A] == exact[B] == pytest.approx(1 / 3)
+    assert soft[A] > soft[B] > exact[B]
+    assert [r.key for r in rank_candidates(candidates, "soft")][:2] == [A, B]
+
+
+def test_settings_reject_bad_values():
+    with pytest.raises(ValueError, match="vote must be one of"):
+        ScPOSettings(vote="majority")
+    with pytest.raises(ValueError, match="candidates must be >= 1"):
+        ScPOSettings(candidates=0)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        ScPOSettings(temperature=0)
+
+
+def test_pair_rows_use_the_prompts_that_produced_the_worse_answer(cluster_records):
+    record = cluster_records[0]
+    ids = [v.variant_id for v in record.variants]
+    ranked = rank_candidates([cand(ids[0], A, 0.9), cand(ids[1], B, 0.1), cand(ids[2], B, 0.1)])
+    best, worst, gap = preference_pair(ranked, 0.1)
+    rows = pair_rows(record, best, worst, gap, GeneratorFormat())
+    texts = {v.variant_id: v.text for v in record.variants}
+    assert [r["variant_id"] for r in rows] == [ids[1], ids[2]]
+    assert [r["prompt"][1]["content"] for r in rows] == [texts[ids[1]], texts[ids[2]]]
+    # The chosen answer is written out cleanly; the rejected one is kept as sampled.
+    assert all(r["chosen"][0]["content"] == workflow_text(parse_workflow(A)) and r["rejected"][0]["content"] == B
+               and r["weight"] == gap for r in rows)
+    json.dumps(rows)  # rows are plain JSON
+    assert workflow_text(record.reference).startswith('{"nodes": [')
+
+
+@pytest.fixture(scope="module")
+def cluster_records():
+    from resilibench.envs.tasks import load_tasks
+    from resilibench.robust_train.clusters import build_clusters
+
+    tasks = [t for t in load_tasks(split="train") if t.task_type == "basic_file_processing"][:4]
+    return list(build_clusters(tasks, types=("paraphrase", "noise_heavy"), seed=0))
+
+
+@pytest.fixture(scope="module")
+def sft_generator(cluster_records, tmp_path_factory, torch_one_thread):  # noqa: F811
+    """A generator from scratch after SFT (full fine-tuning, enough steps for most samples at temperature
+    0.7 to be workflows, and not all the same)."""
+    from resilibench.robust_train.pipeline import build_generator, run_sft
+    from resilibench.robust_train.training import SFTSettings
+
+    tmp = tmp_path_factory.mktemp("generator")
+    fmt = GeneratorFormat()
+    base = build_generator(tmp / "scratch", cluster_records, fmt, hidden_size=64, num_layers=2, vocab_size=512)
+    return run_sft(base, cluster_records, tmp / "sft", SFTSettings(
+        max_steps=150, learning_rate=3e-3, batch_size=8, gradient_accumulation_steps=1, warmup_ratio=0,
+        lora=None, save_steps=1000), fmt, progress=False)
+
+
+def test_one_full_iteration(cluster_records, sft_generator, tmp_path):
+    """One ScPO iteration: sampling, ranking, weighted DPO on a LoRA adapter, merge; a rerun resumes
+    without new work; the merged model is evaluated."""
+    from resilibench.robust_train.evaluation import robustness_table
+    from resilibench.robust_train.pipeline import evaluate_generator
+    from resilibench.robust_train.scpo import run_scpo
+    from resilibench.robust_train.training import LoraSettings, PreferenceSettings
+
+    fmt = GeneratorFormat()
+    settings = ScPOSettings(iterations=1, candidates=3, temperature=0.7, max_new_tokens=48,
+                            preference=PreferenceSettings(batch_size=2, gradient_accumulation_steps=1,
+                                                          warmup_ratio=0, lora=LoraSettings(r=4, alpha=8)))
+    logs: list[str] = []
+    model = run_scpo(sft_generator, cluster_records, tmp_path / "scpo", settings, fmt, progress=False,
+                     log=logs.append)
+    state = json.loads((tmp_path / "scpo" / "state.json").read_text())
+    (iteration,) = state["iterations"]
+    assert iteration["pairs"] > 0 and 0 < iteration["valid"] < 1, iteration
+    assert model == tmp_path / "scpo" / "iter_01" / "model" and (model / "config.json").exists()
+    assert (tmp_path / "scpo" / "iter_01" / "train" / "final" / "adapter_config.json").exists()
+    rows = [json.loads(line) for line in (tmp_path / "scpo" / "iter_01" / "candidates.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "cluster_id" in r]
+    assert [r["cluster_id"] for r in rows] == [r.cluster_id for r in cluster_records]
+    assert all(len(r["candidates"]) == 3 * len(cluster_records[0].variants) for r in rows)
+    for row in rows:
+        if row["pair"] is not None:
+            assert row["pair"]["chosen"]["score"] >= row["pair"]["rejected"]["score"] and row["pair"]["weight"] > 0
+    # A rerun finds the iteration done and returns the same model without sampling.
+    assert run_scpo(sft_generator, cluster_records, tmp_path / "scpo", settings, fmt, progress=False,
+                    log=logs.append) == model
+    assert len(logs) == 1
+    with pytest.raises(ValueError, match="different configuration"):
+        run_scpo(sft_generator, cluster_records, tmp_path / "scpo", ScPOSettings(candidates=2), fmt, progress=False)
+    table = evaluate_generator(model, cluster_records, tmp_path / "eval", fmt, max_new_tokens=48, progress=False)
+    assert set(table.rows) == {"original", "paraphrase", "noise_heavy"}
+    answers = {json.loads(line)["cluster_id"]: json.loads(line)["answers"]
+               for line in (tmp_path / "eval" / "answers.jsonl").read_text().splitlines() if "answers" in line}
+    assert robustness_table(cluster_records, answers) == table
+
+
+def test_cli_sft_scpo_evaluate(cluster_records, sft_generator, tmp_path, capsys):
+    """`robust sft` (one LoRA step), `robust scpo` (one iteration, soft votes, one DPO step) and `robust evaluate`
+    through the command line, and their input errors."""
+    from resilibench.cli import main
+    from resilibench.robust_train.clusters import write_clusters
+
+    clusters = tmp_path / "clusters"
+    write_clusters(clusters, [r.task for r in cluster_records], types=("paraphrase", "noise_heavy"))
+    assert main(["robust", "sft", str(sft_generator), "--clusters", str(clusters), "--output-dir",
+                 str(tmp_path / "sft"), "--max-steps", "1", "--lora-r", "4", "--batch-size", "4"]) == 0
+    adapter = json.loads((tmp_path / "sft" / "train" / "final" / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and (tmp_path / "sft" / "model" / "config.json").exists()
+    assert main(["robust", "scpo", str(sft_generator), "--clusters", str(clusters), "--output-dir",
+                 str(tmp_path / "scpo"), "--candidates", "3", "--vote", "soft", "--temperature", "0.7", "--max-new-tokens", "48",
+                 "--max-steps", "1", "--batch-size", "2", "--gradient-accumulation-steps", "1"]) == 0
+    state = json.loads((tmp_path / "scpo" / "state.json").read_text())
+    assert state["iterations"][0]["model"].endswith("iter_01/model")
+    capsys.readouterr()
+    assert main(["robust", "evaluate", str(sft_generator), str(tmp_path / "scpo" / "iter_01" / "model"),
+                 "--name", "sft", "--name", "scpo", "--clusters", str(clusters), "--output-dir",
+                 str(tmp_path / "eval"), "--max-new-tokens", "48"]) == 0
+    out = capsys.readouterr().out
+    assert "sft node" in out and "scpo exec" in out and "noise_heavy" in out
+    assert main(["robust", "sft", str(tmp_path / "nowhere"), "--clusters", str(clusters), "--output-dir",
+                 str(tmp_path / "x")]) == 2
+    assert "not a directory holding a transformers model" in capsys.readouterr().err
+    assert main(["robust", "evaluate", str(sft_generator), "--clusters", str(tmp_path / "none"),
+                 "--output-dir", str(tmp_path / "x")]) == 2
+    assert "--clusters" in capsys.readouterr().err
