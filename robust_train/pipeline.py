@@ -204,5 +204,4 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
     text = format_tables(tables, ("original", *PERTURBATION_TYPES))
     (output_dir / "table.txt").write_text(text + "\n")
     write_json_atomic(output_dir / "report.json", {name: t.to_dict() for name, t in tables.items()})
-    log(text)
     return tables

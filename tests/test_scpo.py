@@ -183,3 +183,31 @@ def test_cli_sft_scpo_evaluate(cluster_records, sft_generator, tmp_path, capsys)
     assert main(["robust", "evaluate", str(sft_generator), "--clusters", str(tmp_path / "none"),
                  "--output-dir", str(tmp_path / "x")]) == 2
     assert "--clusters" in capsys.readouterr().err
+
+
+def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  # noqa: F811
+    """The demo's orchestration at toy sizes: datasets, scratch model, base, SFT, one ScPO iteration, a
+    table per stage; a rerun finds everything done."""
+    from resilibench.robust_train.pipeline import DemoSettings, run_demo
+    from resilibench.robust_train.training import LoraSettings, PreferenceSettings, SFTSettings
+
+    steps = {"max_steps": 2, "batch_size": 4, "gradient_accumulation_steps": 1, "warmup_ratio": 0}
+    settings = DemoSettings(
+        train_clusters=3, test_clusters=2, pretrain_tasks=5, hidden_size=32, num_layers=1,
+        pretrain=SFTSettings(lora=None, learning_rate=1e-3, **steps),
+        sft=SFTSettings(lora=LoraSettings(r=4, alpha=8), **steps),
+        scpo=ScPOSettings(iterations=1, candidates=2, max_new_tokens=16,
+                          preference=PreferenceSettings(max_steps=1, batch_size=2, gradient_accumulation_steps=1,
+                                                        warmup_ratio=0)),
+        max_new_tokens=16)
+    logs: list[str] = []
+    tables = run_demo(tmp_path, settings, progress=False, log=logs.append)
+    assert list(tables) == ["base", "sft", "scpo1"]
+    assert all(set(t.rows) == {"original", "paraphrase", "requirements", "noise_light", "noise_moderate",
+                               "noise_heavy"} and t.counts["original"] == 2 for t in tables.values())
+    table_text = (tmp_path / "table.txt").read_text()
+    assert "scpo1 node" in table_text and "noise_heavy" in table_text
+    assert json.loads((tmp_path / "report.json").read_text())["sft"] == tables["sft"].to_dict()
+    logs.clear()
+    assert run_demo(tmp_path, settings, progress=False, log=logs.append) == tables
+    assert not any(line.startswith("iteration") for line in logs)  # nothing was sampled again
