@@ -27,7 +27,6 @@ the parse error; after that the iteration is recorded ``invalid`` and the loop g
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import zlib
@@ -41,8 +40,7 @@ import numpy as np
 
 from resilibench.agents import breaker_prompts as bp
 from resilibench.agents.base import Backend, GenerationConfig, Message
-from resilibench.agents.scripted import COMPLETION_MESSAGE, Agent, Batch, call_message, episode_of
-from resilibench.envs.simulator import Episode
+from resilibench.agents.scripted import Agent
 from resilibench.envs.text_env import ResiliBenchTextEnv
 from resilibench.metrics.judge import json_objects
 
@@ -369,61 +367,6 @@ def _generation(config: GenerationConfig) -> dict[str, Any]:
 
 
 # --- flaw -------------------------------------------------------------------------------------------------
-
-
-class PlannerTextAgent:
-    """Any ``Planner`` (heuristics, ``OptimalPlanner``, a PPO policy) speaking the text protocol: each turn
-    one ``<tool_call>`` of the planner's action, or the completion signal for FINISH.
-
-    ``make(episode)`` builds the planner of a new episode (one per running env, so stateful planners do
-    not share state); it is reset with an rng derived from the episode's random stream."""
-
-    def __init__(self, make: Callable[[Episode], Any], name: str):
-        self.make = make
-        self.name = name
-        self._planners: dict[int, tuple[Episode, Any]] = {}
-
-    def respond(self, batch: Batch) -> list[str]:
-        from resilibench.policies.runner import planner_rng
-
-        replies = []
-        for _, env in batch:
-            episode = episode_of(env)
-            held = self._planners.get(id(env))
-            if held is None or held[0] is not episode:
-                planner = self.make(episode)
-                stream_seed = int.from_bytes(hashlib.sha256(episode.stream.tobytes()).digest()[:8], "little")
-                planner.reset(episode.task, planner_rng(self.name, stream_seed))
-                held = self._planners[id(env)] = (episode, planner)
-            action = held[1].act(episode, None)
-            replies.append(COMPLETION_MESSAGE if action == len(episode.registry)
-                           else call_message(episode.registry.names[action]))
-        return replies
-
-
-SOLVER_FORMS = ("scripted:optimal, scripted:plan, a planner name (random_legal, in_order, dependency_aware, "
-                "optimal), ppo:CHECKPOINT_DIR, hf:PATH, vllm:PATH or openai:URL?model=NAME")
-
-
-def make_text_agent(spec: str, generation: GenerationConfig | None = None, batch_size: int = 8) -> Agent:
-    """A text-env agent from a spec (``SOLVER_FORMS``); ValueError naming the accepted forms."""
-    from resilibench.agents.backends import BACKEND_KINDS, make_backend
-    from resilibench.agents.scripted import SCRIPTED_AGENTS, LLMAgent, make_scripted_agent
-    from resilibench.policies.runner import PLANNER_NAMES, make_planner
-
-    kind, _, target = spec.partition(":")
-    if kind == "scripted" and target in SCRIPTED_AGENTS:
-        return make_scripted_agent(target)
-    if kind in BACKEND_KINDS:
-        return LLMAgent(make_backend(spec, batch_size=batch_size), generation)
-    if kind == "ppo" and target:
-        from resilibench.policies.ppo.evaluation import PPOPlanner
-
-        planner = PPOPlanner(target)  # deterministic and stateless: shared by every episode
-        return PlannerTextAgent(lambda episode: planner, f"ppo:{target}")
-    if spec in PLANNER_NAMES:
-        return PlannerTextAgent(lambda episode: make_planner(spec, episode.config), f"planner:{spec}")
-    raise ValueError(f"solver spec {spec!r} not understood; forms: {SOLVER_FORMS}")
 
 
 FLAW_CRITERIA = [{"id": "C1", "criterion": "The episode ends in full success: every required tool succeeds, "

@@ -11,14 +11,19 @@ in one ``generate`` call. The scripted agents write the same kind of messages an
   literally (``PlanFollower``: first unfinished step with calls left, retried on failure), passing each
   step's arguments as JSON; it measures what a prompt's plan is worth to an executor that trusts it.
 
+``PlannerTextAgent`` lets any ``Planner`` (a heuristic, a PPO policy) play the text protocol, and
+``make_text_agent(spec)`` builds any of these agents from a spec (``AGENT_SPECS``).
+
 Both say "task completed" in a message of its own, which costs no turn in the text env.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from resilibench.agents.base import Backend, GenerationConfig, Message
@@ -145,3 +150,76 @@ def make_scripted_agent(kind: str) -> OptimalTextAgent | PlanFollowingTextAgent:
         return SCRIPTED_AGENTS[kind]()
     except KeyError:
         raise ValueError(f"scripted agent must be one of {sorted(SCRIPTED_AGENTS)}, got {kind!r}") from None
+
+
+class PlannerTextAgent:
+    """Any ``Planner`` (heuristics, ``OptimalPlanner``, a PPO policy) speaking the text protocol: each turn
+    one ``<tool_call>`` of the planner's action, or the completion signal for FINISH.
+
+    ``make(episode)`` builds the planner of a new episode (one per running env, so stateful planners do
+    not share state); it is reset with an rng derived from the episode's random stream."""
+
+    def __init__(self, make: Callable[[Episode], Any], name: str):
+        self.make = make
+        self.name = name
+        self._planners: dict[int, tuple[Episode, Any]] = {}
+
+    def respond(self, batch: Batch) -> list[str]:
+        from resilibench.policies.runner import planner_rng
+
+        replies = []
+        for _, env in batch:
+            episode = episode_of(env)
+            held = self._planners.get(id(env))
+            if held is None or held[0] is not episode:
+                planner = self.make(episode)
+                stream_seed = int.from_bytes(hashlib.sha256(episode.stream.tobytes()).digest()[:8], "little")
+                planner.reset(episode.task, planner_rng(self.name, stream_seed))
+                held = self._planners[id(env)] = (episode, planner)
+            action = held[1].act(episode, None)
+            replies.append(COMPLETION_MESSAGE if action == len(episode.registry)
+                           else call_message(episode.registry.names[action]))
+        return replies
+
+
+AGENT_SPECS = ("scripted:optimal, scripted:plan, a planner name (random_legal, in_order, dependency_aware, "
+                "optimal), ppo:CHECKPOINT_DIR, hf:PATH, vllm:PATH or openai:URL?model=NAME")
+
+
+def check_agent_spec(spec: str) -> None:
+    """Check an agent spec's form (and an ``hf:`` or ``ppo:`` directory) without loading anything;
+    ValueError naming the problem."""
+    from resilibench.agents.backends import BACKEND_KINDS, check_spec
+    from resilibench.policies.runner import PLANNER_NAMES
+
+    kind, _, target = spec.partition(":")
+    if kind == "scripted":
+        if target not in SCRIPTED_AGENTS:
+            raise ValueError(f"scripted agent must be one of {sorted(SCRIPTED_AGENTS)}, got {target!r}")
+    elif kind in BACKEND_KINDS:
+        check_spec(spec)
+    elif kind == "ppo":
+        if not target or not Path(target).is_dir():
+            raise ValueError(f"ppo:{target}: not a checkpoint directory")
+    elif spec not in PLANNER_NAMES:
+        raise ValueError(f"agent spec {spec!r} not understood")
+
+
+def make_text_agent(spec: str, generation: GenerationConfig | None = None, batch_size: int = 8) -> Agent:
+    """A text-env agent from a spec (``AGENT_SPECS``); ValueError naming the accepted forms."""
+    from resilibench.agents.backends import BACKEND_KINDS, make_backend
+    from resilibench.policies.runner import PLANNER_NAMES, make_planner
+
+    kind, _, target = spec.partition(":")
+    if kind == "scripted" and target in SCRIPTED_AGENTS:
+        return make_scripted_agent(target)
+    if kind in BACKEND_KINDS:
+        return LLMAgent(make_backend(spec, batch_size=batch_size), generation)
+    if kind == "ppo" and target:
+        from resilibench.policies.ppo.evaluation import PPOPlanner
+
+        planner = PPOPlanner(target)  # deterministic and stateless: shared by every episode
+        return PlannerTextAgent(lambda episode: planner, f"ppo:{target}")
+    if spec in PLANNER_NAMES:
+        return PlannerTextAgent(lambda episode: make_planner(spec, episode.config), f"planner:{spec}")
+    raise ValueError(f"agent spec {spec!r} not understood; forms: {AGENT_SPECS}")

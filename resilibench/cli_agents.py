@@ -27,8 +27,6 @@ from resilibench.cli import (
     select_tasks,
 )
 
-AGENT_FORMS = "hf:PATH, vllm:PATH, openai:URL?model=NAME, scripted:optimal or scripted:plan"
-
 
 def flaw_severity(text: str) -> float:
     try:
@@ -51,31 +49,22 @@ def nonnegative_float(text: str) -> float:
 
 
 def check_agent(spec: str) -> None:
-    """Check ``--agent`` before any work: the spec's form and options, the model directory of ``hf:``."""
-    from resilibench.agents.backends import check_spec
-    from resilibench.agents.scripted import SCRIPTED_AGENTS
+    """Check ``--agent`` before any work: the spec's form and options, the directory of ``hf:`` / ``ppo:``."""
+    from resilibench.agents.scripted import AGENT_SPECS, check_agent_spec
 
-    kind, _, target = spec.partition(":")
     try:
-        if kind == "scripted":
-            if target not in SCRIPTED_AGENTS:
-                raise ValueError(f"scripted agent must be one of {sorted(SCRIPTED_AGENTS)}, got {target!r}")
-        else:
-            check_spec(spec)
+        check_agent_spec(spec)
     except (ValueError, OSError) as exc:
-        raise CliError(f"--agent {spec}: {exc} (forms: {AGENT_FORMS})") from None
+        raise CliError(f"--agent {spec}: {exc} (forms: {AGENT_SPECS})") from None
 
 
 def make_agent(spec: str, generation: Any, batch_size: int):
-    """The agent of ``--agent``: a scripted reference, or an ``LLMAgent`` over a backend spec."""
-    from resilibench.agents.backends import BackendError, make_backend
-    from resilibench.agents.scripted import LLMAgent, make_scripted_agent
+    """The agent of ``--agent`` (``agents.scripted.make_text_agent``)."""
+    from resilibench.agents.backends import BackendError
+    from resilibench.agents.scripted import make_text_agent
 
-    kind, _, target = spec.partition(":")
     try:
-        if kind == "scripted":
-            return make_scripted_agent(target)
-        return LLMAgent(make_backend(spec, batch_size=batch_size), generation)
+        return make_text_agent(spec, generation, batch_size)
     except (ValueError, TypeError, OSError, ImportError, BackendError) as exc:
         raise CliError(f"--agent {spec}: {exc}") from None
 
@@ -158,13 +147,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
     """Add ``eval`` to the ``resilibench`` parser."""
+    from resilibench.agents.scripted import AGENT_SPECS
     from resilibench.envs.tasks import TASK_TYPE_NAMES
 
     # Prompt variants and flaw types are checked when the command runs (``eval_jobs``), so building the
     # parser imports nothing from the prompt modules.
     ev = commands.add_parser("eval", parents=[parents["library"], parents["world"]],
                              help="evaluate an LLM agent (or a scripted reference) in the text env")
-    ev.add_argument("--agent", required=True, metavar="SPEC", help=f"one of {AGENT_FORMS}")
+    ev.add_argument("--agent", required=True, metavar="SPEC", help=f"one of {AGENT_SPECS}")
     ev.add_argument("--prompts", nargs="+", metavar="P",
                     help="prompt variants: baseline, cot, optimal, flawed (default all)")
     ev.add_argument("--flaw-types", nargs="+", metavar="F",

@@ -56,18 +56,15 @@ def _roles(args: argparse.Namespace, runs: dict[str, int]) -> dict[str, str | No
 def _check_specs(roles: dict[str, str | None]) -> None:
     """Check every spec's form before anything is loaded."""
     from resilibench.agents.backends import check_spec
-    from resilibench.agents.breaker import SOLVER_FORMS
+    from resilibench.agents.scripted import AGENT_SPECS, check_agent_spec
 
     for role, spec in roles.items():
         if spec is None:
             continue
-        kind = spec.partition(":")[0]
-        if role == "solver" and kind not in ("hf", "vllm", "openai"):
-            continue  # scripted, planner and ppo solvers are checked when built
         try:
-            check_spec(spec)
+            (check_agent_spec if role == "solver" else check_spec)(spec)
         except (ValueError, OSError) as exc:
-            forms = SOLVER_FORMS if role == "solver" else "hf:PATH, vllm:PATH or openai:URL?model=NAME"
+            forms = AGENT_SPECS if role == "solver" else "hf:PATH, vllm:PATH or openai:URL?model=NAME"
             raise CliError(f"--{role} {spec}: {exc} (forms: {forms})") from None
 
 
@@ -81,8 +78,8 @@ def _build(
     """The taxonomy objects; each backend spec is loaded once, however many roles use it."""
     from resilibench.agents.backends import BACKEND_KINDS, BackendError, make_backend
     from resilibench.agents.base import GenerationConfig
-    from resilibench.agents.breaker import FlawTaxonomy, LLMTaxonomy, make_text_agent
-    from resilibench.agents.scripted import LLMAgent
+    from resilibench.agents.breaker import FlawTaxonomy, LLMTaxonomy
+    from resilibench.agents.scripted import LLMAgent, make_text_agent
 
     # Seeded: LLM solvers of flaw sample with it; the LLM taxonomies reseed every call from --seed.
     generation = GenerationConfig(

@@ -18,7 +18,6 @@ from resilibench.agents.breaker import (
     FlawTaxonomy,
     LLMTaxonomy,
     export_csv,
-    make_text_agent,
     max_similarity,
     parse_grading,
     parse_max_iterations,
@@ -27,6 +26,7 @@ from resilibench.agents.breaker import (
     refinement_report,
     run_breaker,
 )
+from resilibench.agents.scripted import make_text_agent
 from resilibench.cli import main
 from resilibench.envs.tasks import load_tasks
 from resilibench.policies.flaws import FLAW_TYPES

@@ -57,6 +57,18 @@ def test_eval_resumes_and_adds_a_second_agent(eval_dir, tmp_path, capsys):
     assert summary["models"] == ["scripted:optimal", "scripted:plan"]
 
 
+def test_eval_plays_planners_through_the_text_protocol(eval_dir, tmp_path, capsys):
+    """A planner name as --agent: the optimal planner plays every episode as scripted:optimal does."""
+    assert main([*EVAL, "--agent", "optimal", "--output-dir", str(tmp_path / "out")]) == 0
+
+    def outcomes(path):
+        return sorted((r["task_id"], r["prompt"], str(r.get("flaw_type")), r["seed"], r["level"], r["calls"], str(r["trace"]))
+                      for r in read_jsonl(path / "results.jsonl").rows)
+
+    assert read_jsonl(tmp_path / "out" / "results.jsonl").rows[0]["model"] == "planner:optimal"
+    assert outcomes(tmp_path / "out") == outcomes(eval_dir)
+
+
 def test_eval_refuses_to_mix_settings(eval_dir, tmp_path, capsys):
     directory = tmp_path / "out"
     directory.mkdir()
@@ -75,7 +87,8 @@ def test_eval_refuses_to_mix_settings(eval_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--agent", "gpt"], "--agent gpt: backend spec must be"),
+    (["--agent", "gpt"], "--agent gpt: agent spec 'gpt' not understood"),
+    (["--agent", "ppo:/nonexistent/run"], "not a checkpoint directory"),
     (["--agent", "scripted:genius"], "scripted agent must be one of"),
     (["--agent", "hf:/nonexistent/model"], "not a directory"),
     (["--agent", "scripted:plan", "--prompts", "fancy"], "accepted: baseline"),
