@@ -378,3 +378,17 @@ def test_cli_rejects_bad_arguments(args, message, capsys):
 def test_train_refuses_an_existing_run_without_resume(trained, capsys):
     assert main(["train", "ppo", "--iterations", "1", "--output-dir", str(trained), *TINY_FLAGS]) == 2
     assert "already holds a training run: add --resume" in capsys.readouterr().err
+
+
+def test_ppo_policy_plays_the_text_protocol(trained, tmp_path, capsys):
+    """`eval --agent ppo:DIR`: the trained policy as a text agent, greedy, so two runs play the same calls."""
+    def run(out):
+        assert main(["eval", "--agent", f"ppo:{trained}", "--prompts", "baseline", "--task-type", TYPE,
+                     "--limit", "2", "--seeds", "0", "--output-dir", str(out)]) == 0
+        return [(r["model"], r["task_id"], r["level"], [c["tool"] for c in r["trace"]])
+                for r in read_jsonl(out / "results.jsonl").rows]
+
+    first = run(tmp_path / "a")
+    assert len(first) == 2 and {model for model, *_ in first} == {f"ppo:{trained}"}
+    assert all(calls and set(calls) <= set(default_registry().names) for *_, calls in first)
+    assert run(tmp_path / "b") == first
