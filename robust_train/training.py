@@ -483,15 +483,15 @@ def _weighted_dpo_trainer_class():
             weights = inputs.pop("weight", None)
             if weights is None:
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            if return_outputs:
-                raise NotImplementedError("WeightedDPOTrainer returns the loss only; evaluate with "
-                                          "prediction_loss_only=True")
             n = weights.numel()
             if n == 1:
-                return super().compute_loss(model, inputs) * weights[0]
+                result = super().compute_loss(model, inputs, return_outputs)
+                return (result[0] * weights[0], result[1]) if return_outputs else result * weights[0]
             loss = 0.0
             for i in range(n):
                 loss = loss + super().compute_loss(model, _example(inputs, i, n)) * weights[i]
+            if return_outputs:  # evaluation: TRL's outputs (for compute_metrics) of the whole batch
+                return loss / n, super().compute_loss(model, inputs, True)[1]
             return loss / n
 
     WeightedDPOTrainer.__module__ = __name__

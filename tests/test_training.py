@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import warnings
 
 import pytest
 from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401  (fixture)
@@ -216,6 +217,11 @@ def test_weighted_dpo_loss_is_eq13_against_the_unadapted_model(tiny, tmp_path):
     for w in ([1.0, 1.0, 1.0], [3.0, 0.0, 0.25]):
         assert trainer.compute_loss(trainer.model, dict(batch, weight=torch.tensor(w))).item() == pytest.approx(
             expected_scpo_loss(trainer.model, reference, batch, w, 1.0, 0.1), rel=1e-5)
+    # Evaluation asks for the outputs too: the same weighted loss, with TRL's outputs beside it.
+    with warnings.catch_warnings():  # TRL deprecates the outputs of compute_loss (FutureWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        with_outputs, outputs = trainer.compute_loss(trainer.model, dict(batch), return_outputs=True)
+    assert with_outputs.item() == pytest.approx(loss, rel=1e-5) and outputs is not None
 
 
 def lora_grads(trainer, batch) -> list[torch.Tensor]:
