@@ -68,14 +68,22 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def _float_at_least(text: str, lowest: float, strict: bool, what: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+        raise argparse.ArgumentTypeError(f"expected a {what} number, got {text!r}") from None
+    if not (value > lowest if strict else value >= lowest):
+        raise argparse.ArgumentTypeError(f"expected a {what} number, got {text}")
     return value
+
+
+def positive_float(text: str) -> float:
+    return _float_at_least(text, 0.0, True, "positive")
+
+
+def nonnegative_float(text: str) -> float:
+    return _float_at_least(text, 0.0, False, "non-negative")
 
 
 def dedupe(values: Sequence[Any]) -> list[Any]:

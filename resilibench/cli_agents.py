@@ -21,6 +21,7 @@ from resilibench.cli import (
     dedupe,
     load_library,
     load_world_config,
+    nonnegative_float,
     nonnegative_int,
     positive_int,
     read_existing_results,
@@ -35,16 +36,6 @@ def flaw_severity(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
     if not 0.0 < value <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
-    return value
-
-
-def nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
-    if not value >= 0.0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {value}")
     return value
 
 

@@ -22,11 +22,11 @@ from resilibench.cli import (
     format_table,
     load_library,
     load_world_config,
+    nonnegative_float,
     nonnegative_int,
     positive_int,
     select_tasks,
 )
-from resilibench.cli_agents import nonnegative_float
 
 
 def _roles(args: argparse.Namespace, runs: dict[str, int]) -> dict[str, str | None]:

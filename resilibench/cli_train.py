@@ -26,6 +26,7 @@ from resilibench.cli import (
     format_table,
     load_library,
     load_world_config,
+    nonnegative_float,
     nonnegative_int,
     positive_float,
     positive_int,
@@ -38,16 +39,6 @@ SPLITS = ("train", "validation", "test")
 REWARDS = ("sparse", "shaped")
 ENCODERS = ("transformer", "mlp")
 DEFAULT_TIME_BUDGET_MIN = 20.0
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
-    return value
 
 
 def _assignment(text: str) -> tuple[str, Any]:
@@ -231,7 +222,7 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
                      help="sampling processes (0: sample in the driver)")
     ppo.add_argument("--num-envs-per-env-runner", type=positive_int, metavar="N", help="envs stepped as a batch")
     ppo.add_argument("--num-learners", type=nonnegative_int, metavar="N", help="learner processes (0: the driver)")
-    ppo.add_argument("--num-gpus-per-learner", type=_nonnegative_float, metavar="X", help="GPUs per learner")
+    ppo.add_argument("--num-gpus-per-learner", type=nonnegative_float, metavar="X", help="GPUs per learner")
     ppo.add_argument("--address", metavar="ADDR", help="Ray cluster to join (e.g. auto); default: start local Ray")
     ppo.add_argument("--output-dir", default="runs/ppo", metavar="DIR", help="default runs/ppo")
     ppo.add_argument("--resume", action="store_true", help="continue the run in DIR from its last checkpoint")

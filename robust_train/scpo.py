@@ -257,12 +257,15 @@ def run_scpo(model_dir: str | Path, records: Sequence[ClusterRecord], output_dir
         step.mkdir(exist_ok=True)
         done = {row["cluster_id"]: row for row in read_jsonl(step / "candidates.jsonl", repair=True).rows}
         pending = [r for r in records if r.cluster_id not in done]
+        position = {}  # a batch's sampling seed follows its first cluster's place in ``records``
+        for i, record in enumerate(records):
+            position.setdefault(record.cluster_id, i)
         if pending:
             backend = make_backend(model)
             with JsonlWriter(step / "candidates.jsonl") as writer, _bar(len(records), len(done), t, progress) as bar:
                 for start in range(0, len(pending), settings.clusters_per_batch):
                     batch = pending[start:start + settings.clusters_per_batch]
-                    seed = settings.seed + 1_000_003 * t + records.index(batch[0])
+                    seed = settings.seed + 1_000_003 * t + position[batch[0].cluster_id]
                     for record, candidates in zip(batch, sample_cluster_candidates(backend, batch, fmt, settings, seed),
                                                   strict=True):
                         row = cluster_row(record, candidates, settings)
