@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from resilibench.metrics.perturb import (
     perturbation_rng,
 )
 from resilibench.metrics.workflow import Workflow
+from resilibench.results import save_figure
 
 STRUCTURAL = ("chain_f1", "mcis_f1", "reachability_f1", "kendall_tau")
 LEXICAL = ("bleu", "gleu")
@@ -303,17 +303,6 @@ def summarize(plan: CalibrationPlan, rows: Iterable[dict[str, Any]], metrics: Se
 # --- plots --------------------------------------------------------------------------------------------
 
 
-def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
-
-
 def _pyplot():
     import matplotlib
 
@@ -351,7 +340,7 @@ def plot_scores(summary: dict[str, Any], path: str | Path, view: str = "tasks") 
     axes[0][0].set_ylabel(f"metric score (mean ± std, {view} view)")
     axes[0][-1].legend(fontsize=7, loc="lower left")
     fig.tight_layout()
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path))
 
 
 def plot_sensitivity(summary: dict[str, Any], path: str | Path, view: str = "tasks") -> Path:
@@ -372,7 +361,7 @@ def plot_sensitivity(summary: dict[str, Any], path: str | Path, view: str = "tas
     ax.legend(fontsize=8, frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path))
 
 
 def iter_chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:

@@ -396,6 +396,13 @@ def plot_full_success(overall: dict[str, dict[str, Any]], nested: dict[str, dict
     ax.legend(fontsize=8, loc="upper center", ncols=min(6, len(groups) + 1), frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Write a matplotlib figure atomically (temporary file + ``os.replace``) and close it."""
+    import matplotlib.pyplot as plt
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
