@@ -7,9 +7,10 @@ conversation at once, which is what makes vLLM and batched transformers generati
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
 
@@ -39,3 +40,64 @@ class Backend(Protocol):
     name: str
 
     def generate(self, conversations: Sequence[Sequence[Message]], config: GenerationConfig) -> list[str]: ...
+
+
+@dataclass
+class ValidatedAnswer:
+    """What ``ask_until_valid`` got for one conversation: the validated value (None when no answer
+    passed), the rejection messages in order, and a backend failure message ("" when none)."""
+
+    value: Any = None
+    errors: list[str] = field(default_factory=list)
+    failure: str = ""
+
+    @property
+    def attempts(self) -> int:
+        return len(self.errors) + (self.value is not None)
+
+
+def ask_until_valid(backend: Backend, conversations: Sequence[Sequence[Message]],
+                    validate: Callable[[int, str], Any], attempts: int, generation: GenerationConfig
+                    ) -> list[ValidatedAnswer]:
+    """Ask every conversation until ``validate(index, answer)`` accepts an answer (returns without raising
+    ValueError), at most ``attempts`` rounds. All pending conversations go to the backend in one call per
+    round; a rejected answer is sent back with the error and "Try again.". A backend error stops the
+    rounds and is recorded as each pending conversation's ``failure``."""
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
+    chats = [list(c) for c in conversations]
+    results = [ValidatedAnswer() for _ in chats]
+    pending = list(range(len(chats)))
+    for _ in range(attempts):
+        if not pending:
+            break
+        try:
+            answers = backend.generate([chats[i] for i in pending], generation)
+            if len(answers) != len(pending):
+                raise RuntimeError(f"backend returned {len(answers)} answers for {len(pending)} conversations")
+        except (RuntimeError, OSError, ValueError) as exc:
+            for i in pending:
+                results[i].failure = f"backend error: {exc}"
+            break
+        still = []
+        for i, answer in zip(pending, answers, strict=True):
+            try:
+                results[i].value = validate(i, answer)
+            except ValueError as exc:
+                results[i].errors.append(str(exc))
+                chats[i] += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"{exc} Try again."}]
+                still.append(i)
+        pending = still
+    return results
+
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def extract_answer(text: str) -> str:
+    """The text between the first <answer> and </answer>, stripped; ValueError saying what is missing."""
+    m = _ANSWER.search(text)
+    if m is None:
+        missing = "</answer> is missing" if "<answer>" in text else "no <answer>...</answer> block was found"
+        raise ValueError(f"The reply is malformed: {missing}.")
+    return m.group(1).strip()

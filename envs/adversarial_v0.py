@@ -228,6 +228,7 @@ class raw_env(AECEnv):
         strict_dependencies: bool | None = None,
         profile: str | None = None,
         render_mode: str | None = None,
+        world: str = "v0",
     ):
         super().__init__()
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
@@ -242,7 +243,7 @@ class raw_env(AECEnv):
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.planner = ResiliBenchEnv(split=split, task_types=task_types, tasks=tasks, config=config,
                                       turn_limit=turn_limit, strict_dependencies=strict_dependencies,
-                                      profile=profile)
+                                      profile=profile, world=world)
         self.config = self.planner.config
         # Reference plans come from bound (iii), which is defined for the test profile.
         self._plan_config = self.config.replace(rules={"profile": "test"})

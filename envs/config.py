@@ -73,6 +73,7 @@ class EvaluatorConfig:
         }
     )
     partial_conditions_needed: int = 2
+    partial_rule: str = "v1"  # "v1": partial success needs real progress; "v0": any two conditions
     completion_phrases: tuple[str, ...] = (
         "task completed",
         "task complete",
@@ -107,6 +108,9 @@ class ShapedReward:
     scale: float = 1.0
 
 
+WORLD_PARTIAL_RULES = {"v0": "v0", "v1": "v1"}  # each world's evaluator rule for partial success
+
+
 @dataclass(frozen=True)
 class WorldConfig:
     """The whole world: failure model, episode rules, evaluator, rewards."""
@@ -119,6 +123,13 @@ class WorldConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def for_world(cls, world: str = "v1") -> WorldConfig:
+        """The default configuration of a world: v1, or v0 (whose evaluator used the v0 partial rule)."""
+        if world not in WORLD_PARTIAL_RULES:
+            raise ValueError(f"world must be one of {tuple(WORLD_PARTIAL_RULES)}, got {world!r}")
+        return cls(evaluator=EvaluatorConfig(partial_rule=WORLD_PARTIAL_RULES[world]))
 
     def replace(self, **sections: Any) -> WorldConfig:
         """A copy with whole sections or single fields replaced, e.g. ``rules={"turn_limit": 12}``."""
@@ -148,11 +159,12 @@ def _from_dict(cls: type[T], data: dict[str, Any], base: T | None = None) -> T:
     return dataclasses.replace(base, **kwargs)
 
 
-def load_config(path: str | Path | None = None) -> WorldConfig:
-    """Load a WorldConfig from YAML (.yaml/.yml) or JSON (.json); missing fields keep their defaults.
-    Problems with the file raise FileNotFoundError or ValueError naming the file and the field."""
+def load_config(path: str | Path | None = None, world: str = "v1") -> WorldConfig:
+    """Load a WorldConfig from YAML (.yaml/.yml) or JSON (.json); missing fields keep the defaults of
+    ``world``. Problems with the file raise FileNotFoundError or ValueError naming the file and the field."""
+    base = WorldConfig.for_world(world)
     if path is None:
-        return WorldConfig()
+        return base
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist")
@@ -173,4 +185,4 @@ def load_config(path: str | Path | None = None) -> WorldConfig:
     if not isinstance(data, dict):
         sections = sorted(f.name for f in dataclasses.fields(WorldConfig))
         raise ValueError(f"config file {path} must hold a mapping of sections {sections}, got {type(data).__name__}")
-    return _from_dict(WorldConfig, data)
+    return _from_dict(WorldConfig, data, base=base)

@@ -39,31 +39,42 @@ class Evaluation:
         return asdict(self)
 
 
+PARTIAL_RULES = ("v0", "v1")
+
+
 def classify(full_coverage, coverage_met, sequence_correct, output, completed, failed_termination,
-             conditions_needed: int = 2):
+             conditions_needed: int = 2, order_counts=True, progress_needed: bool = True):
     """Level code (0 failure, 1 partial, 2 full) from the conditions; Python bools or numpy bool arrays.
 
-    Written with bool arithmetic only, so scalars stay cheap Python ints and arrays stay arrays.
+    ``order_counts``: whether the order condition may count toward partial success (world v1: only once
+    two required tools succeeded). ``progress_needed``: partial success also needs coverage at the
+    minimum or an output (world v1). Written with bool arithmetic only, so scalars stay cheap Python ints
+    and arrays stay arrays.
     """
     full = full_coverage & sequence_correct & output & completed
-    partial_count = coverage_met * 1 + output * 1 + completed * 1 + sequence_correct * 1
-    partial = partial_count >= conditions_needed
+    partial_count = coverage_met * 1 + output * 1 + completed * 1 + (sequence_correct & order_counts) * 1
+    partial = (partial_count >= conditions_needed) & ((coverage_met | output) | (not progress_needed))
     level = full * FULL + (partial > full) * PARTIAL  # ``partial > full``: partial and not full
     return level * (1 - failed_termination * 1)
 
 
 def grade(n_covered, n_required, sequence_correct, output_generated, completed, failed_termination,
-          min_coverage, conditions_needed: int = 2):
+          min_coverage, conditions_needed: int = 2, partial_rule: str = "v1"):
     """(coverage, coverage_met, level code) from counts; scalars or numpy arrays.
 
     The one place coverage is computed and graded: ``evaluate`` (from a trace) and the batched vector env
-    (from counters) both call it. Coverage is 1.0 for a task without required tools.
+    (from counters) both call it. Coverage is 1.0 for a task without required tools. ``partial_rule``:
+    "v1" (partial success needs real progress, see ``evaluate``) or "v0" (any two conditions).
     """
+    if partial_rule not in PARTIAL_RULES:
+        raise ValueError(f"evaluator.partial_rule must be one of {PARTIAL_RULES}, got {partial_rule!r}")
     empty = n_required == 0
     coverage = (n_covered + empty) / (n_required + empty)
     coverage_met = coverage >= min_coverage
+    v1 = partial_rule == "v1"
     code = classify(coverage >= 1.0, coverage_met, sequence_correct, output_generated, completed,
-                    failed_termination, conditions_needed)
+                    failed_termination, conditions_needed, order_counts=(n_covered >= 2) | (not v1),
+                    progress_needed=v1)
     return coverage, coverage_met, code
 
 
@@ -94,9 +105,11 @@ def evaluate(
 
     Conditions: coverage (share of required tools that succeeded), sequence (first successes of required
     tools in required order, at least one success), output (an output-role tool succeeded, or the last
-    required tool for tasks without one), completion. Full = all four with full coverage; partial = at
-    least ``partial_conditions_needed`` of {coverage >= the type's minimum, output, completion,
-    sequence}; failure otherwise and always after a failure termination.
+    required tool for tasks without one), completion. Full = all four with full coverage. Partial (rule
+    v1, the default) = real progress (coverage >= the type's minimum, or an output) and at least
+    ``partial_conditions_needed`` of {coverage >= minimum, output, completion, sequence}, where the
+    sequence counts only once two required tools succeeded; rule v0 (world v0) drops both provisos.
+    Failure otherwise, and always after a failure termination.
     """
     config = config or EvaluatorConfig()
     registry = registry or default_registry()
@@ -123,6 +136,6 @@ def evaluate(
         ) from None
     coverage, coverage_met, code = grade(len(first_successes), len(required), sequence_correct, output_generated,
                                          bool(completed), end_reason in FAILURE_TERMINATIONS, min_coverage,
-                                         config.partial_conditions_needed)
+                                         config.partial_conditions_needed, config.partial_rule)
     return Evaluation(LEVELS[int(code)], coverage, coverage_met, sequence_correct, output_generated,
                       bool(completed), end_reason)

@@ -14,7 +14,7 @@ from resilibench.envs.observation import N_STATUS, ObservationLayout, counter_ta
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import REWARD_MODES, ShapedRewarder
 from resilibench.envs.simulator import SUCCESS, Episode, episode_seed
-from resilibench.envs.tasks import SPLITS, Task, get_task, load_tasks
+from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task, get_task, load_tasks
 
 
 def make_world_config(
@@ -22,9 +22,10 @@ def make_world_config(
     turn_limit: int | None,
     strict_dependencies: bool | None,
     profile: str | None,
+    world: str = DEFAULT_WORLD,
 ) -> WorldConfig:
-    """Apply the env's convenience keyword arguments on top of a WorldConfig."""
-    config = config or WorldConfig()
+    """Apply the env's convenience keyword arguments on top of a WorldConfig (default: ``world``'s)."""
+    config = config or WorldConfig.for_world(world)
     overrides = {
         k: v
         for k, v in {"turn_limit": turn_limit, "strict_dependencies": strict_dependencies, "profile": profile}.items()
@@ -33,12 +34,13 @@ def make_world_config(
     return config.replace(rules=overrides) if overrides else config
 
 
-def task_by_id(tasks: Sequence[Task], task_id: str) -> Task:
-    """A task of ``tasks`` by id, else from the shipped library (any split); KeyError naming the id."""
-    return next((t for t in tasks if t.instance_id == task_id), None) or get_task(task_id)
+def task_by_id(tasks: Sequence[Task], task_id: str, world: str = DEFAULT_WORLD) -> Task:
+    """A task of ``tasks`` by id, else from ``world``'s shipped library (any split); KeyError naming the id."""
+    return next((t for t in tasks if t.instance_id == task_id), None) or get_task(task_id, world=world)
 
 
-def choose_task(tasks: Sequence[Task], np_random: np.random.Generator, options: dict[str, Any] | None) -> Task:
+def choose_task(tasks: Sequence[Task], np_random: np.random.Generator, options: dict[str, Any] | None,
+                world: str = DEFAULT_WORLD) -> Task:
     """The task of a reset: ``options["task_id"]`` pins it, else one drawn with the env's ``np_random``
     (the same draw in every front end, so seeds pair across them). Other options are an error."""
     task_id = None
@@ -48,13 +50,14 @@ def choose_task(tasks: Sequence[Task], np_random: np.random.Generator, options: 
         if options:
             raise ValueError(f"unknown reset option(s) {sorted(options)}; accepted: ['task_id']")
     if task_id is not None:
-        return task_by_id(tasks, task_id)
+        return task_by_id(tasks, task_id, world)
     return tasks[int(np_random.integers(len(tasks)))]
 
 
-def select_tasks(tasks: Sequence[Task] | None, split: str | None, task_types) -> list[Task]:
-    """The env's task pool: given tasks, or the shipped library filtered by split and task types."""
-    pool = list(tasks) if tasks is not None else load_tasks(split=split, task_types=task_types)
+def select_tasks(tasks: Sequence[Task] | None, split: str | None, task_types, world: str = DEFAULT_WORLD
+                 ) -> list[Task]:
+    """The env's task pool: given tasks, or ``world``'s shipped library filtered by split and task types."""
+    pool = list(tasks) if tasks is not None else load_tasks(split=split, task_types=task_types, world=world)
     if not pool:
         raise ValueError(f"no tasks for split={split!r}, task_types={task_types!r}")
     return pool
@@ -146,6 +149,7 @@ class ResiliBenchEnv(gym.Env):
         profile: str | None = None,
         registry: ToolRegistry | None = None,
         render_mode: str | None = None,
+        world: str = DEFAULT_WORLD,
     ):
         if reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
@@ -153,9 +157,10 @@ class ResiliBenchEnv(gym.Env):
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
-        self.config = make_world_config(config, turn_limit, strict_dependencies, profile)
+        self.world = world
+        self.config = make_world_config(config, turn_limit, strict_dependencies, profile, world)
         self.registry = registry or default_registry()
-        self.tasks = select_tasks(tasks, split, task_types)
+        self.tasks = select_tasks(tasks, split, task_types, world)
         self.reward_mode = reward
         self.rewarder = ShapedRewarder(self.config.reward, reward_phase)
         self.render_mode = render_mode
@@ -175,7 +180,7 @@ class ResiliBenchEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        task = choose_task(self.tasks, self.np_random, options)
+        task = choose_task(self.tasks, self.np_random, options, self.world)
         self.episode = Episode.start(task, episode_seed(self.np_random), self.config, self.registry,
                                      success_rate=self.rewarder.success_rate)
         self._obs = self._initial_observation(task)

@@ -32,7 +32,7 @@ from resilibench.envs.simulator import (
     success_probability,
     termination_code,
 )
-from resilibench.envs.tasks import SPLITS, Task
+from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task
 
 _U64 = np.uint64
 _EPISODE_SEED_BOUND = 2**63 - 1  # episode_seed draws integers(2**63 - 1)
@@ -135,6 +135,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         profile: str | None = None,
         registry: ToolRegistry | None = None,
         render_mode: str | None = None,
+        world: str = DEFAULT_WORLD,
     ):
         if not isinstance(num_envs, int | np.integer) or isinstance(num_envs, bool) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
@@ -154,7 +155,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
                 f"the batched ResiliBench-v0 does not render (render_mode={render_mode!r}); use "
                 "vectorization_mode='sync' with render_mode='ansi'"
             )
-        self.config = make_world_config(config, turn_limit, strict_dependencies, profile)
+        self.world = world
+        self.config = make_world_config(config, turn_limit, strict_dependencies, profile, world)
         rules = self.config.rules
         if rules.profile != "test":
             raise ValueError(
@@ -163,7 +165,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
                 "profile='training')"
             )
         self.registry = registry or default_registry()
-        self.tasks = select_tasks(tasks, split, task_types)
+        self.tasks = select_tasks(tasks, split, task_types, world)
         self.known_tasks: list[Task] = list(self.tasks)  # the pool, then tasks pinned by id from elsewhere
         self.num_envs = int(num_envs)
         self.render_mode = None
@@ -292,7 +294,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         flags = grid[2:].astype(bool)
         sequence = (grid[1] > 0) & ~flags[0]
         _, _, code = grade(grid[1], class_n_req[grid[0]], sequence, flags[1], flags[2], flags[3],
-                           class_cov[grid[0]], self.config.evaluator.partial_conditions_needed)
+                           class_cov[grid[0]], self.config.evaluator.partial_conditions_needed,
+                           self.config.evaluator.partial_rule)
         self._grade_table = np.asarray(code, dtype=np.int8)
         # Next required position from the bit set of required positions done: its lowest zero bit.
         bits = np.arange(1 << width, dtype=np.int64)
@@ -486,7 +489,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         pinned = {}
         for r in rows.tolist():
             if ids[r] is not None:
-                pinned[r] = self._task_row(task_by_id(self.tasks, ids[r]))
+                pinned[r] = self._task_row(task_by_id(self.tasks, ids[r], self.world))
         return pinned
 
     def _start_episodes(self, rows: np.ndarray, pinned: dict[int, int]) -> None:

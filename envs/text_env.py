@@ -15,7 +15,7 @@ from resilibench.envs.planner_env import make_world_config, select_tasks, task_b
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import ShapedRewarder
 from resilibench.envs.simulator import Episode, episode_seed
-from resilibench.envs.tasks import SPLITS, Task
+from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task
 from resilibench.envs.toolbox import (
     SEARCH_METHODS,
     ParsedMessage,
@@ -168,6 +168,7 @@ class ResiliBenchTextEnv(gym.Env):
         search_k: int = 5,
         search: str = "auto",
         matcher: str = "auto",
+        world: str = DEFAULT_WORLD,
     ):
         if split is not None and split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
@@ -181,9 +182,10 @@ class ResiliBenchTextEnv(gym.Env):
             raise ValueError(f"search must be one of {SEARCH_METHODS}, got {search!r}")
         if matcher not in SEARCH_METHODS:
             raise ValueError(f"matcher must be one of {SEARCH_METHODS}, got {matcher!r}")
-        self.config = make_world_config(config, turn_limit, strict_dependencies, None)
+        self.world = world
+        self.config = make_world_config(config, turn_limit, strict_dependencies, None, world)
         self.registry = registry or default_registry()
-        self.tasks = select_tasks(tasks, split, task_types)
+        self.tasks = select_tasks(tasks, split, task_types, world)
         self.prompt_defaults = {"prompt": prompt, "flaw_type": flaw_type, "severity": severity,
                                 "plan_style": plan_style, "workflow": None}
         self.render_mode = render_mode
@@ -215,7 +217,7 @@ class ResiliBenchTextEnv(gym.Env):
             settings.update(options)
         super().reset(seed=seed)
         if task_id is not None:
-            task = task_by_id(self.tasks, task_id)
+            task = task_by_id(self.tasks, task_id, self.world)
         else:
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         seed_of_episode = episode_seed(self.np_random)

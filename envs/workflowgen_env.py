@@ -13,7 +13,7 @@ from resilibench.envs.config import WorldConfig
 from resilibench.envs.observation import N_TASK_FEATURES, task_features
 from resilibench.envs.planner_env import choose_task, select_tasks
 from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
-from resilibench.envs.tasks import SPLITS, Task
+from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task
 from resilibench.metrics.structural import chain_f1, reachability_f1
 from resilibench.metrics.workflow import Node, Workflow
 from resilibench.policies.bounds import reference_workflow
@@ -117,6 +117,7 @@ class WorkflowGenEnv(gym.Env):
         max_steps: int | None = None,
         registry: ToolRegistry | None = None,
         render_mode: str | None = None,
+        world: str = DEFAULT_WORLD,
     ):
         if split is not None and split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
@@ -132,9 +133,10 @@ class WorkflowGenEnv(gym.Env):
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.metric = STRUCTURAL_METRICS[structural_metric]
         self.structural_metric = structural_metric
-        self.config = config or WorldConfig()
+        self.world = world
+        self.config = config or WorldConfig.for_world(world)
         self.registry = registry or default_registry()
-        self.tasks = select_tasks(tasks, split, task_types)
+        self.tasks = select_tasks(tasks, split, task_types, world)
         self.w_exec, self.w_struct = float(w_exec), float(w_struct)
         self.max_nodes, self.max_copies = max_nodes, max_copies
         self.max_steps = max_steps if max_steps is not None else max_nodes + max_nodes * (max_nodes - 1) // 2 + 1
@@ -156,7 +158,7 @@ class WorkflowGenEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        task = choose_task(self.tasks, self.np_random, options)
+        task = choose_task(self.tasks, self.np_random, options, self.world)
         self.task = task
         self.nodes: list[int] = []
         self.edges: list[tuple[int, int]] = []

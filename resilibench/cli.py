@@ -14,7 +14,6 @@ import os
 import sys
 import time
 import warnings
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,12 +113,12 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
-def load_world_config(path: str | None, need_bounds: bool = False):
-    """The WorldConfig of ``--config`` (defaults when absent); CliError on any problem with the file."""
+def load_world_config(path: str | None, need_bounds: bool = False, world: str = "v1"):
+    """The WorldConfig of ``--config`` on top of ``world``'s defaults; CliError on any problem with the file."""
     from resilibench.envs.config import load_config
 
     try:
-        config = load_config(path)
+        config = load_config(path, world)
     except (OSError, ValueError, TypeError) as exc:
         raise CliError(f"--config: {exc}") from None
     if need_bounds and config.rules.profile != "test":
@@ -128,13 +127,13 @@ def load_world_config(path: str | None, need_bounds: bool = False):
     return config
 
 
-def load_library(path: str | None):
-    """(all tasks, description of their source with its sha256) for ``--tasks`` or the shipped library."""
+def load_library(path: str | None, world: str = "v1"):
+    """(all tasks, description of their source with its sha256) for ``--tasks`` or ``world``'s library."""
     from resilibench.envs.tasks import default_library_path, load_tasks, read_tasks
 
     if path is None:
-        file = default_library_path()
-        tasks = load_tasks()
+        file = default_library_path(world)
+        tasks = load_tasks(world=world)
     else:
         file = Path(path)
         if not file.is_file():
@@ -144,7 +143,8 @@ def load_library(path: str | None):
         except (ValueError, OSError, EOFError) as exc:
             raise CliError(f"--tasks: {exc}") from None
     digest = hashlib.sha256(file.read_bytes()).hexdigest()
-    source = {"path": "default" if path is None else str(file), "sha256": digest, "count": len(tasks)}
+    source = {"path": f"default ({world})" if path is None else str(file), "world": world, "sha256": digest,
+              "count": len(tasks)}
     return tasks, source
 
 
@@ -213,40 +213,85 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_generate(args: argparse.Namespace) -> int:
-    from resilibench.envs.tasks import (
-        COMPLEXITIES,
-        SPLITS,
-        TASK_TYPE_NAMES,
-        generate_tasks,
-        make_matcher,
-        write_tasks,
-    )
+    from resilibench.envs.task_generator import generate_tasks
+    from resilibench.envs.tasks import make_matcher, write_tasks
 
     try:
         matcher = make_matcher(args.matcher)
     except ImportError as exc:
         raise CliError(f"--matcher {args.matcher}: {exc}") from None
+    output = Path(args.output)
+    if output.is_dir():
+        raise CliError(f"--output {args.output} is a directory; give a file name such as tasks.jsonl")
     started = time.perf_counter()
-    tasks = generate_tasks(seed=args.seed, matcher=matcher)
-    path = write_tasks(tasks, args.output)
+    tasks = generate_tasks(seed=args.seed, matcher=matcher, world=args.world)
+    if args.enhance:
+        tasks = _enhance(tasks, args)
+    path = write_tasks(tasks, output)
     elapsed = time.perf_counter() - started
-    print(f"wrote {len(tasks)} tasks to {path} (seed {args.seed}, matcher {matcher.name}, {elapsed:.1f} s)")
-    by_type = Counter(t.task_type for t in tasks)
-    by_complexity = Counter(t.complexity for t in tasks)
-    by_split = Counter(t.split for t in tasks)
-    rows = [(name, by_type[name], *(sum(1 for t in tasks if t.task_type == name and t.split == s) for s in SPLITS))
+    print(f"wrote {len(tasks)} tasks of world {args.world} to {path} (seed {args.seed}, matcher {matcher.name}, "
+          f"{elapsed:.1f} s)")
+    _print_library_stats(tasks)
+    return 0
+
+
+def _enhance(tasks: list[Any], args: argparse.Namespace) -> list[Any]:
+    from resilibench.agents.backends import make_backend
+    from resilibench.agents.task_enhancer import TaskEnhancer
+
+    try:
+        backend = make_backend(args.enhance)
+    except (ValueError, ImportError) as exc:
+        raise CliError(f"--enhance: {exc}") from None
+    enhancer = TaskEnhancer(backend, attempts=args.enhance_attempts)
+    bar = progress_bar(len(tasks), "descriptions")
+    out = enhancer.enhance(tasks, batch_size=args.enhance_batch_size, on_batch=bar.update)
+    bar.close()
+    kept = sum(1 for t in out if not t.metadata.get("llm_generated"))
+    print(f"enhanced {len(out) - kept} descriptions through {args.enhance}; {kept} kept their template text "
+          "(reasons in each task's metadata.enhancement)", file=sys.stderr)
+    return out
+
+
+def _print_library_stats(tasks: Sequence[Any]) -> None:
+    from resilibench.envs.tasks import COMPLEXITIES, SPLITS, TASK_TYPE_NAMES, library_stats
+
+    stats = library_stats(tasks)
+    rows = [(name, sum(t.task_type == name for t in tasks),
+             *(sum(1 for t in tasks if t.task_type == name and t.split == s) for s in SPLITS),
+             len({t.required_tools for t in tasks if t.task_type == name}))
             for name in TASK_TYPE_NAMES]
-    rows.append(("total", len(tasks), *(by_split[s] for s in SPLITS)))
-    print(format_table(("task_type", "count", *SPLITS), rows))
-    print("complexity: " + ", ".join(f"{c} {by_complexity[c]}" for c in COMPLEXITIES))
+    rows.append(("total", len(tasks), *(stats["by_split"].get(s, 0) for s in SPLITS), stats["distinct_tool_lists"]))
+    print(format_table(("task_type", "count", *SPLITS, "distinct lists"), rows))
+    print("complexity: " + ", ".join(f"{c} {stats['by_complexity'].get(c, 0)}" for c in COMPLEXITIES))
+    print("required tools per task: " + ", ".join(f"{k}: {v}" for k, v in stats["by_length"].items()))
+    per_tool = stats["tasks_per_tool"]
+    fewest = min(per_tool, key=per_tool.get)
+    print(f"distinct required-tool lists: {stats['distinct_tool_lists']}; distinct descriptions: "
+          f"{stats['distinct_descriptions']}")
+    print(f"tasks per tool: min {per_tool[fewest]} ({fewest}), max {max(per_tool.values())}; tools required by "
+          f"fewer than 20 tasks: {len(stats['tools_required_by_fewer_than_20'])}")
+    print(f"descriptions that name a tool: {stats['descriptions_naming_a_tool']}; test tool lists also in train or "
+          f"validation: {stats['test_lists_seen_in_train_or_validation']}")
+
+
+def cmd_tasks_stats(args: argparse.Namespace) -> int:
+    tasks, source = load_library(args.tasks, args.world)
+    if args.format == "json":
+        from resilibench.envs.tasks import library_stats
+
+        print(json.dumps({"source": source, **library_stats(tasks)}, indent=2))
+        return 0
+    print(f"library: {source['path']} ({source['count']} tasks, sha256 {source['sha256'][:12]})")
+    _print_library_stats(tasks)
     return 0
 
 
 def cmd_tasks_show(args: argparse.Namespace) -> int:
     from resilibench.policies.bounds import optimal_success, reference_workflow
 
-    config = load_world_config(args.config, need_bounds=True)
-    tasks, _ = load_library(args.tasks)
+    config = load_world_config(args.config, need_bounds=True, world=args.world)
+    tasks, _ = load_library(args.tasks, args.world)
     (task,) = select_tasks(tasks, None, None, [args.task_id])
     print(json.dumps(task.to_dict(), indent=2, sort_keys=True))
     print()
@@ -258,7 +303,7 @@ def cmd_tasks_show(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_list(args: argparse.Namespace) -> int:
-    tasks, _ = load_library(args.tasks)
+    tasks, _ = load_library(args.tasks, args.world)
     selected = select_tasks(tasks, args.split, args.task_type, limit=args.limit)
     rows = [(t.instance_id, t.task_type, t.complexity, t.split, " > ".join(t.required_tools)) for t in selected]
     print(format_table(("instance_id", "task_type", "complexity", "split", "required_tools"), rows))
@@ -279,8 +324,8 @@ def cmd_bounds(args: argparse.Namespace) -> int:
     from resilibench.policies.bounds import clairvoyant_success, optimal_success
     from resilibench.results import run_metadata, write_json_atomic
 
-    config = load_world_config(args.config, need_bounds=True)
-    tasks, source = load_library(args.tasks)
+    config = load_world_config(args.config, need_bounds=True, world=args.world)
+    tasks, source = load_library(args.tasks, args.world)
     split = args.split or ("all" if args.task_id else "test")
     selected = select_tasks(tasks, split, args.task_type, args.task_id)
     # Bound (ii) reads the random streams that `run` episodes meet for these run seeds.
@@ -437,8 +482,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from resilibench.policies.runner import episode_jobs
     from resilibench.results import exclusive_lock, to_jsonable
 
-    config = load_world_config(args.config, need_bounds=True)
-    tasks, source = load_library(args.tasks)
+    config = load_world_config(args.config, need_bounds=True, world=args.world)
+    tasks, source = load_library(args.tasks, args.world)
     planners, seeds = dedupe(args.planners), dedupe(args.seeds)
     task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
     selected = select_tasks(tasks, args.split, task_types, limit=args.limit)
@@ -534,7 +579,7 @@ def _execute_run(plan: _RunPlan, resume: bool, split: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from resilibench.envs.tasks import DEFAULT_SEED, TASK_TYPE_NAMES
+    from resilibench.envs.tasks import DEFAULT_SEED, DEFAULT_WORLD, TASK_TYPE_NAMES, WORLDS
     from resilibench.policies.runner import PLANNER_NAMES
 
     parser = Parser(prog=PROG, description="ResiliBench: tools, task library, exact bounds, quick benchmark.")
@@ -554,10 +599,23 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--matcher", choices=("auto", "semantic", "lexical"), default="auto",
                           help="operation-to-tool matching (auto: semantic when the embed extra is installed)")
     generate.add_argument("--output", default="tasks.jsonl", help="JSONL path, .gz allowed (default tasks.jsonl)")
+    generate.add_argument("--world", choices=WORLDS, default=DEFAULT_WORLD,
+                          help=f"which world's generator (default {DEFAULT_WORLD})")
+    generate.add_argument("--enhance", metavar="BACKEND",
+                          help="rewrite descriptions through an LLM backend (hf:PATH, openai:URL?model=M, "
+                          "vllm:PATH); answers that name a tool or drop an input or output are retried, then the "
+                          "template text is kept with the reason recorded")
+    generate.add_argument("--enhance-attempts", type=positive_int, default=3, metavar="N",
+                          help="answers asked for per description before the template text is kept (default 3)")
+    generate.add_argument("--enhance-batch-size", type=positive_int, default=32, metavar="N",
+                          help="descriptions sent to the backend at once (default 32)")
     generate.set_defaults(func=cmd_tasks_generate)
 
     library = argparse.ArgumentParser(add_help=False)
-    library.add_argument("--tasks", metavar="FILE", help="task library JSONL(.gz) (default: the shipped one)")
+    library.add_argument("--tasks", metavar="FILE", help="task library JSONL(.gz) (default: the world's shipped one)")
+    library.add_argument("--world", choices=WORLDS, default=DEFAULT_WORLD,
+                         help=f"the world: its shipped task library and grading rules (default {DEFAULT_WORLD}; "
+                         "v0 reproduces earlier figures)")
     world = argparse.ArgumentParser(add_help=False)
     world.add_argument("--config", metavar="FILE", help="WorldConfig as YAML or JSON (default: paper values)")
 
@@ -565,6 +623,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     help="a task, its reference workflow and its bound (iii)")
     show.add_argument("task_id", metavar="ID")
     show.set_defaults(func=cmd_tasks_show)
+
+    stats = task_commands.add_parser("stats", parents=[library],
+                                     help="what a library holds: counts, distinct tool lists, tools' use, leaks")
+    stats.add_argument("--format", choices=("table", "json"), default="table")
+    stats.set_defaults(func=cmd_tasks_stats)
 
     listing = task_commands.add_parser("list", parents=[library], help="list tasks")
     listing.add_argument("--split", choices=SPLIT_CHOICES, default="all")

@@ -73,8 +73,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     check_agent(args.agent)
     # The text env's world: the config's rules with strict dependencies (the text protocol's rule).
-    config = make_world_config(load_world_config(args.config, need_bounds=True), None, True, None)
-    tasks, source = load_library(args.tasks)
+    config = make_world_config(load_world_config(args.config, need_bounds=True, world=args.world), None, True, None)
+    tasks, source = load_library(args.tasks, args.world)
     prompts, seeds = dedupe(args.prompts or PROMPT_VARIANTS), dedupe(args.seeds)
     flaw_types = dedupe(args.flaw_types or FLAW_TYPES) if "flawed" in prompts else []
     task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)

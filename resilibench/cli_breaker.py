@@ -142,8 +142,8 @@ def cmd_breaker(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     roles = _roles(args, runs)
     _check_specs(roles)
-    config = make_world_config(load_world_config(args.config, need_bounds=True), None, True, None)
-    library, source = load_library(args.tasks)
+    config = make_world_config(load_world_config(args.config, need_bounds=True, world=args.world), None, True, None)
+    library, source = load_library(args.tasks, args.world)
     tasks = select_tasks(library, args.split, args.task_type, limit=args.limit) if "flaw" in runs else []
     generation = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
     identity = to_jsonable(

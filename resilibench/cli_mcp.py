@@ -37,8 +37,8 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
     if args.transport == "http" and not is_loopback(host) and not args.allow_remote:
         raise CliError(f"--host {host} is not a loopback address; the server has no authentication, so "
                        "serving beyond this machine needs --allow-remote")
-    tasks, _ = load_library(args.tasks)
-    server = build_server(tasks, load_world_config(args.config), max_episodes=args.max_episodes or
+    tasks, _ = load_library(args.tasks, args.world)
+    server = build_server(tasks, load_world_config(args.config, world=args.world), max_episodes=args.max_episodes or
                           DEFAULT_MAX_EPISODES, search=args.search)
     if args.transport == "stdio":
         anyio.run(serve_stdio, server)

@@ -193,8 +193,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from resilibench.metrics.perturb import golden_workflows
     from resilibench.results import exclusive_lock, to_jsonable
 
-    config = load_world_config(args.config, need_bounds=True)
-    tasks, source = load_library(args.tasks)
+    config = load_world_config(args.config, need_bounds=True, world=args.world)
+    tasks, source = load_library(args.tasks, args.world)
     task_types = dedupe(args.task_type) if args.task_type else None
     selected = select_tasks(tasks, args.split, task_types)
     metrics = _metrics(args)

@@ -59,8 +59,8 @@ def cmd_clusters(args: argparse.Namespace) -> int:
         types = parse_types(args.types)
     except ValueError as exc:
         raise CliError(f"--types: {exc}") from None
-    config = load_world_config(args.config, need_bounds=True)
-    tasks, source = load_library(args.tasks)
+    config = load_world_config(args.config, need_bounds=True, world=args.world)
+    tasks, source = load_library(args.tasks, args.world)
     task_types = dedupe(args.task_type) if args.task_type else None
     selected = _per_type(select_tasks(tasks, args.split, task_types), args.per_type)
     if args.limit is not None:

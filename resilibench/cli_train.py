@@ -76,7 +76,7 @@ def _train_config(args: argparse.Namespace):
     if values.get("iterations") is None and values.get("time_budget_min") is None:
         values["time_budget_min"] = DEFAULT_TIME_BUDGET_MIN
     if args.config:
-        values["world"] = load_world_config(args.config).to_dict()
+        values["world"] = load_world_config(args.config, world=args.world).to_dict()
     try:
         return PPOTrainConfig(**values)
     except (TypeError, ValueError) as exc:
@@ -142,8 +142,8 @@ def cmd_eval_policy(args: argparse.Namespace) -> int:
     from resilibench.policies.runner import episode_jobs
     from resilibench.results import exclusive_lock, to_jsonable
 
-    config = load_world_config(args.config, need_bounds=True)
-    tasks, source = load_library(args.tasks)
+    config = load_world_config(args.config, need_bounds=True, world=args.world)
+    tasks, source = load_library(args.tasks, args.world)
     from resilibench.policies.ppo.evaluation import PPOPlanner, checkpoint_digest, registered_planner
 
     try:

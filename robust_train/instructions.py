@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from resilibench.agents.base import Backend, GenerationConfig, Message
+from resilibench.agents.base import Backend, GenerationConfig, Message, ask_until_valid
+from resilibench.agents.base import extract_answer as answer_block
 from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
 from resilibench.envs.tasks import Task
 from resilibench.metrics.perturb import SYNONYMS, paraphrase
@@ -564,16 +565,12 @@ def llm_messages(task: Task, reference: Workflow, perturbation: str, registry: T
     return [{"role": "system", "content": SYSTEM_PROMPTS[perturbation]}, {"role": "user", "content": user}]
 
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
 def extract_answer(text: str) -> str:
     """The text between the first <answer> and </answer>, stripped; VariantError otherwise."""
-    m = _ANSWER.search(text)
-    if m is None:
-        missing = "</answer> is missing" if "<answer>" in text else "no <answer>...</answer> block was found"
-        raise VariantError(f"The reply is malformed: {missing}. {_FORMAT}")
-    return m.group(1).strip()
+    try:
+        return answer_block(text)
+    except ValueError as exc:
+        raise VariantError(f"{exc} {_FORMAT}") from None
 
 
 @dataclass(frozen=True)
@@ -619,39 +616,22 @@ class InstructionPerturber:
             if r.perturbation not in LLM_TYPES:
                 raise ValueError(f"LLM perturbations are {', '.join(LLM_TYPES)}, got {r.perturbation!r}")
         conversations = [llm_messages(r.task, r.reference, r.perturbation, self.registry) for r in requests]
-        errors: list[list[str]] = [[] for _ in requests]
-        results: list[Variant | None] = [None] * len(requests)
-        pending = list(range(len(requests)))
-        failure = ""
-        for _ in range(self.attempts):
-            if not pending:
-                break
-            try:
-                answers = self.backend.generate([conversations[i] for i in pending], self.generation)
-                if len(answers) != len(pending):
-                    raise RuntimeError(f"backend returned {len(answers)} answers for {len(pending)} conversations")
-            except (RuntimeError, OSError, ValueError) as exc:
-                failure = f"backend error: {exc}"
-                break
-            still = []
-            for i, answer in zip(pending, answers, strict=True):
-                r = requests[i]
-                try:
-                    text = extract_answer(answer)
-                    check_variant(r.task.description, text, r.perturbation, r.reference, self.registry)
-                except VariantError as exc:
-                    errors[i].append(str(exc))
-                    conversations[i] = [*conversations[i], {"role": "assistant", "content": answer},
-                                        {"role": "user", "content": f"{exc} Try again."}]
-                    still.append(i)
-                    continue
-                results[i] = Variant(f"{r.perturbation}-{r.index}", r.perturbation, text, None, "llm",
-                                     {"attempts": len(errors[i]) + 1, "errors": errors[i]})
-            pending = still
-        for i in pending:
+
+        def validate(i: int, answer: str) -> str:
             r = requests[i]
+            text = extract_answer(answer)
+            check_variant(r.task.description, text, r.perturbation, r.reference, self.registry)
+            return text
+
+        answers = ask_until_valid(self.backend, conversations, validate, self.attempts, self.generation)
+        results: list[Variant] = []
+        for r, got in zip(requests, answers, strict=True):
+            if got.value is not None:
+                results.append(Variant(f"{r.perturbation}-{r.index}", r.perturbation, got.value, None, "llm",
+                                       {"attempts": got.attempts, "errors": got.errors}))
+                continue
             fallback = rule_variant(r.task, r.reference, r.perturbation, r.rng, r.index, self.registry)
-            reason = failure or f"no valid answer in {self.attempts} attempt(s); last: {errors[i][-1]}"
-            results[i] = Variant(fallback.variant_id, fallback.perturbation, fallback.text, fallback.rate, "rules",
-                                 {**fallback.notes, "fallback_reason": reason, "errors": errors[i]})
-        return [v for v in results if v is not None]
+            reason = got.failure or f"no valid answer in {self.attempts} attempt(s); last: {got.errors[-1]}"
+            results.append(Variant(fallback.variant_id, fallback.perturbation, fallback.text, fallback.rate, "rules",
+                                   {**fallback.notes, "fallback_reason": reason, "errors": got.errors}))
+        return results
