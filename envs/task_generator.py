@@ -9,7 +9,8 @@
 * ``advanced_computation_pipeline``: one tool per operation, then the dependency path of the compute and
   output steps (their direct prerequisites join the task), so tasks follow paths of the dependency graph.
 
-Every list is sorted by dependencies and, where possible, differs from every list drawn before it.
+Every list is sorted by dependencies and, where possible, its set of tools differs from every one drawn
+before it (in any task type).
 Descriptions come from the phrase banks of ``task_phrases`` and name no tool. Splits are held out by
 structure: tasks are grouped by their set of required tools and whole groups go to one split, so no
 required-tool list of the test split occurs in train or validation. Same seed and matcher, same bytes.
@@ -75,7 +76,7 @@ SUPPORT_STEPS: dict[str, tuple[str, ...]] = {
 }
 SUPPORT_PROBABILITY = 0.6
 SIMILARITY_FLOOR = 0.05  # every candidate keeps a chance, however low its similarity
-DRAW_ATTEMPTS = 60  # redraws of a tool list that repeats an earlier one before a repeat is accepted
+DRAW_ATTEMPTS = 1000  # redraws of a tool list that repeats an earlier one before a repeat is accepted
 _TIMEOUTS = (60, 120, 300, 600)
 
 
@@ -189,6 +190,8 @@ def describe(task_type: str, tools: Sequence[str], slots: dict[str, str], rng: n
     clauses = [_pick(phrases.STEP_CLAUSES[t], rng).format(**slots) for t in tools]
     steps = _steps_text(clauses, rng)
     text = _pick(phrases.OPENINGS[task_type], rng).format(**slots)
+    if slots["source"] not in steps:
+        text += " " + _pick(phrases.SOURCE_SENTENCES, rng).format(**slots)
     text += ("\n" if steps.startswith("Steps:") else " ") + steps
     closing = _pick(phrases.CLOSINGS, rng)
     return text + ("\n" if steps.startswith("Steps:") else " ") + closing if closing else text
@@ -255,7 +258,7 @@ def generate_tasks_v1(seed: int = DEFAULT_SEED, matcher=None, registry: ToolRegi
     matcher = matcher if matcher is not None else make_matcher("auto")
     weights = candidate_weights(matcher, registry)
     rng = np.random.default_rng([seed, 1])
-    seen: set[tuple[str, ...]] = set()
+    seen: set[frozenset[str]] = set()  # tool sets drawn so far (a set, so no order of it repeats either)
     used_ids: set[str] = set()
     tasks: list[Task] = []
     for task_type in TASK_TYPES:
@@ -265,9 +268,9 @@ def generate_tasks_v1(seed: int = DEFAULT_SEED, matcher=None, registry: ToolRegi
             single = singles[i] if i < len(singles) else None
             for _ in range(DRAW_ATTEMPTS):
                 tools = draw_tool_list(task_type, weights, rng, registry, single)
-                if tools not in seen:
+                if frozenset(tools) not in seen:
                     break
-            seen.add(tools)
+            seen.add(frozenset(tools))
             tool_lists.append(tools)
         labels = structural_splits(tool_lists, rng)
         for i, tools in enumerate(tool_lists):

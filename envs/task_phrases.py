@@ -198,6 +198,12 @@ OPENINGS: dict[str, tuple[str, ...]] = {
     ),
 }
 
+SOURCE_SENTENCES: tuple[str, ...] = (
+    "The input is {source}.",
+    "The data comes from {source}.",
+    "Everything starts from {source}.",
+)
+
 CLOSINGS: tuple[str, ...] = (
     "",
     "Keep the steps in this order.",
