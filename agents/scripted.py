@@ -141,15 +141,19 @@ class PlanFollowingTextAgent:
         return cached
 
 
-SCRIPTED_AGENTS = {"optimal": OptimalTextAgent, "plan": PlanFollowingTextAgent}
+SCRIPTED_AGENTS = ("optimal", "plan", "names", "search")
 
 
-def make_scripted_agent(kind: str) -> OptimalTextAgent | PlanFollowingTextAgent:
-    """A scripted agent by name: ``optimal`` or ``plan``."""
-    try:
-        return SCRIPTED_AGENTS[kind]()
-    except KeyError:
-        raise ValueError(f"scripted agent must be one of {sorted(SCRIPTED_AGENTS)}, got {kind!r}") from None
+def make_scripted_agent(kind: str) -> Agent:
+    """A scripted agent by name: ``optimal``, ``plan``, or the text-only baselines ``names`` and ``search``
+    (``resilibench.agents.text_baselines``)."""
+    from resilibench.agents.text_baselines import NameReadingTextAgent, SearchTextAgent
+
+    makers = {"optimal": OptimalTextAgent, "plan": PlanFollowingTextAgent, "names": NameReadingTextAgent,
+              "search": SearchTextAgent}
+    if kind not in makers:
+        raise ValueError(f"scripted agent must be one of {sorted(SCRIPTED_AGENTS)}, got {kind!r}")
+    return makers[kind]()
 
 
 class PlannerTextAgent:
@@ -182,7 +186,7 @@ class PlannerTextAgent:
         return replies
 
 
-AGENT_SPECS = ("scripted:optimal, scripted:plan, a planner name (random_legal, in_order, dependency_aware, "
+AGENT_SPECS = ("scripted:optimal, scripted:plan, scripted:names, scripted:search, a planner name (random_legal, in_order, dependency_aware, "
                 "optimal), ppo:CHECKPOINT_DIR, hf:PATH, vllm:PATH or openai:URL?model=NAME")
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from helpers import PIPELINE, make_task
 from resilibench.envs.config import EvaluatorConfig
-from resilibench.envs.evaluator import classify, evaluate, signals_completion
+from resilibench.envs.evaluator import classify, evaluate, output_tool_ids, signals_completion
 
 
 @dataclass
@@ -49,12 +49,48 @@ def test_missing_output_tool():
     assert e.level == "partial_success" and not e.output_generated and e.coverage_met
 
 
-def test_two_conditions_make_partial_one_does_not():
+V0_RULE = EvaluatorConfig(partial_rule="v0")
+
+
+def test_v0_rule_two_conditions_make_partial_one_does_not():
     task = make_task()
-    assert evaluate(task, ok(READER), completed=True).level == "partial_success"  # sequence + completion
-    assert evaluate(task, ok(READER), completed=False).level == "failure"  # sequence only
-    assert evaluate(task, [], completed=True).level == "failure"  # completion only
-    assert evaluate(task, ok(WRITER), completed=False).level == "partial_success"  # output + sequence
+    assert evaluate(task, ok(READER), True, config=V0_RULE).level == "partial_success"  # sequence + completion
+    assert evaluate(task, ok(READER), False, config=V0_RULE).level == "failure"  # sequence only
+    assert evaluate(task, [], True, config=V0_RULE).level == "failure"  # completion only
+    assert evaluate(task, ok(WRITER), False, config=V0_RULE).level == "partial_success"  # output + sequence
+
+
+def test_v1_rule_one_tool_then_completed_is_failure():
+    """World v1: partial success needs real progress (coverage at the minimum, or an output) and the
+    order condition counts only once two required tools succeeded."""
+    task = make_task()
+    for tool in (READER, VALIDATOR, TRANSFORMER, AGGREGATOR):
+        assert evaluate(task, ok(tool), completed=True).level == "failure", tool
+    assert evaluate(task, ok(READER, VALIDATOR), completed=True).level == "failure"  # coverage 0.4 < 0.6, no output
+    assert evaluate(task, ok(READER, VALIDATOR, TRANSFORMER), completed=True).level == "partial_success"
+    assert evaluate(task, ok(READER, VALIDATOR, TRANSFORMER), completed=False).level == "partial_success"
+    # An output produced is progress: output + completion is partial, output alone is not.
+    assert evaluate(task, ok(WRITER), completed=True).level == "partial_success"
+    assert evaluate(task, ok(WRITER), completed=False).level == "failure"
+    # Two required tools in order, one of them the output: output and order.
+    assert evaluate(task, ok(READER, WRITER), completed=False).level == "partial_success"  # output + order
+
+
+def test_v1_rule_on_every_shipped_task_one_non_output_tool_then_completed_fails():
+    from resilibench.envs.registry import default_registry
+    from resilibench.envs.tasks import load_tasks
+
+    registry = default_registry()
+    checked = 0
+    for task in load_tasks(split=None):
+        if len(task.required_tools) < 3:
+            continue  # one of two tools is coverage 0.5, the easy types' minimum: partial by threshold
+        outputs = {registry.names[t] for t in output_tool_ids(task.required_ids(registry), registry)}
+        for tool in task.required_tools:
+            if tool not in outputs:
+                assert evaluate(task, ok(tool), completed=True).level == "failure", (task.instance_id, tool)
+                checked += 1
+    assert checked > 10_000
 
 
 def test_failure_terminations_always_fail():
@@ -77,7 +113,7 @@ def test_min_coverage_is_per_type_config():
     assert evaluate(task, four, completed=False).level == "partial_success"  # coverage >= 0.6 + sequence
     strict = EvaluatorConfig(min_coverage={"complex_validation_pipeline": 0.9})
     e = evaluate(task, four, completed=False, config=strict)
-    assert not e.coverage_met and e.level == "failure"  # only the sequence holds
+    assert not e.coverage_met and e.level == "failure"  # only the sequence holds, and no progress
 
 
 def test_unknown_task_type_threshold_is_clear():
