@@ -211,6 +211,16 @@ class _MetaTool:
     def schema_json(self) -> str:
         return json.dumps(self.schema, sort_keys=True)
 
+    @cached_property
+    def integer_arguments(self) -> frozenset[str]:
+        return frozenset(k for k, v in self.schema["properties"].items() if v.get("type") == "integer")
+
+    def integers_as_int(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Schema-checked arguments with integer ones as ints: JSON Schema counts 10.0 as an integer, and
+        the handler (and every cache keyed on an argument) must see one value for one number."""
+        return {k: int(v) if k in self.integer_arguments and isinstance(v, float) else v
+                for k, v in arguments.items()}
+
 
 class ResiliBenchMCP:
     """The MCP front end: the handlers and the episode table behind one ``Server`` (``.server``).
@@ -324,6 +334,7 @@ class ResiliBenchMCP:
         problem = schema_problem(name, meta.schema_json, arguments)
         if problem is not None:
             return _error(BAD_ARGUMENTS, problem)
+        arguments = meta.integers_as_int(arguments)
         if meta.in_thread:
             return await anyio.to_thread.run_sync(meta.handler, arguments)
         return meta.handler(arguments)
