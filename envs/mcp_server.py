@@ -76,6 +76,8 @@ UNKNOWN_TASK = "UNKNOWN_TASK"
 EPISODE_ENDED = "EPISODE_ENDED"
 OUT_OF_TURNS = "OUT_OF_TURNS"
 
+SEARCH_HINT = "find tools with the tool_search tool (a query saying what the tool should do)"
+
 INSTRUCTIONS = (
     "ResiliBench: simulated tools that fail like real APIs. Call start_task to open an episode; it returns "
     "a handle: pass it as the 'episode' argument of every tool call. Each tool call costs a turn; failures "
@@ -386,7 +388,7 @@ class ResiliBenchMCP:
         """One of the 30 tools on the episode named by the ``episode`` argument; the rest of the arguments
         are checked with the tool's schema by ``call_tool`` (INVALID_INPUT without a draw when they fail)."""
         try:
-            resolve_tool(name, self.registry)
+            resolve_tool(name, self.registry, SEARCH_HINT)
         except UnknownToolError as exc:
             return _error(UNKNOWN_TOOL, str(exc))
         handle = arguments.pop(EPISODE_ARGUMENT, None)
@@ -426,9 +428,10 @@ class ResiliBenchMCP:
 
     def _tool_info(self, arguments: dict[str, Any]) -> types.CallToolResult:
         try:
-            info = describe_tool(arguments["name"], self.registry)
+            tool_id = resolve_tool(arguments["name"], self.registry, SEARCH_HINT)
         except UnknownToolError as exc:
             return _error(UNKNOWN_TOOL, str(exc))
+        info = describe_tool(self.registry.names[tool_id], self.registry)
         return _result(describe_text(info), info)
 
     def _world(self, strict_dependencies: bool, turn_limit: int) -> WorldConfig:
