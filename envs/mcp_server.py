@@ -59,6 +59,11 @@ from resilibench.envs.toolbox import (
 SERVER_NAME = "resilibench"
 EPISODE_ARGUMENT = "episode"
 DEFAULT_MAX_EPISODES = 10_000
+# Streamable HTTP sessions (clients of protocol versions up to 2025-11-25 open one; each holds about 37 KB):
+# an idle one is closed after DEFAULT_SESSION_IDLE_TIMEOUT seconds (the client re-initializes; episodes
+# live on under their handles), and at most DEFAULT_MAX_SESSIONS are open (a new one beyond gets 503).
+DEFAULT_SESSION_IDLE_TIMEOUT = 300.0
+DEFAULT_MAX_SESSIONS = 1_000
 MAX_TURN_LIMIT = 100
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -541,9 +546,12 @@ async def serve_stdio(server: Server) -> None:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket bound to (host, port); port 0 picks a free port. OSError when taken."""
+    """A listening-ready TCP socket bound to (host, port); port 0 picks a free port. OSError when taken.
+
+    The protocol is IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on connections accepted from such a
+    socket, and without it every response waits about 40 ms for the client's delayed ACK (Nagle)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
@@ -562,13 +570,25 @@ def loopback_security(host: str) -> TransportSecuritySettings:
                                      allowed_origins=[f"http://{n}:*" for n in names])
 
 
-async def serve_http(server: Server, sock: socket.socket, log_level: str = "warning") -> None:
+async def serve_http(server: Server, sock: socket.socket, log_level: str = "warning",
+                     on_ready: Callable[[], None] | None = None,
+                     session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT,
+                     max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
     """Serve streamable HTTP at ``/mcp`` on a bound socket (``bind_socket``) until interrupted; on a
-    loopback address with DNS-rebinding protection (``loopback_security``)."""
+    loopback address with DNS-rebinding protection (``loopback_security``). ``on_ready`` is called once
+    the server accepts connections; ``session_idle_timeout`` (seconds) and ``max_sessions`` bound the
+    HTTP sessions (see ``DEFAULT_SESSION_IDLE_TIMEOUT``); the SDK raises ValueError naming a bad one."""
     import uvicorn
+
+    class ReadyServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if on_ready is not None:
+                on_ready()
 
     host = sock.getsockname()[0]
     security = loopback_security(host) if is_loopback(host) else None
-    app = server.streamable_http_app(host=host, transport_security=security)
+    app = server.streamable_http_app(host=host, transport_security=security, max_sessions=max_sessions,
+                                     session_idle_timeout=session_idle_timeout)
     config = uvicorn.Config(app, log_level=log_level, lifespan="on")
-    await uvicorn.Server(config).serve(sockets=[sock])
+    await ReadyServer(config).serve(sockets=[sock])
