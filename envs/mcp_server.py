@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import secrets
 import socket
+import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,6 +36,8 @@ import numpy as np
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
 
 from resilibench import __version__
 from resilibench.envs.config import WorldConfig
@@ -55,6 +59,8 @@ from resilibench.envs.toolbox import (
     search_text,
     search_tools,
 )
+
+logger = logging.getLogger(__name__)
 
 SERVER_NAME = "resilibench"
 EPISODE_ARGUMENT = "episode"
@@ -537,12 +543,81 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _request_id(value: Any) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool)
+
+
+def malformed_replies(line: str) -> list[types.JSONRPCError] | None:
+    """None when ``line`` is a JSON-RPC message the SDK reads; else the JSON-RPC 2.0 errors that answer
+    it: a parse error (id null) for text that is not JSON; an invalid-request error for JSON that is no
+    message, one per request id it carries (a batch's too: MCP has no batches) or one with id null when
+    it carries none; nothing for a malformed response (a response is never answered)."""
+    try:
+        types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        return None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return [types.JSONRPCError(jsonrpc="2.0", id=None, error=types.ErrorData(
+            code=types.PARSE_ERROR, message=f"Parse error: {first['msg']}"))]
+    if isinstance(data, dict) and "method" not in data and ("result" in data or "error" in data):
+        return []
+    if isinstance(data, list):
+        reason = "batches are not supported: send one JSON-RPC message per line"
+    elif first["type"] == "json_invalid":  # JSON that Python reads but the SDK does not (nesting depth)
+        reason = first["msg"]
+    else:
+        reason = 'not a JSON-RPC 2.0 message: it needs "jsonrpc": "2.0", a string "method" and, for a request, an "id"'
+    items = data if isinstance(data, list) else [data]
+    ids = [item["id"] for item in items if isinstance(item, dict) and _request_id(item.get("id"))]
+    return [types.JSONRPCError(jsonrpc="2.0", id=i, error=types.ErrorData(
+        code=types.INVALID_REQUEST, message=f"Invalid request: {reason}")) for i in ids or [None]]
+
+
+class _AnsweredLines:
+    """stdin lines for the SDK's stdio transport, which drops a malformed message without a word (its
+    client then waits until its own timeout): such a line is answered here (``malformed_replies``)
+    through the transport's write stream, logged on stderr, and not passed on."""
+
+    def __init__(self, lines: AsyncIterable[str]):
+        self._lines = lines
+        self._replies: Any = None
+        self._attached = anyio.Event()
+
+    def answer_through(self, write_stream: Any) -> None:
+        """Send replies on (a clone of) the transport's write stream, once it exists."""
+        self._replies = write_stream.clone()
+        self._attached.set()
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        try:
+            async for line in self._lines:
+                replies = malformed_replies(line)
+                if replies is None:
+                    yield line
+                    continue
+                logger.warning("malformed JSON-RPC message on stdin, %s: %.200r",
+                               "answered with an error" if replies else "a response, not answered", line)
+                await self._attached.wait()
+                for reply in replies:
+                    await self._replies.send(SessionMessage(reply))
+        finally:
+            if self._replies is not None:
+                self._replies.close()
+
+
 async def serve_stdio(server: Server) -> None:
-    """Serve one client over stdin/stdout until it closes the connection."""
+    """Serve one client over stdin/stdout until it closes the connection; a malformed JSON-RPC line gets
+    its JSON-RPC error (see ``malformed_replies``) instead of silence."""
     from mcp.server.stdio import stdio_server
 
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    with open(sys.stdin.fileno(), encoding="utf-8", errors="replace", closefd=False) as stdin:
+        lines = _AnsweredLines(anyio.wrap_file(stdin))
+        async with stdio_server(stdin=lines) as (read_stream, write_stream):
+            lines.answer_through(write_stream)
+            await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
