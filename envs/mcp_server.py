@@ -594,6 +594,8 @@ class _AnsweredLines:
     async def __aiter__(self) -> AsyncIterator[str]:
         try:
             async for line in self._lines:
+                if not line.strip():  # framing noise, not a message
+                    continue
                 replies = malformed_replies(line)
                 if replies is None:
                     yield line
