@@ -566,8 +566,8 @@ def malformed_replies(line: str) -> list[types.JSONRPCError] | None:
         return []
     if isinstance(data, list):
         reason = "batches are not supported: send one JSON-RPC message per line"
-    elif first["type"] == "json_invalid":  # JSON that Python reads but the SDK does not (nesting depth)
-        reason = first["msg"]
+    elif first["type"] == "json_invalid":  # JSON the SDK's parser refuses: too deep, a lone surrogate
+        reason = f"the server cannot read this JSON ({first['msg']})"
     else:
         reason = 'not a JSON-RPC 2.0 message: it needs "jsonrpc": "2.0", a string "method" and, for a request, an "id"'
     items = data if isinstance(data, list) else [data]

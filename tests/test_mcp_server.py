@@ -552,6 +552,7 @@ def test_stdio_answers_malformed_json_rpc_instead_of_leaving_the_client_hanging(
         ("[]", [(None, -32600)]),
         ("42", [(None, -32600)]),
         (deep, [(9, -32600)]),
+        ('{"jsonrpc": "2.0", "id": 4, "method": "ping", "params": {"q": "\\ud800"}}', [(4, -32600)]),
         ("[" * 100_000, [(None, -32700)]),
     ]
     initialize = {"jsonrpc": "2.0", "id": 100, "method": "initialize", "params": {
