@@ -17,20 +17,33 @@ the turns are used up (or stop when the episode ends on its own).
 The figure is simulated tool calls per second (the start and finish requests are inside the timed loop
 on both sides; connecting the MCP sessions is not). Both sides play the same episodes; the script checks that they reach the same levels.
 Repeats are interleaved (anchor, MCP, anchor, ...) and each ratio is the median of the per-repeat ratios.
+
+Latency (``--part latency``): one client session plays ``--latency-episodes`` episodes one request at a
+time, as an agent does, over each transport: **anchor: in memory** (``mcp.Client(server)`` in this
+process, no transport), **stdio** (``resilibench serve-mcp`` launched by the client) and **streamable
+HTTP** (``resilibench serve-mcp --transport http`` on a loopback port). Per transport: p50 and p99 of the
+request latency, requests/s, and CPU milliseconds per request of the client and of the server process
+(read from /proc, so Linux only). Repeats are interleaved and each figure is the median over repeats.
 Run: ``python benchmarks/bench_mcp.py`` (``--quick`` for a short run).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import re
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
 
 import anyio
 import mcp_types as types
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.server.lowlevel import Server
 
 from resilibench.envs.config import WorldConfig
@@ -76,10 +89,14 @@ def direct(jobs) -> tuple[int, list[str], float]:
 async def _play(client: Client, jobs, out: dict) -> None:
     """Play ``jobs`` in one client session; records the levels, the tool calls and every request sent."""
     sent = out["requests"].setdefault(id(jobs), [])
+    latencies = out.setdefault("latencies", [])
 
     async def request(name: str, arguments: dict):
         sent.append((name, arguments))
-        return await client.call_tool(name, arguments)
+        start = time.perf_counter()
+        result = await client.call_tool(name, arguments)
+        latencies.append(time.perf_counter() - start)
+        return result
 
     for task, seed in jobs:
         started = await request("start_task", {"task_id": task.instance_id, "seed": seed})
@@ -155,20 +172,121 @@ def over_echo(requests, mode: str) -> float:
     return concurrently(echo_server(ResiliBenchMCP(search="lexical").tool_list), mode, _replay, requests)
 
 
+SERVE = [sys.executable, "-m", "resilibench", "serve-mcp", "--search", "lexical"]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def parent_pid(stat: Path) -> int | None:
+    """The parent of the process whose /proc stat file is ``stat`` (None when it is gone)."""
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def stdio_server_pid(http_pid: int) -> int:
+    """The child process of this one that is not the HTTP server: the stdio server the client launched."""
+    children = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")
+                if parent_pid(p) == os.getpid() and int(p.parent.name) != http_pid]
+    if len(children) != 1:
+        raise SystemExit(f"expected one child process (the stdio server), found {len(children)}")
+    return children[0]
+
+
+@contextmanager
+def http_server():
+    """``resilibench serve-mcp --transport http --port 0``: yields (url, pid); stopped on exit."""
+    proc = subprocess.Popen([*SERVE, "--transport", "http", "--port", "0"], stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            match = re.search(r"http://\S+/mcp", line)
+            if match:
+                break
+        else:
+            raise SystemExit("the HTTP server did not start")
+        yield match.group(0), proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def one_session(target, jobs, server_pid: Callable[[], int] | None = None) -> tuple[dict[str, float], dict]:
+    """p50/p99 latency (ms), requests/s and CPU ms per request (client; server where it is another
+    process, ``server_pid()``) of one client session playing ``jobs`` request by request, and the levels
+    it reached; connecting is not timed."""
+
+    async def main() -> tuple[dict[str, float], dict]:
+        out: dict = {"calls": 0, "levels": {}, "requests": {}}
+        async with Client(target) as client:
+            await client.list_tools()
+            pid = server_pid() if server_pid else None
+            cpu = time.process_time(), cpu_seconds(pid) if pid else 0.0
+            start = time.perf_counter()
+            await _play(client, jobs, out)
+            seconds = time.perf_counter() - start
+            client_cpu = time.process_time() - cpu[0]
+            server_cpu = cpu_seconds(pid) - cpu[1] if pid else float("nan")
+        ms = sorted(1000 * t for t in out["latencies"])
+        n = len(ms)
+        return {"p50": ms[n // 2], "p99": ms[min(n - 1, int(0.99 * n))], "rps": n / seconds,
+                "client_cpu": 1000 * client_cpu / n, "server_cpu": 1000 * server_cpu / n, "requests": n}, out["levels"]
+
+    return anyio.run(main)
+
+
+def latency(jobs, repeats: int) -> None:
+    """Print the single-session latency table: in memory (anchor), stdio, streamable HTTP."""
+    runs: dict[str, list[dict[str, float]]] = {"anchor: in memory": [], "stdio": [], "streamable HTTP": []}
+    stdio = StdioServerParameters(command=SERVE[0], args=SERVE[1:], env=dict(os.environ))
+    levels = []
+    with http_server() as (url, pid):
+        for _ in range(repeats):
+            for name, target, server_pid in (("anchor: in memory", build_server(search="lexical"), None),
+                                             ("stdio", stdio, lambda: stdio_server_pid(pid)),
+                                             ("streamable HTTP", url, lambda: pid)):
+                stats, reached = one_session(target, jobs, server_pid)
+                runs[name].append(stats)
+                levels.append(reached)
+    if any(reached != levels[0] for reached in levels):
+        raise SystemExit("the transports reached different levels: a bug, not a benchmark result")
+    anchor = statistics.median(r["rps"] for r in runs["anchor: in memory"])
+    print(f"one session, {runs['stdio'][0]['requests']} requests per repeat, median of {repeats} repeats")
+    print(f"  {'transport':<18} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'/anchor':>8} "
+          f"{'client CPU ms/req':>18} {'server CPU ms/req':>18}")
+    for name, rows in runs.items():
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        server = "(same process)" if name.startswith("anchor") else f"{med['server_cpu']:.2f}"
+        print(f"  {name:<18} {med['p50']:>8.2f} {med['p99']:>8.2f} {med['rps']:>8.0f} {med['rps'] / anchor:>8.3f} "
+              f"{med['client_cpu']:>18.2f} {server:>18}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--episodes", type=int, default=1000, help="episodes per repeat (default 1000)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", nargs="+", choices=("auto", "legacy"), default=["auto", "legacy"])
+    parser.add_argument("--part", choices=("throughput", "latency", "all"), default="all")
+    parser.add_argument("--latency-episodes", type=int, default=100,
+                        help="episodes of the single-session latency runs (default 100)")
     parser.add_argument("--quick", action="store_true", help="200 episodes, 2 repeats")
     args = parser.parse_args()
     if args.quick:
-        args.episodes, args.repeats = 200, 2
+        args.episodes, args.repeats, args.latency_episodes = 200, 2, 40
     tasks = load_tasks(split="test")
-    jobs = [(tasks[i % len(tasks)], i // len(tasks)) for i in range(args.episodes)]
+    jobs = [(tasks[i % len(tasks)], i // len(tasks)) for i in range(max(args.episodes, args.latency_episodes))]
     print(f"python {platform.python_version()}, {platform.machine()}, {args.sessions} sessions, "
           f"{args.episodes} episodes x {args.repeats} repeats", file=sys.stderr)
+    if args.part in ("latency", "all"):
+        latency(jobs[: args.latency_episodes], args.repeats)
+    if args.part == "latency":
+        return 0
+    jobs = jobs[: args.episodes]
     warm_up = over_mcp(jobs[: args.sessions], args.sessions, "auto")[3]  # imports, caches
     over_echo(warm_up, "auto")
     direct(jobs[: args.sessions])

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import secrets
 import socket
+import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,6 +36,8 @@ import numpy as np
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
 
 from resilibench import __version__
 from resilibench.envs.config import WorldConfig
@@ -56,9 +60,16 @@ from resilibench.envs.toolbox import (
     search_tools,
 )
 
+logger = logging.getLogger(__name__)
+
 SERVER_NAME = "resilibench"
 EPISODE_ARGUMENT = "episode"
 DEFAULT_MAX_EPISODES = 10_000
+# Streamable HTTP sessions (clients of protocol versions up to 2025-11-25 open one; each holds about 37 KB):
+# an idle one is closed after DEFAULT_SESSION_IDLE_TIMEOUT seconds (the client re-initializes; episodes
+# live on under their handles), and at most DEFAULT_MAX_SESSIONS are open (a new one beyond gets 503).
+DEFAULT_SESSION_IDLE_TIMEOUT = 300.0
+DEFAULT_MAX_SESSIONS = 1_000
 MAX_TURN_LIMIT = 100
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -75,6 +86,8 @@ UNKNOWN_EPISODE = "UNKNOWN_EPISODE"
 UNKNOWN_TASK = "UNKNOWN_TASK"
 EPISODE_ENDED = "EPISODE_ENDED"
 OUT_OF_TURNS = "OUT_OF_TURNS"
+
+SEARCH_HINT = "find tools with the tool_search tool (a query saying what the tool should do)"
 
 INSTRUCTIONS = (
     "ResiliBench: simulated tools that fail like real APIs. Call start_task to open an episode; it returns "
@@ -211,6 +224,16 @@ class _MetaTool:
     def schema_json(self) -> str:
         return json.dumps(self.schema, sort_keys=True)
 
+    @cached_property
+    def integer_arguments(self) -> frozenset[str]:
+        return frozenset(k for k, v in self.schema["properties"].items() if v.get("type") == "integer")
+
+    def integers_as_int(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Schema-checked arguments with integer ones as ints: JSON Schema counts 10.0 as an integer, and
+        the handler (and every cache keyed on an argument) must see one value for one number."""
+        return {k: int(v) if k in self.integer_arguments and isinstance(v, float) else v
+                for k, v in arguments.items()}
+
 
 class ResiliBenchMCP:
     """The MCP front end: the handlers and the episode table behind one ``Server`` (``.server``).
@@ -324,6 +347,7 @@ class ResiliBenchMCP:
         problem = schema_problem(name, meta.schema_json, arguments)
         if problem is not None:
             return _error(BAD_ARGUMENTS, problem)
+        arguments = meta.integers_as_int(arguments)
         if meta.in_thread:
             return await anyio.to_thread.run_sync(meta.handler, arguments)
         return meta.handler(arguments)
@@ -375,7 +399,7 @@ class ResiliBenchMCP:
         """One of the 30 tools on the episode named by the ``episode`` argument; the rest of the arguments
         are checked with the tool's schema by ``call_tool`` (INVALID_INPUT without a draw when they fail)."""
         try:
-            resolve_tool(name, self.registry)
+            resolve_tool(name, self.registry, SEARCH_HINT)
         except UnknownToolError as exc:
             return _error(UNKNOWN_TOOL, str(exc))
         handle = arguments.pop(EPISODE_ARGUMENT, None)
@@ -415,9 +439,10 @@ class ResiliBenchMCP:
 
     def _tool_info(self, arguments: dict[str, Any]) -> types.CallToolResult:
         try:
-            info = describe_tool(arguments["name"], self.registry)
+            tool_id = resolve_tool(arguments["name"], self.registry, SEARCH_HINT)
         except UnknownToolError as exc:
             return _error(UNKNOWN_TOOL, str(exc))
+        info = describe_tool(self.registry.names[tool_id], self.registry)
         return _result(describe_text(info), info)
 
     def _world(self, strict_dependencies: bool, turn_limit: int) -> WorldConfig:
@@ -518,18 +543,92 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _request_id(value: Any) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool)
+
+
+def malformed_replies(line: str) -> list[types.JSONRPCError] | None:
+    """None when ``line`` is a JSON-RPC message the SDK reads; else the JSON-RPC 2.0 errors that answer
+    it: a parse error (id null) for text that is not JSON; an invalid-request error for JSON that is no
+    message, one per request id it carries (a batch's too: MCP has no batches) or one with id null when
+    it carries none; nothing for a malformed response (a response is never answered)."""
+    try:
+        types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        return None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return [types.JSONRPCError(jsonrpc="2.0", id=None, error=types.ErrorData(
+            code=types.PARSE_ERROR, message=f"Parse error: {first['msg']}"))]
+    if isinstance(data, dict) and "method" not in data and ("result" in data or "error" in data):
+        return []
+    if isinstance(data, list):
+        reason = "batches are not supported: send one JSON-RPC message per line"
+    elif first["type"] == "json_invalid":  # JSON the SDK's parser refuses: too deep, a lone surrogate
+        reason = f"the server cannot read this JSON ({first['msg']})"
+    else:
+        reason = 'not a JSON-RPC 2.0 message: it needs "jsonrpc": "2.0", a string "method" and, for a request, an "id"'
+    items = data if isinstance(data, list) else [data]
+    ids = [item["id"] for item in items if isinstance(item, dict) and _request_id(item.get("id"))]
+    return [types.JSONRPCError(jsonrpc="2.0", id=i, error=types.ErrorData(
+        code=types.INVALID_REQUEST, message=f"Invalid request: {reason}")) for i in ids or [None]]
+
+
+class _AnsweredLines:
+    """stdin lines for the SDK's stdio transport, which drops a malformed message without a word (its
+    client then waits until its own timeout): such a line is answered here (``malformed_replies``)
+    through the transport's write stream, logged on stderr, and not passed on."""
+
+    def __init__(self, lines: AsyncIterable[str]):
+        self._lines = lines
+        self._replies: Any = None
+        self._attached = anyio.Event()
+
+    def answer_through(self, write_stream: Any) -> None:
+        """Send replies on (a clone of) the transport's write stream, once it exists."""
+        self._replies = write_stream.clone()
+        self._attached.set()
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        try:
+            async for line in self._lines:
+                if not line.strip():  # framing noise, not a message
+                    continue
+                replies = malformed_replies(line)
+                if replies is None:
+                    yield line
+                    continue
+                logger.warning("malformed JSON-RPC message on stdin, %s: %.200r",
+                               "answered with an error" if replies else "a response, not answered", line)
+                await self._attached.wait()
+                for reply in replies:
+                    await self._replies.send(SessionMessage(reply))
+        finally:
+            if self._replies is not None:
+                self._replies.close()
+
+
 async def serve_stdio(server: Server) -> None:
-    """Serve one client over stdin/stdout until it closes the connection."""
+    """Serve one client over stdin/stdout until it closes the connection; a malformed JSON-RPC line gets
+    its JSON-RPC error (see ``malformed_replies``) instead of silence."""
     from mcp.server.stdio import stdio_server
 
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    with open(sys.stdin.fileno(), encoding="utf-8", errors="replace", closefd=False) as stdin:
+        lines = _AnsweredLines(anyio.wrap_file(stdin))
+        async with stdio_server(stdin=lines) as (read_stream, write_stream):
+            lines.answer_through(write_stream)
+            await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket bound to (host, port); port 0 picks a free port. OSError when taken."""
+    """A listening-ready TCP socket bound to (host, port); port 0 picks a free port. OSError when taken.
+
+    The protocol is IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on connections accepted from such a
+    socket, and without it every response waits about 40 ms for the client's delayed ACK (Nagle)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
@@ -548,13 +647,25 @@ def loopback_security(host: str) -> TransportSecuritySettings:
                                      allowed_origins=[f"http://{n}:*" for n in names])
 
 
-async def serve_http(server: Server, sock: socket.socket, log_level: str = "warning") -> None:
+async def serve_http(server: Server, sock: socket.socket, log_level: str = "warning",
+                     on_ready: Callable[[], None] | None = None,
+                     session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT,
+                     max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
     """Serve streamable HTTP at ``/mcp`` on a bound socket (``bind_socket``) until interrupted; on a
-    loopback address with DNS-rebinding protection (``loopback_security``)."""
+    loopback address with DNS-rebinding protection (``loopback_security``). ``on_ready`` is called once
+    the server accepts connections; ``session_idle_timeout`` (seconds) and ``max_sessions`` bound the
+    HTTP sessions (see ``DEFAULT_SESSION_IDLE_TIMEOUT``); the SDK raises ValueError naming a bad one."""
     import uvicorn
+
+    class ReadyServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if on_ready is not None:
+                on_ready()
 
     host = sock.getsockname()[0]
     security = loopback_security(host) if is_loopback(host) else None
-    app = server.streamable_http_app(host=host, transport_security=security)
+    app = server.streamable_http_app(host=host, transport_security=security, max_sessions=max_sessions,
+                                     session_idle_timeout=session_idle_timeout)
     config = uvicorn.Config(app, log_level=log_level, lifespan="on")
-    await uvicorn.Server(config).serve(sockets=[sock])
+    await ReadyServer(config).serve(sockets=[sock])

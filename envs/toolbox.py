@@ -109,9 +109,13 @@ def _ranking(query: str, registry: ToolRegistry, method: str) -> tuple[tuple[flo
 # --- tool information ---------------------------------------------------------------------------------
 
 
-def resolve_tool(name: str, registry: ToolRegistry | None = None) -> int:
+TAG_SEARCH_HINT = "search with <tool_search>query</tool_search>"
+
+
+def resolve_tool(name: str, registry: ToolRegistry | None = None, search_hint: str = TAG_SEARCH_HINT) -> int:
     """The id of a tool by name or alias, forgiving case, surrounding quotes and spaces or hyphens for
-    underscores; ``UnknownToolError`` listing close matches otherwise."""
+    underscores; ``UnknownToolError`` listing close matches otherwise, or ``search_hint`` when there are
+    none (worded for the front end: the text env's tags by default)."""
     registry = registry or default_registry()
     if not isinstance(name, str):
         raise UnknownToolError(f"tool name must be a string, got {type(name).__name__}")
@@ -120,7 +124,7 @@ def resolve_tool(name: str, registry: ToolRegistry | None = None) -> int:
         return registry.id_of(key)
     known = list(registry.names) + [a for t in registry.tools for a in t.aliases]
     close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(close)}?" if close else "; search with <tool_search>query</tool_search>"
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; {search_hint}"
     raise UnknownToolError(f"unknown tool {name!r}{hint}")
 
 

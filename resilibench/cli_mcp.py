@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
-from resilibench.cli import CliError, load_library, load_world_config, positive_int
+from resilibench.cli import CliError, load_library, load_world_config, positive_float, positive_int
 
 
 def _port(text: str) -> int:
@@ -19,11 +20,20 @@ def _port(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    value = positive_float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a positive, finite number of seconds, got {text!r}")
+    return value
+
+
 def cmd_serve_mcp(args: argparse.Namespace) -> int:
     import anyio
 
     from resilibench.envs.mcp_server import (
         DEFAULT_MAX_EPISODES,
+        DEFAULT_MAX_SESSIONS,
+        DEFAULT_SESSION_IDLE_TIMEOUT,
         bind_socket,
         build_server,
         is_loopback,
@@ -31,8 +41,11 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
         serve_stdio,
     )
 
-    if args.transport == "stdio" and (args.host is not None or args.port is not None):
-        raise CliError("--host/--port apply to --transport http only")
+    http_only = {"--host": args.host, "--port": args.port, "--session-idle-timeout": args.session_idle_timeout,
+                 "--max-sessions": args.max_sessions}
+    given = [option for option, value in http_only.items() if value is not None]
+    if args.transport == "stdio" and given:
+        raise CliError(f"{', '.join(given)}: for --transport http only")
     host = args.host or "127.0.0.1"
     if args.transport == "http" and not is_loopback(host) and not args.allow_remote:
         raise CliError(f"--host {host} is not a loopback address; the server has no authentication, so "
@@ -50,9 +63,14 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
         raise CliError(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    print(f"resilibench: MCP server (streamable HTTP) at http://{shown}:{bound_port}/mcp", file=sys.stderr,
-          flush=True)
-    anyio.run(serve_http, server, sock)
+
+    def ready() -> None:  # printed once the port accepts connections, so a client may connect at once
+        print(f"resilibench: MCP server (streamable HTTP) at http://{shown}:{bound_port}/mcp", file=sys.stderr,
+              flush=True)
+
+    idle = DEFAULT_SESSION_IDLE_TIMEOUT if args.session_idle_timeout is None else args.session_idle_timeout
+    anyio.run(lambda: serve_http(server, sock, on_ready=ready, session_idle_timeout=idle,
+                                 max_sessions=args.max_sessions or DEFAULT_MAX_SESSIONS))
     return 0
 
 
@@ -69,6 +87,11 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
     serve.add_argument("--port", type=_port, help="HTTP: port (default 8000; 0 picks a free one, printed on stderr)")
     serve.add_argument("--allow-remote", action="store_true",
                        help="HTTP: allow a --host that is not a loopback address (no authentication!)")
+    serve.add_argument("--session-idle-timeout", type=_seconds, metavar="SECONDS",
+                       help="HTTP: close a session idle this long (default 300; the client re-initializes, "
+                       "episodes stay)")
+    serve.add_argument("--max-sessions", type=positive_int, metavar="N",
+                       help="HTTP: most sessions open at once; a new one beyond gets 503 (default 1000)")
     serve.add_argument("--max-episodes", type=positive_int, metavar="N",
                        help="size of the episode handle table (default 10000; finished episodes are evicted first)")
     serve.add_argument("--search", choices=("auto", "semantic", "lexical"), default="auto",

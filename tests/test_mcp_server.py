@@ -463,3 +463,171 @@ def test_cli_refuses_remote_hosts_and_busy_ports(capsys):
         port = busy.getsockname()[1]
         assert cli_main(["serve-mcp", "--transport", "http", "--port", str(port)]) == 2
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+# --- what outside clients send ------------------------------------------------------------------------
+
+
+async def outcome(call):
+    """The result of a call, or the JSON-RPC error it raised (a request must never end that way)."""
+    try:
+        return await call
+    except MCPError as exc:
+        return exc
+
+
+def test_integral_floats_are_integers_and_one_client_never_changes_what_the_next_gets(tasks):
+    """JSON Schema counts 10.0 as an integer: it must work as 10 and leave the server as it was."""
+    task = tasks[0]
+    app = ResiliBenchMCP(search="lexical")
+
+    async def client_session(number):
+        async with Client(app.server) as client:
+            return [await outcome(client.call_tool("start_task", {"task_id": task.instance_id, "seed": number(1),
+                                                                  "turn_limit": number(10)})),
+                    await outcome(client.call_tool("start_task", {"seed": number(2)})),
+                    await outcome(client.call_tool("tool_search", {"query": "read a file", "k": number(2)})),
+                    await outcome(client.call_tool("start_task", {"turn_limit": 10.5}))]
+
+    with_floats = anyio.run(client_session, float)
+    with_ints = anyio.run(client_session, int)  # a second client, after the first
+    for result in with_floats + with_ints:
+        assert not isinstance(result, MCPError), result
+    for got, expected in zip(with_floats[:3], with_ints[:3], strict=True):
+        assert not got.is_error and not expected.is_error, text(got)
+        assert {k: v for k, v in got.structured_content.items() if k != "episode"} == \
+               {k: v for k, v in expected.structured_content.items() if k != "episode"}
+    assert type(with_floats[0].structured_content["turn_limit"]) is int
+    assert type(with_floats[0].structured_content["seed"]) is int
+    assert len(with_floats[2].structured_content["results"]) == 2
+    for fraction in (with_floats[3], with_ints[3]):
+        assert fraction.is_error and text(fraction).startswith(f"Error: {BAD_ARGUMENTS}: ")
+        assert "'turn_limit'" in text(fraction)
+
+
+def test_unknown_tool_hints_speak_mcp_not_the_text_env_tags():
+    async def main():
+        async with Client(build_server(search="lexical")) as client:
+            return (await client.call_tool("xyzzy", {"episode": "ep-0000"}),
+                    await client.call_tool("tool_info", {"name": "xyzzy"}))  # no close match
+
+    for result in anyio.run(main):
+        assert result.is_error and text(result).startswith(f"Error: {UNKNOWN_TOOL}: ")
+        assert "<tool_search>" not in text(result) and "the tool_search tool" in text(result)
+
+
+def test_http_requests_are_answered_without_a_nagle_delay(http_server):
+    """Accepted connections need TCP_NODELAY, or every response waits ~40 ms for a delayed ACK."""
+    url = server_url(*http_server)
+
+    async def main():
+        async with Client(url) as client:
+            seconds = []
+            for _ in range(12):
+                start = time.perf_counter()
+                await client.call_tool("tool_info", {"name": "utility_logger"})
+                seconds.append(time.perf_counter() - start)
+            return seconds
+
+    seconds = anyio.run(main)
+    assert min(seconds[2:]) < 0.025, seconds  # ~40 ms each with the delay; a few ms without
+
+
+def read_reply(proc: subprocess.Popen, timeout: float) -> dict[str, Any]:
+    """The next JSON line the stdio server writes, within ``timeout`` seconds."""
+    if not select.select([proc.stdout], [], [], timeout)[0]:
+        raise AssertionError(f"no reply within {timeout} s")
+    return json.loads(proc.stdout.readline())
+
+
+def test_stdio_answers_malformed_json_rpc_instead_of_leaving_the_client_hanging():
+    deep = '{"jsonrpc": "2.0", "id": 9, "method": "ping", "params": {"x": ' + "[" * 600 + "]" * 600 + "}}"
+    cases = [  # (line, expected replies as (id, code)); a blank line is skipped without a reply
+        ("\nthis is not json", [(None, -32700)]),
+        ("{}", [(None, -32600)]),
+        ('{"jsonrpc": "1.0", "id": 7, "method": "ping"}', [(7, -32600)]),
+        ('{"jsonrpc": "2.0", "id": "a", "method": 5}', [("a", -32600)]),
+        ('[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "ping"}]',
+         [(1, -32600), (2, -32600)]),
+        ("[]", [(None, -32600)]),
+        ("42", [(None, -32600)]),
+        (deep, [(9, -32600)]),
+        ('{"jsonrpc": "2.0", "id": 4, "method": "ping", "params": {"q": "\\ud800"}}', [(4, -32600)]),
+        ("[" * 100_000, [(None, -32700)]),
+    ]
+    initialize = {"jsonrpc": "2.0", "id": 100, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+    proc = subprocess.Popen(SERVE, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for i, (line, expected) in enumerate(cases):
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            replies = [read_reply(proc, 60 if i == 0 else 10) for _ in expected]
+            assert [(r["id"], r["error"]["code"]) for r in replies] == expected, line[:60]
+            assert all(r["jsonrpc"] == "2.0" and r["error"]["message"] for r in replies)
+        # A malformed response is never answered (JSON-RPC); the server still serves what follows.
+        proc.stdin.write('{"jsonrpc": "2.0", "id": 5, "result": 5}\n' + json.dumps(initialize) + "\n")
+        proc.stdin.flush()
+        reply = read_reply(proc, 10)
+        assert reply["id"] == 100 and reply["result"]["serverInfo"]["name"] == "resilibench"
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+        log = proc.stderr.read()
+    assert log.count("malformed JSON-RPC message") == len(cases) + 1
+
+
+def test_http_url_is_printed_once_the_port_accepts_connections():
+    proc = subprocess.Popen([*SERVE, "--transport", "http", "--port", "0"], stderr=subprocess.PIPE, text=True)
+    try:
+        port = int(re.search(r":(\d+)/mcp", server_url(proc, [])).group(1))
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # refused while the URL was printed before the server listened
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def http_post(url: str, message: dict[str, Any], session: str | None = None) -> tuple[int, str | None]:
+    """POST one JSON-RPC message as a raw streamable-HTTP client; (status, Mcp-Session-Id header)."""
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": "2025-06-18"}
+    if session is not None:
+        headers["Mcp-Session-Id"] = session
+    request = urllib.request.Request(url, data=json.dumps(message).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+            return response.status, response.headers.get("Mcp-Session-Id")
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+
+
+def test_http_sessions_expire_after_the_idle_timeout_and_are_capped():
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    proc = subprocess.Popen([*SERVE, "--transport", "http", "--port", "0", "--session-idle-timeout", "2",
+                             "--max-sessions", "2"], stderr=subprocess.PIPE, text=True)
+    try:
+        url = server_url(proc, [])
+        opened = [http_post(url, initialize) for _ in range(3)]
+        assert [status for status, _ in opened] == [200, 200, 503]  # the cap
+        sessions = [session for _, session in opened[:2]]
+        assert all(sessions) and http_post(url, initialized, sessions[0])[0] == 202
+        time.sleep(4)
+        assert [http_post(url, initialized, s)[0] for s in sessions] == [404, 404]  # expired when idle
+        assert http_post(url, initialize)[0] == 200  # room again
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_cli_session_options_refuse_bad_values(capsys):
+    for option, value in (("--session-idle-timeout", "0"), ("--session-idle-timeout", "inf"),
+                          ("--max-sessions", "0")):
+        assert cli_main(["serve-mcp", "--transport", "http", option, value]) == 2
+        err = capsys.readouterr().err
+        assert f"argument {option}: expected a positive" in err and len(err.splitlines()) == 1
+    assert cli_main(["serve-mcp", "--max-sessions", "5"]) == 2
+    assert "--transport http" in capsys.readouterr().err
