@@ -30,6 +30,7 @@ from resilibench.envs.toolbox import (
     search_text,
     search_tools,
 )
+from resilibench.metrics.workflow import Workflow
 
 # The characters of observations: printable ASCII, Latin-1 letters and signs, typographic quotes, dashes,
 # ellipsis, bullet and arrow; any other character of a prompt becomes "?". ``step`` accepts any string.
@@ -208,6 +209,8 @@ class ResiliBenchTextEnv(gym.Env):
     # --- Gymnasium API -------------------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        from resilibench.policies.prompts import Prompt, build_prompt
+
         settings = dict(self.prompt_defaults)
         task_id, shown = None, None
         if options:
@@ -218,14 +221,14 @@ class ResiliBenchTextEnv(gym.Env):
             task_id = options.pop("task_id", None)
             shown = options.pop("shown_prompt", None)
             settings.update(options)
+            _check_option("workflow", settings["workflow"], Workflow)
+            _check_option("shown_prompt", shown, Prompt)
         super().reset(seed=seed)
         if task_id is not None:
             task = task_by_id(self.tasks, task_id)
         else:
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         seed_of_episode = episode_seed(self.np_random)
-        from resilibench.policies.prompts import build_prompt
-
         prompt = shown or build_prompt(
             task, settings["prompt"], flaw_type=settings["flaw_type"], severity=settings["severity"],
             seed=flaw_seed(seed_of_episode), plan_style=settings["plan_style"], workflow=settings["workflow"],
@@ -369,6 +372,13 @@ class ResiliBenchTextEnv(gym.Env):
             "end_reason": episode.end_reason,
             "parsed": self._parsed.to_dict() if self._parsed is not None else None,
         }
+
+
+def _check_option(name: str, value: Any, cls: type) -> None:
+    """A reset option that must be a ``cls`` or None; ``ValueError`` naming it otherwise."""
+    if value is not None and not isinstance(value, cls):
+        raise ValueError(f"reset option {name} must be a {cls.__module__}.{cls.__name__} or None, "
+                         f"got {type(value).__name__}")
 
 
 def _blocks(messages: list[dict[str, str]]) -> str:

@@ -382,3 +382,13 @@ def test_the_work_per_message_is_capped():
     obs, *_ = env.step(f"<tool_search>{long_query}</tool_search>")
     head = obs.splitlines()[0]  # Tool search results for 'read a file read a ...': file_operations_reader
     assert head.startswith("Tool search results for") and len(head) < MAX_QUERY_CHARS + 100
+
+
+def test_wrong_typed_reset_options_name_the_option():
+    env = make_env()
+    with pytest.raises(ValueError, match="reset option workflow must be a resilibench.metrics.workflow.Workflow"):
+        env.reset(seed=0, options={"workflow": "str", "prompt": "optimal"})
+    with pytest.raises(ValueError, match="reset option shown_prompt"):
+        env.reset(seed=0, options={"shown_prompt": "hello"})
+    with pytest.raises(ValueError, match="turn_limit must be an integer"):
+        ResiliBenchTextEnv(turn_limit="10")
