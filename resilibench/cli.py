@@ -128,6 +128,22 @@ def load_world_config(path: str | None, need_bounds: bool = False):
     return config
 
 
+def check_bound_turn_limit(config, tasks) -> None:
+    """CliError when bound (iii) is undefined for some of ``tasks`` under ``config``'s turn limit (it needs
+    one spare tool per turn: ``policies.bounds.largest_turn_limit``)."""
+    from resilibench.policies.bounds import largest_turn_limit
+
+    if not tasks:
+        return
+    limit = config.rules.turn_limit
+    task = min(tasks, key=largest_turn_limit)
+    largest = largest_turn_limit(task)
+    if limit > largest:
+        raise CliError(f"--config: rules.turn_limit={limit}: bound (iii) needs {limit} spare tools (dependency-free "
+                       f"tools a task does not use), task {task.instance_id} has {largest}; the largest turn limit "
+                       f"for these tasks is {largest}")
+
+
 def load_library(path: str | None):
     """(all tasks, description of their source with its sha256) for ``--tasks`` or the shipped library."""
     from resilibench.envs.tasks import default_library_path, load_tasks, read_tasks
@@ -248,6 +264,7 @@ def cmd_tasks_show(args: argparse.Namespace) -> int:
     config = load_world_config(args.config, need_bounds=True)
     tasks, _ = load_library(args.tasks)
     (task,) = select_tasks(tasks, None, None, [args.task_id])
+    check_bound_turn_limit(config, [task])
     print(json.dumps(task.to_dict(), indent=2, sort_keys=True))
     print()
     print("Reference workflow (the bound-(iii) policy's happy path):")
@@ -283,6 +300,7 @@ def cmd_bounds(args: argparse.Namespace) -> int:
     tasks, source = load_library(args.tasks)
     split = args.split or ("all" if args.task_id else "test")
     selected = select_tasks(tasks, split, args.task_type, args.task_id)
+    check_bound_turn_limit(config, selected)
     # Bound (ii) reads the random streams that `run` episodes meet for these run seeds.
     seeds = list(range(args.clairvoyant_seeds))
 
@@ -442,6 +460,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     planners, seeds = dedupe(args.planners), dedupe(args.seeds)
     task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
     selected = select_tasks(tasks, args.split, task_types, limit=args.limit)
+    check_bound_turn_limit(config, selected)
     jobs = episode_jobs(planners, selected, seeds)
     directory = Path(args.output_dir)
     if directory.exists() and not directory.is_dir():

@@ -12,7 +12,7 @@ import pytest
 from resilibench.cli import main
 from resilibench.envs.registry import default_registry
 from resilibench.envs.tasks import TASK_TYPES, get_task, load_tasks, read_tasks
-from resilibench.policies.bounds import optimal_success
+from resilibench.policies.bounds import largest_turn_limit, optimal_success
 from resilibench.policies.runner import PLANNER_NAMES
 from resilibench.results import METADATA_KEY, exclusive_lock, read_jsonl
 
@@ -186,6 +186,40 @@ def test_bad_config_exits_2(text, needle, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
     assert not (tmp_path / "quick").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('{"failure": {"base_success": 1.5}}', "failure.base_success must be a finite number in [0, 1]"),
+        ('{"evaluator": {"completion_phrases": "task completed"}}', "evaluator.completion_phrases"),
+        ('{"rules": {"turn_limit": 1000000000}}', "rules.turn_limit must be an integer in [1, 1000]"),
+        ('{"rules": {"turn_limit": 30}}', "bound (iii) needs 30 spare tools"),
+    ],
+)
+@pytest.mark.parametrize("command", [["run", "--limit", "5", "--seeds", "0"], ["bounds", "--split", "test"]])
+def test_invalid_world_configs_exit_2_before_any_work(command, text, needle, tmp_path, capsys):
+    config = tmp_path / "world.json"
+    config.write_text(text)
+    out = tmp_path / "out"
+    extra = ["--output-dir", str(out)] if command[0] == "run" else ["--output", str(out)]
+    assert main([*command, "--config", str(config), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_the_largest_turn_limit_is_the_smallest_spare_tool_count(tmp_path, capsys):
+    tasks = load_tasks(split="test")
+    largest = min(largest_turn_limit(t) for t in tasks)
+    assert largest == 18  # docs/bounds.md
+    config = tmp_path / "world.json"
+    config.write_text(json.dumps({"rules": {"turn_limit": largest + 1}}))
+    assert main(["bounds", "--config", str(config), "--split", "test"]) == 2
+    assert f"the largest turn limit for these tasks is {largest}" in capsys.readouterr().err
+    task = min(tasks, key=largest_turn_limit)
+    config.write_text(json.dumps({"rules": {"turn_limit": largest}}))
+    assert main(["bounds", "--config", str(config), "--task-id", task.instance_id, "--format", "json"]) == 0
 
 
 # --- tools, tasks, bounds -----------------------------------------------------------------------------
