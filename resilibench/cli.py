@@ -1,7 +1,8 @@
 """The ``resilibench`` command line: tools, tasks, bounds and the quick planner benchmark.
 
-``main(argv)`` returns the exit status (0 ok, 2 bad arguments or input, 130 interrupted) and never raises
-for bad input: every error is one line naming the field and the accepted values.
+``main(argv)`` returns the exit status (0 ok, 2 bad arguments or input, 1 a read or write the system refused,
+130 interrupted) and never raises for bad input: every error is one line naming the field and the accepted
+values.
 """
 
 from __future__ import annotations
@@ -114,6 +115,40 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
+def _blocking_ancestor(path: Path) -> Path | None:
+    """The nearest existing folder above ``path`` when it is not a directory (nothing can be made below)."""
+    for parent in path.parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def output_file(path: str | None, option: str = "--output") -> Path | None:
+    """The file an output option names, checked before any work: CliError when it is a directory or
+    sits below a file."""
+    if path is None:
+        return None
+    file = Path(path)
+    if file.is_dir():
+        raise CliError(f"{option}: {file} is a directory; give the path of a file")
+    blocking = _blocking_ancestor(file)
+    if blocking is not None:
+        raise CliError(f"{option}: {blocking} is not a directory, so {file} cannot be written")
+    return file
+
+
+def output_dir(path: str, option: str = "--output-dir") -> Path:
+    """The directory an output option names, checked before any work: CliError when it exists as a file or
+    sits below a file."""
+    directory = Path(path)
+    if directory.exists() and not directory.is_dir():
+        raise CliError(f"{option}: {directory} exists and is not a directory")
+    blocking = _blocking_ancestor(directory)
+    if blocking is not None:
+        raise CliError(f"{option}: {blocking} is not a directory, so {directory} cannot be created")
+    return directory
+
+
 def load_world_config(path: str | None, need_bounds: bool = False):
     """The WorldConfig of ``--config`` (defaults when absent); CliError on any problem with the file."""
     from resilibench.envs.config import load_config
@@ -211,6 +246,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
     from resilibench.envs.registry import default_registry
     from resilibench.results import write_text_atomic
 
+    output_file(args.output)
     registry = default_registry()
     if args.json or args.output:
         text = registry.to_json() + "\n"
@@ -238,6 +274,7 @@ def cmd_tasks_generate(args: argparse.Namespace) -> int:
         write_tasks,
     )
 
+    output_file(args.output)
     try:
         matcher = make_matcher(args.matcher)
     except ImportError as exc:
@@ -296,6 +333,7 @@ def cmd_bounds(args: argparse.Namespace) -> int:
     from resilibench.policies.bounds import clairvoyant_success, optimal_success
     from resilibench.results import run_metadata, write_json_atomic
 
+    output_file(args.output)
     config = load_world_config(args.config, need_bounds=True)
     tasks, source = load_library(args.tasks)
     split = args.split or ("all" if args.task_id else "test")
@@ -395,20 +433,27 @@ def check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has_
                            "refusing to mix results: use another --output-dir, or --no-resume to discard them")
 
 
-def read_existing_results(directory: Path, results_path: Path, identity: dict[str, Any]):
-    """The rows and metadata already in ``results_path`` (a truncated tail is reported, the writer repairs
-    it), after checking they come from the same config (``check_same_config``)."""
-    from resilibench.results import read_jsonl
+def read_existing_results(directory: Path, results_path: Path, identity: dict[str, Any],
+                          fields: Sequence[str] = ()):
+    """The rows and metadata already in ``results_path`` (a truncated tail is reported and cut off, even
+    when nothing is left to run), after checking they come from the same config (``check_same_config``)
+    and that every row has ``fields`` and a known level (``results.check_level_rows``)."""
+    from resilibench.results import check_level_rows, read_jsonl
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            existing = read_jsonl(results_path)
+            existing = read_jsonl(results_path, repair=True)
         except ValueError as exc:
             raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     check_same_config(directory, existing.metadata, bool(existing.rows), identity, results_path.name)
+    if fields:
+        try:
+            check_level_rows(existing.rows, fields, str(results_path), existing.row_lines)
+        except ValueError as exc:
+            raise CliError(f"--output-dir: {exc}; fix or remove the row, or use --no-resume") from None
     return existing
 
 
@@ -462,9 +507,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     selected = select_tasks(tasks, args.split, task_types, limit=args.limit)
     check_bound_turn_limit(config, selected)
     jobs = episode_jobs(planners, selected, seeds)
-    directory = Path(args.output_dir)
-    if directory.exists() and not directory.is_dir():
-        raise CliError(f"--output-dir: {directory} exists and is not a directory")
+    directory = output_dir(args.output_dir)
     plan = _RunPlan(
         config=config, planners=planners, seeds=seeds, task_types=task_types, tasks=selected, jobs=jobs,
         directory=directory,
@@ -497,7 +540,8 @@ def _execute_run(plan: _RunPlan, resume: bool, split: str) -> int:
     results_path, summary_path, plot_path = (directory / n for n in ("results.jsonl", "summary.json", "summary.png"))
     existing_rows: list[dict[str, Any]] = []
     if resume:
-        existing_rows = read_existing_results(directory, results_path, plan.identity).rows
+        existing_rows = read_existing_results(directory, results_path, plan.identity,
+                                              (*RUN_KEY, "task_type", "level")).rows
     else:
         for stale in (summary_path, plot_path):
             stale.unlink(missing_ok=True)
@@ -644,6 +688,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError):
             pass
         return 0
+    except OSError as exc:  # the system refused a read or write: a full disk, a read-only directory...
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
