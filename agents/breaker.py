@@ -643,8 +643,9 @@ class BreakerSummary:
 
 
 def check_output_dir(directory: str | Path, identity: dict[str, Any]) -> None:
-    """Refuse (CliError) a directory whose ``meta.json`` records another identity (``cli.check_same_config``)
-    or that is not a directory; cheap, so callers check before loading any model."""
+    """Refuse (CliError) a directory whose ``meta.json`` records another identity (``cli.check_same_config``),
+    whose records have no ``meta.json`` (their config is unknown, as ``run`` refuses it) or that is not a
+    directory; cheap, so callers check before loading any model."""
     from resilibench.cli import CliError, check_same_config
     from resilibench.results import to_jsonable
 
@@ -659,6 +660,12 @@ def check_output_dir(directory: str | Path, identity: dict[str, Any]) -> None:
             raise CliError(f"--output-dir {directory}: meta.json is not JSON; use another --output-dir or "
                            "--no-resume") from None
         check_same_config(directory, [recorded], True, to_jsonable(identity), "meta.json")
+    else:
+        used = [name for name in ("iterations.jsonl", "rows.jsonl") if (directory / name).is_file()
+                and (directory / name).stat().st_size > 0]
+        if used:
+            raise CliError(f"--output-dir {directory}: {used[0]} has records but meta.json is missing, so their "
+                           "config is unknown; use another --output-dir or --no-resume to start afresh")
 
 
 def run_breaker(directory: str | Path, taxonomies: Mapping[str, Taxonomy], runs: Mapping[str, int],

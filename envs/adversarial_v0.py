@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import operator
 import warnings
 from collections.abc import Sequence
 from functools import lru_cache
@@ -18,7 +17,7 @@ from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils import wrappers
 
 from resilibench.envs.config import WorldConfig
-from resilibench.envs.planner_env import ResiliBenchEnv
+from resilibench.envs.planner_env import ResiliBenchEnv, discrete_action
 from resilibench.envs.registry import default_registry
 from resilibench.envs.simulator import Episode
 from resilibench.envs.tasks import Task
@@ -141,7 +140,8 @@ class raw_env(AECEnv):
     * executor: ``Discrete(31)`` as in ``ResiliBench-v0``: tool ``i < 30`` or FINISH (30). The mask is the
       planner env's (a tool is legal while it has not succeeded, is under its call cap and a turn is left;
       FINISH always); masked actions are played under the shared episode rules, as in ``ResiliBench-v0``.
-    * Actions outside the space, or not integers, raise ``ValueError``.
+    * Actions outside the space, or not integers (floats, strings, booleans; numpy integers are fine),
+      raise ``ValueError``.
 
     ## Observation Spaces
 
@@ -418,14 +418,7 @@ class raw_env(AECEnv):
         return plan
 
     def _check_action(self, agent: str, action) -> int:
-        n = self._action_spaces[agent].n
-        try:
-            value = operator.index(action)
-        except TypeError:
-            raise ValueError(f"{agent} action must be an integer in [0, {n}), got {action!r}") from None
-        if not 0 <= value < n:
-            raise ValueError(f"{agent} action must be in [0, {n}), got {value}")
-        return value
+        return discrete_action(action, self._action_spaces[agent].n, f"{agent} action")
 
     def _adversary_step(self, action: int) -> None:
         if action == NO_FLAW:

@@ -54,9 +54,28 @@ def choose_task(tasks: Sequence[Task], np_random: np.random.Generator, options: 
     return tasks[int(np_random.integers(len(tasks)))]
 
 
+def discrete_action(action, n: int, name: str = "action", hint: str = "") -> int:
+    """``action`` as an int in ``[0, n)``, the one action check of the discrete envs. Python and numpy
+    integers (0-d integer arrays too, as RL libraries send them) are accepted; floats (even 3.0), strings
+    and booleans raise ``ValueError`` naming ``name``, as do integers out of range (``hint`` says what
+    the last action is, e.g. "FINISH = 30")."""
+    if action.__class__ is not int:  # the common case, checked first
+        integral = isinstance(action, int | np.integer) or (
+            isinstance(action, np.ndarray) and action.shape == () and action.dtype.kind in "iu")
+        if not integral or isinstance(action, bool):
+            raise ValueError(f"{name} must be an integer in [0, {n - 1}], got {type(action).__name__} {action!r}")
+        action = int(action)
+    if not 0 <= action < n:
+        raise ValueError(f"{name} must be in [0, {n - 1}]{f' ({hint})' if hint else ''}, got {action}")
+    return action
+
+
 def select_tasks(tasks: Sequence[Task] | None, split: str | None, task_types, world: str = DEFAULT_WORLD
                  ) -> list[Task]:
     """The env's task pool: given tasks, or ``world``'s shipped library filtered by split and task types."""
+    if task_types is not None and not isinstance(task_types, str) and (
+            not isinstance(task_types, Sequence) or not all(isinstance(t, str) for t in task_types)):
+        raise ValueError(f"task_types must be a task type name or a list of them, got {task_types!r}")
     pool = list(tasks) if tasks is not None else load_tasks(split=split, task_types=task_types, world=world)
     if not pool:
         raise ValueError(f"no tasks for split={split!r}, task_types={task_types!r}")
@@ -82,7 +101,8 @@ class ResiliBenchEnv(gym.Env):
     ``max_retries``) and a turn is left; FINISH is always legal. A masked tool action is still executed
     under the shared episode rules (a succeeded tool returns its earlier result and costs the turn, a
     capped tool returns ``RETRY_LIMIT_EXCEEDED``); a tool action after the last turn ends the episode
-    without completion (truncated). Actions outside ``[0, 31)`` raise ``ValueError``.
+    without completion (truncated). Actions outside ``[0, 31)`` raise ``ValueError``, as do actions that
+    are not integers: floats (even 3.0), strings and booleans; Python and numpy integers are accepted.
 
     ## Observation Space
 
@@ -192,13 +212,7 @@ class ResiliBenchEnv(gym.Env):
             raise RuntimeError("call reset() before step()")
         if episode.end_reason is not None:
             raise RuntimeError("episode has ended; call reset()")
-        if action.__class__ is not int:
-            try:
-                action = int(action)
-            except (TypeError, ValueError):
-                raise ValueError(f"action must be an integer in [0, {self.n_tools}], got {action!r}") from None
-        if not 0 <= action <= self.n_tools:
-            raise ValueError(f"action must be in [0, {self.n_tools}] (FINISH = {self.n_tools}), got {action}")
+        action = discrete_action(action, self.n_tools + 1, hint=f"FINISH = {self.n_tools}")
         reward, truncated = 0.0, False
         if action == self.finish_action:
             episode.finish()

@@ -333,10 +333,13 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             seeds: list[int | None] = [None] * N
         elif isinstance(seed, int | np.integer) and not isinstance(seed, bool):
             seeds = [int(seed) + i for i in range(N)]
-        else:
+        elif isinstance(seed, Sequence | np.ndarray) and not isinstance(seed, str):
             seeds = list(seed)
             if len(seeds) != N:
                 raise ValueError(f"a list of seeds must have num_envs={N} entries, got {len(seeds)}")
+        else:
+            raise ValueError(f"seed must be a non-negative integer, a list of num_envs={N} of them (or None) "
+                             f"or None, got {seed!r}")
         for s in seeds:
             if s is not None and not (isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0):
                 raise ValueError(f"seeds must be non-negative integers or None, got {s!r}")

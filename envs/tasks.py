@@ -209,10 +209,14 @@ def write_tasks(tasks: Iterable[Task], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp" + path.suffix)
-    with _open_text(tmp, "w") as fh:
-        for task in tasks:
-            fh.write(json.dumps(task.to_dict(), sort_keys=True, separators=(",", ":")) + "\n")
-    os.replace(tmp, path)
+    try:
+        with _open_text(tmp, "w") as fh:
+            for task in tasks:
+                fh.write(json.dumps(task.to_dict(), sort_keys=True, separators=(",", ":")) + "\n")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interrupt: leave no partial temporary file behind
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

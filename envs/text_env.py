@@ -30,6 +30,7 @@ from resilibench.envs.toolbox import (
     search_text,
     search_tools,
 )
+from resilibench.metrics.workflow import Workflow
 
 # The characters of observations: printable ASCII, Latin-1 letters and signs, typographic quotes, dashes,
 # ellipsis, bullet and arrow; any other character of a prompt becomes "?". ``step`` accepts any string.
@@ -37,6 +38,11 @@ CHARSET = (frozenset(string.printable) | frozenset(map(chr, range(0xA0, 0x100)))
            | frozenset("\u2013\u2014\u2018\u2019\u201c\u201d\u2026\u2022\u2192"))
 RESET_OPTIONS = ("task_id", "prompt", "flaw_type", "severity", "plan_style", "workflow", "shown_prompt")
 TRUNCATION_MARK = "\n[... truncated]"
+# The work of one message is capped, whatever its length: at most MAX_REQUESTS searches and info requests
+# are answered (in order; the rest are counted as not answered), and a search query is cut to
+# MAX_QUERY_CHARS characters (MiniLM reads at most 256 word pieces of it anyway).
+MAX_REQUESTS = 5
+MAX_QUERY_CHARS = 2000
 
 REMINDER = (
     "No tool request found in your message. Use exactly one of:\n"
@@ -205,6 +211,8 @@ class ResiliBenchTextEnv(gym.Env):
     # --- Gymnasium API -------------------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        from resilibench.policies.prompts import Prompt, build_prompt
+
         settings = dict(self.prompt_defaults)
         task_id, shown = None, None
         if options:
@@ -215,14 +223,14 @@ class ResiliBenchTextEnv(gym.Env):
             task_id = options.pop("task_id", None)
             shown = options.pop("shown_prompt", None)
             settings.update(options)
+            _check_option("workflow", settings["workflow"], Workflow)
+            _check_option("shown_prompt", shown, Prompt)
         super().reset(seed=seed)
         if task_id is not None:
             task = task_by_id(self.tasks, task_id, self.world)
         else:
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         seed_of_episode = episode_seed(self.np_random)
-        from resilibench.policies.prompts import build_prompt
-
         prompt = shown or build_prompt(
             task, settings["prompt"], flaw_type=settings["flaw_type"], severity=settings["severity"],
             seed=flaw_seed(seed_of_episode), plan_style=settings["plan_style"], workflow=settings["workflow"],
@@ -297,17 +305,12 @@ class ResiliBenchTextEnv(gym.Env):
         """Answer a message's searches and info requests, run its first tool call (or spend the turn
         when it has none) and return the feedback parts."""
         episode, parts = self.episode, []
-        for query in parsed.searches:
-            try:
-                hits = search_tools(query, self.search_k, self.registry, self.search)
-                parts.append(search_text(query, hits, self.registry))
-            except ValueError:
-                parts.append("Empty tool search: write <tool_search>what you need</tool_search>.")
-        for name in parsed.infos:
-            try:
-                parts.append(describe_text(describe_tool(name, self.registry)))
-            except UnknownToolError as exc:
-                parts.append(f"Tool info: {exc}")
+        requests = [("search", q) for q in parsed.searches] + [("info", n) for n in parsed.infos]
+        if len(requests) > MAX_REQUESTS:  # said first, so that a cut of the feedback never hides it
+            parts.append(f"Only {MAX_REQUESTS} searches and info requests are answered per message: "
+                         f"{len(requests) - MAX_REQUESTS} not answered.")
+        for kind, text in requests[:MAX_REQUESTS]:
+            parts.append(self._search(text) if kind == "search" else self._tool_info(text))
         if not parsed.calls:
             episode.spend_turn()
             if not parsed.has_tags:
@@ -330,6 +333,21 @@ class ResiliBenchTextEnv(gym.Env):
             skipped = ", ".join(c.name or "(no name)" for c in parsed.calls[1:])
             parts.append(f"Only one tool call per turn: not executed: {skipped}.")
         return parts
+
+    def _search(self, query: str) -> str:
+        """The answer to one ``<tool_search>`` (the query cut to ``MAX_QUERY_CHARS``)."""
+        query = query[:MAX_QUERY_CHARS]
+        try:
+            return search_text(query, search_tools(query, self.search_k, self.registry, self.search), self.registry)
+        except ValueError:
+            return "Empty tool search: write <tool_search>what you need</tool_search>."
+
+    def _tool_info(self, name: str) -> str:
+        """The answer to one ``<tool_info>``."""
+        try:
+            return describe_text(describe_tool(name, self.registry))
+        except UnknownToolError as exc:
+            return f"Tool info: {exc}"
 
     def _fit(self, text: str) -> str:
         """``text`` within the observation space: at most ``max_length`` characters of the charset."""
@@ -356,6 +374,13 @@ class ResiliBenchTextEnv(gym.Env):
             "end_reason": episode.end_reason,
             "parsed": self._parsed.to_dict() if self._parsed is not None else None,
         }
+
+
+def _check_option(name: str, value: Any, cls: type) -> None:
+    """A reset option that must be a ``cls`` or None; ``ValueError`` naming it otherwise."""
+    if value is not None and not isinstance(value, cls):
+        raise ValueError(f"reset option {name} must be a {cls.__module__}.{cls.__name__} or None, "
+                         f"got {type(value).__name__}")
 
 
 def _blocks(messages: list[dict[str, str]]) -> str:

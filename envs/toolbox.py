@@ -91,6 +91,7 @@ def search_tools(query: str, k: int = 5, registry: ToolRegistry | None = None,
         raise ValueError("query must be a non-empty string")
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    query = query.encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> "?" (tokenizers refuse them)
     ranked = _ranking(query, registry or default_registry(), search_method(method))
     return [ToolHit(name, -s + 0.0) for s, name in ranked[:k]]
 
@@ -211,7 +212,8 @@ class ParsedMessage:
 
 TAGS = ("tool_search", "tool_info", "tool_call")
 _OPEN = re.compile(r"<\s*(tool_search|tool_info|tool_call)\s*>", re.IGNORECASE)
-_FENCE = re.compile(r"```[A-Za-z0-9_-]*")
+# A fence with its language tag; a word right after the backticks is a tag only when a line break follows.
+_FENCE = re.compile(r"```(?:[A-Za-z0-9_+-]*[ \t]*(?=\r?\n))?")
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
@@ -234,14 +236,24 @@ def _clean(content: str) -> str:
     return _FENCE.sub("", content).strip().strip("`").strip()
 
 
+def _load_json(text: str) -> tuple[Any, str | None]:
+    """(value, None) for valid JSON, else (None, what was wrong). Numbers past Python's integer-digit
+    limit and nesting past the recursion limit are malformed JSON here, not exceptions."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
+        return None, f"malformed JSON arguments ({exc.msg} at position {exc.pos})"
+    except ValueError:  # Python's integer string conversion limit
+        return None, "malformed JSON arguments (a number has too many digits)"
+    except RecursionError:
+        return None, "malformed JSON arguments (nested too deeply)"
+
+
 def parse_call(content: str) -> ToolCall:
     """``name``, ``name {json}``, ``name({json})`` or ``{"name": ..., "arguments": {...}}`` -> ToolCall."""
     content = _clean(content)
     if content.startswith("{"):
-        try:
-            data = json.loads(content)
-        except json.JSONDecodeError:
-            data = None
+        data, _ = _load_json(content)
         if isinstance(data, dict) and isinstance(data.get("name"), str):
             arguments = data.get("arguments", data.get("parameters"))
             if arguments is None or isinstance(arguments, dict):
@@ -257,10 +269,9 @@ def parse_call(content: str) -> ToolCall:
     rest = _clean(rest)
     if not rest:
         return ToolCall(name, None, None)
-    try:
-        arguments = json.loads(rest)
-    except json.JSONDecodeError as exc:
-        return ToolCall(name, None, f"malformed JSON arguments ({exc.msg} at position {exc.pos})")
+    arguments, problem = _load_json(rest)
+    if problem is not None:
+        return ToolCall(name, None, problem)
     if not isinstance(arguments, dict):
         return ToolCall(name, None, f"arguments must be a JSON object, got {type(arguments).__name__}")
     return ToolCall(name, arguments, None)

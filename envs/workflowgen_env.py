@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ from gymnasium import spaces
 
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.observation import N_TASK_FEATURES, task_features
-from resilibench.envs.planner_env import choose_task, select_tasks
+from resilibench.envs.planner_env import choose_task, discrete_action, select_tasks
 from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
 from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task
 from resilibench.metrics.structural import chain_f1, reachability_f1
@@ -49,8 +50,8 @@ class WorkflowGenEnv(gym.Env):
     and the tool has fewer than ``max_copies`` steps; an edge between two existing, different steps that
     is not there yet and closes no cycle; STOP always. An illegal action inside the space is rejected
     (Gymnasium's convention for masked actions that a learner sends anyway): nothing changes, the reward
-    is 0 and ``info["illegal_action"]`` says why; it still uses a step. Actions outside the space raise
-    ``ValueError``.
+    is 0 and ``info["illegal_action"]`` says why; it still uses a step. Actions outside the space, and
+    actions that are not integers (floats, strings, booleans; numpy integers are fine), raise ``ValueError``.
 
     ## Observation Space
 
@@ -124,10 +125,10 @@ class WorkflowGenEnv(gym.Env):
         if structural_metric not in STRUCTURAL_METRICS:
             raise ValueError(f"structural_metric must be one of {tuple(STRUCTURAL_METRICS)}, got {structural_metric!r}")
         for name, weight in (("w_exec", w_exec), ("w_struct", w_struct)):
-            if not isinstance(weight, int | float) or isinstance(weight, bool) or weight < 0:
-                raise ValueError(f"{name} must be a non-negative number, got {weight!r}")
+            if not isinstance(weight, int | float) or isinstance(weight, bool) or not 0 <= weight < math.inf:
+                raise ValueError(f"{name} must be a finite non-negative number, got {weight!r}")
         for name, value in (("max_nodes", max_nodes), ("max_copies", max_copies)):
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
@@ -140,7 +141,7 @@ class WorkflowGenEnv(gym.Env):
         self.w_exec, self.w_struct = float(w_exec), float(w_struct)
         self.max_nodes, self.max_copies = max_nodes, max_copies
         self.max_steps = max_steps if max_steps is not None else max_nodes + max_nodes * (max_nodes - 1) // 2 + 1
-        if not isinstance(self.max_steps, int) or self.max_steps < 1:
+        if not isinstance(self.max_steps, int) or isinstance(self.max_steps, bool) or self.max_steps < 1:
             raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
         self.render_mode = render_mode
         self.n_tools = len(self.registry)
@@ -175,12 +176,7 @@ class WorkflowGenEnv(gym.Env):
             raise RuntimeError("call reset() before step()")
         if self.done:
             raise RuntimeError("episode has ended; call reset()")
-        try:
-            action = int(action)
-        except (TypeError, ValueError):
-            raise ValueError(f"action must be an integer in [0, {self.stop_action}], got {action!r}") from None
-        if not 0 <= action <= self.stop_action:
-            raise ValueError(f"action must be in [0, {self.stop_action}] (STOP = {self.stop_action}), got {action}")
+        action = discrete_action(action, self.stop_action + 1, hint=f"STOP = {self.stop_action}")
         self.steps += 1
         problem = self._problem(action)
         if problem is None and action < self.n_tools:

@@ -50,6 +50,27 @@ class Problem:
     failure: FailureModel
 
 
+def _relevant(required: Sequence[int], registry: ToolRegistry) -> set[int]:
+    """The required tools and their transitive dependencies."""
+    relevant = set(required)
+    for t in required:
+        relevant |= registry.ancestors(t)
+    return relevant
+
+
+def spare_tools(required: Sequence[int], registry: ToolRegistry) -> tuple[int, ...]:
+    """The dependency-free tools outside the required tools and their dependencies: bound (iii)'s filler
+    calls. The DP needs one fresh filler per turn, so a task supports turn limits up to their number."""
+    relevant = _relevant(required, registry)
+    return tuple(t for t in range(len(registry)) if t not in relevant and not registry.dependency_ids[t])
+
+
+def largest_turn_limit(task: Task, registry: ToolRegistry | None = None) -> int:
+    """The largest ``rules.turn_limit`` for which bound (iii) of ``task`` is defined."""
+    registry = registry or default_registry()
+    return len(spare_tools(task.required_ids(registry), registry))
+
+
 class ExactBound:
     """Bound (iii) for one problem, with the optimal action of every reachable state."""
 
@@ -60,22 +81,18 @@ class ExactBound:
             raise ValueError("bounds are defined for the 'test' failure profile only")
         self.rules, self.failure = problem.rules, problem.failure
         required = problem.required
-        relevant = set(required)
-        for t in required:
-            relevant |= self.registry.ancestors(t)
+        relevant = _relevant(required, self.registry)
         ancestors = sorted(relevant - set(required), key=lambda t: self.registry.tools[t].dependency_metadata["level"])
         # Search order = tie-break order: required tools, then helpers (prerequisites first).
         self.tools: tuple[int, ...] = tuple(required) + tuple(ancestors)
         self.local = {t: i for i, t in enumerate(self.tools)}
         self.m = len(required)
         self.deps = tuple(tuple(self.local[d] for d in self.registry.dependency_ids[t]) for t in self.tools)
-        self.fillers = tuple(
-            t for t in range(len(self.registry)) if t not in relevant and not self.registry.dependency_ids[t]
-        )
+        self.fillers = spare_tools(required, self.registry)
         if len(self.fillers) < self.rules.turn_limit:
             raise ValueError(
-                f"exact bound needs at least turn_limit={self.rules.turn_limit} dependency-free tools outside "
-                f"the task's relevant tools, found {len(self.fillers)}"
+                f"rules.turn_limit={self.rules.turn_limit}: bound (iii) needs {self.rules.turn_limit} spare tools "
+                f"(dependency-free tools the task does not use), this task has {len(self.fillers)}"
             )
         self._values: dict[State, float] = {}
         self._actions: dict[State, int | None] = {}

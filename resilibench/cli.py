@@ -1,7 +1,8 @@
 """The ``resilibench`` command line: tools, tasks, bounds and the quick planner benchmark.
 
-``main(argv)`` returns the exit status (0 ok, 2 bad arguments or input, 130 interrupted) and never raises
-for bad input: every error is one line naming the field and the accepted values.
+``main(argv)`` returns the exit status (0 ok, 2 bad arguments or input, 1 a read or write the system refused,
+130 interrupted) and never raises for bad input: every error is one line naming the field and the accepted
+values.
 """
 
 from __future__ import annotations
@@ -113,6 +114,40 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
+def _blocking_ancestor(path: Path) -> Path | None:
+    """The nearest existing folder above ``path`` when it is not a directory (nothing can be made below)."""
+    for parent in path.parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def output_file(path: str | None, option: str = "--output") -> Path | None:
+    """The file an output option names, checked before any work: CliError when it is a directory or
+    sits below a file."""
+    if path is None:
+        return None
+    file = Path(path)
+    if file.is_dir():
+        raise CliError(f"{option}: {file} is a directory; give the path of a file")
+    blocking = _blocking_ancestor(file)
+    if blocking is not None:
+        raise CliError(f"{option}: {blocking} is not a directory, so {file} cannot be written")
+    return file
+
+
+def output_dir(path: str, option: str = "--output-dir") -> Path:
+    """The directory an output option names, checked before any work: CliError when it exists as a file or
+    sits below a file."""
+    directory = Path(path)
+    if directory.exists() and not directory.is_dir():
+        raise CliError(f"{option}: {directory} exists and is not a directory")
+    blocking = _blocking_ancestor(directory)
+    if blocking is not None:
+        raise CliError(f"{option}: {blocking} is not a directory, so {directory} cannot be created")
+    return directory
+
+
 def load_world_config(path: str | None, need_bounds: bool = False, world: str = "v1"):
     """The WorldConfig of ``--config`` on top of ``world``'s defaults; CliError on any problem with the file."""
     from resilibench.envs.config import load_config
@@ -125,6 +160,22 @@ def load_world_config(path: str | None, need_bounds: bool = False, world: str = 
         raise CliError(f"--config {path}: rules.profile must be 'test' here (bounds exist only for the test "
                        f"failure profile), got {config.rules.profile!r}")
     return config
+
+
+def check_bound_turn_limit(config, tasks) -> None:
+    """CliError when bound (iii) is undefined for some of ``tasks`` under ``config``'s turn limit (it needs
+    one spare tool per turn: ``policies.bounds.largest_turn_limit``)."""
+    from resilibench.policies.bounds import largest_turn_limit
+
+    if not tasks:
+        return
+    limit = config.rules.turn_limit
+    task = min(tasks, key=largest_turn_limit)
+    largest = largest_turn_limit(task)
+    if limit > largest:
+        raise CliError(f"--config: rules.turn_limit={limit}: bound (iii) needs {limit} spare tools (dependency-free "
+                       f"tools a task does not use), task {task.instance_id} has {largest}; the largest turn limit "
+                       f"for these tasks is {largest}")
 
 
 def load_library(path: str | None, world: str = "v1"):
@@ -195,6 +246,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
     from resilibench.envs.registry import default_registry
     from resilibench.results import write_text_atomic
 
+    output_file(args.output)
     registry = default_registry()
     if args.json or args.output:
         text = registry.to_json() + "\n"
@@ -216,13 +268,11 @@ def cmd_tasks_generate(args: argparse.Namespace) -> int:
     from resilibench.envs.task_generator import generate_tasks
     from resilibench.envs.tasks import make_matcher, write_tasks
 
+    output = output_file(args.output)
     try:
         matcher = make_matcher(args.matcher)
     except ImportError as exc:
         raise CliError(f"--matcher {args.matcher}: {exc}") from None
-    output = Path(args.output)
-    if output.is_dir():
-        raise CliError(f"--output {args.output} is a directory; give a file name such as tasks.jsonl")
     started = time.perf_counter()
     tasks = generate_tasks(seed=args.seed, matcher=matcher, world=args.world)
     if args.enhance:
@@ -293,6 +343,7 @@ def cmd_tasks_show(args: argparse.Namespace) -> int:
     config = load_world_config(args.config, need_bounds=True, world=args.world)
     tasks, _ = load_library(args.tasks, args.world)
     (task,) = select_tasks(tasks, None, None, [args.task_id])
+    check_bound_turn_limit(config, [task])
     print(json.dumps(task.to_dict(), indent=2, sort_keys=True))
     print()
     print("Reference workflow (the bound-(iii) policy's happy path):")
@@ -324,10 +375,12 @@ def cmd_bounds(args: argparse.Namespace) -> int:
     from resilibench.policies.bounds import clairvoyant_success, optimal_success
     from resilibench.results import run_metadata, write_json_atomic
 
+    output_file(args.output)
     config = load_world_config(args.config, need_bounds=True, world=args.world)
     tasks, source = load_library(args.tasks, args.world)
     split = args.split or ("all" if args.task_id else "test")
     selected = select_tasks(tasks, split, args.task_type, args.task_id)
+    check_bound_turn_limit(config, selected)
     # Bound (ii) reads the random streams that `run` episodes meet for these run seeds.
     seeds = list(range(args.clairvoyant_seeds))
 
@@ -422,20 +475,27 @@ def check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has_
                            "refusing to mix results: use another --output-dir, or --no-resume to discard them")
 
 
-def read_existing_results(directory: Path, results_path: Path, identity: dict[str, Any]):
-    """The rows and metadata already in ``results_path`` (a truncated tail is reported, the writer repairs
-    it), after checking they come from the same config (``check_same_config``)."""
-    from resilibench.results import read_jsonl
+def read_existing_results(directory: Path, results_path: Path, identity: dict[str, Any],
+                          fields: Sequence[str] = ()):
+    """The rows and metadata already in ``results_path`` (a truncated tail is reported and cut off, even
+    when nothing is left to run), after checking they come from the same config (``check_same_config``)
+    and that every row has ``fields`` and a known level (``results.check_level_rows``)."""
+    from resilibench.results import check_level_rows, read_jsonl
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            existing = read_jsonl(results_path)
+            existing = read_jsonl(results_path, repair=True)
         except ValueError as exc:
             raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     check_same_config(directory, existing.metadata, bool(existing.rows), identity, results_path.name)
+    if fields:
+        try:
+            check_level_rows(existing.rows, fields, str(results_path), existing.row_lines)
+        except ValueError as exc:
+            raise CliError(f"--output-dir: {exc}; fix or remove the row, or use --no-resume") from None
     return existing
 
 
@@ -487,10 +547,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     planners, seeds = dedupe(args.planners), dedupe(args.seeds)
     task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
     selected = select_tasks(tasks, args.split, task_types, limit=args.limit)
+    check_bound_turn_limit(config, selected)
     jobs = episode_jobs(planners, selected, seeds)
-    directory = Path(args.output_dir)
-    if directory.exists() and not directory.is_dir():
-        raise CliError(f"--output-dir: {directory} exists and is not a directory")
+    directory = output_dir(args.output_dir)
     plan = _RunPlan(
         config=config, planners=planners, seeds=seeds, task_types=task_types, tasks=selected, jobs=jobs,
         directory=directory,
@@ -523,7 +582,8 @@ def _execute_run(plan: _RunPlan, resume: bool, split: str) -> int:
     results_path, summary_path, plot_path = (directory / n for n in ("results.jsonl", "summary.json", "summary.png"))
     existing_rows: list[dict[str, Any]] = []
     if resume:
-        existing_rows = read_existing_results(directory, results_path, plan.identity).rows
+        existing_rows = read_existing_results(directory, results_path, plan.identity,
+                                              (*RUN_KEY, "task_type", "level")).rows
     else:
         for stale in (summary_path, plot_path):
             stale.unlink(missing_ok=True)
@@ -688,6 +748,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError):
             pass
         return 0
+    except OSError as exc:  # the system refused a read or write: a full disk, a read-only directory...
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

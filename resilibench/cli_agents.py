@@ -101,7 +101,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         with exclusive_lock(lock):
             if args.resume:
-                read_existing_results(directory, results_path, identity)
+                read_existing_results(directory, results_path, identity, ("level",))
             else:
                 for stale in (summary_path, plot_path):
                     stale.unlink(missing_ok=True)

@@ -21,6 +21,7 @@ from resilibench.cli import (
     load_world_config,
     nonnegative_int,
     open_results_writer,
+    output_file,
     positive_int,
     progress_bar,
     read_existing_results,
@@ -143,6 +144,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     if args.pairs and (args.pred or args.ref) or not args.pairs and not (args.pred and args.ref):
         raise CliError("give either --pred FILE and --ref FILE, or --pairs FILE")
+    output_file(args.output)
     if args.pairs:
         pairs = _read_pairs(args.pairs)
     else:

@@ -23,6 +23,7 @@ from resilibench.cli import (
     load_library,
     load_world_config,
     nonnegative_int,
+    output_dir,
     positive_float,
     positive_int,
     progress_bar,
@@ -293,6 +294,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     settings = replace(defaults, **changes)
     if args.scpo_iterations is not None:
         settings = replace(settings, scpo=replace(settings.scpo, iterations=args.scpo_iterations))
+    output_dir(args.output_dir)
     try:
         run_demo(args.output_dir, settings, log=_stderr)
     except ValueError as exc:

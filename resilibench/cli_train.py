@@ -77,6 +77,8 @@ def _train_config(args: argparse.Namespace):
         values["time_budget_min"] = DEFAULT_TIME_BUDGET_MIN
     if args.config:
         values["world"] = load_world_config(args.config, world=args.world).to_dict()
+    if args.tasks is not None and not Path(args.tasks).is_file():
+        raise CliError(f"--tasks: {args.tasks} does not exist (generate one with `resilibench tasks generate`)")
     try:
         return PPOTrainConfig(**values)
     except (TypeError, ValueError) as exc:

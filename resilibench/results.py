@@ -161,6 +161,7 @@ class JsonlContents:
     metadata: list[dict[str, Any]] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     dropped_tail: bool = False  # a truncated last line was found (and ignored)
+    row_lines: list[int] = field(default_factory=list)  # the line number of each row, for messages
 
 
 def read_jsonl(path: str | Path, repair: bool = False) -> JsonlContents:
@@ -192,7 +193,7 @@ def read_jsonl(path: str | Path, repair: bool = False) -> JsonlContents:
                 break
             raise ValueError(f"{path}:{number}: not a JSON object line ({exc}); the file is corrupt") from None
         good.append(raw)
-        _add(contents, record)
+        _add(contents, record, number)
     if tail.strip():
         try:
             record = json.loads(tail)
@@ -202,7 +203,7 @@ def read_jsonl(path: str | Path, repair: bool = False) -> JsonlContents:
             # A complete object that only lacks its newline: keep it.
             if isinstance(record, dict):
                 good.append(tail)
-                _add(contents, record)
+                _add(contents, record, len(lines))
             else:
                 contents.dropped_tail = True
     if contents.dropped_tail:
@@ -214,11 +215,12 @@ def read_jsonl(path: str | Path, repair: bool = False) -> JsonlContents:
     return contents
 
 
-def _add(contents: JsonlContents, record: dict[str, Any]) -> None:
+def _add(contents: JsonlContents, record: dict[str, Any], line: int) -> None:
     if set(record) == {METADATA_KEY}:
         contents.metadata.append(record[METADATA_KEY])
     else:
         contents.rows.append(record)
+        contents.row_lines.append(line)
 
 
 class JsonlWriter:
@@ -239,8 +241,11 @@ class JsonlWriter:
             self._write_line(dumps_row({METADATA_KEY: metadata}))
 
     def _write_line(self, line: str) -> None:
-        self._fh.write(line + "\n")
-        self._fh.flush()
+        try:
+            self._fh.write(line + "\n")
+            self._fh.flush()
+        except OSError as exc:  # a full disk: say which file
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
 
     def write(self, row: dict[str, Any]) -> None:
         """Append one row and flush it to the operating system."""
@@ -315,14 +320,25 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
     return (max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half)))  # p inside despite rounding
 
 
+def check_level_rows(rows: Sequence[dict[str, Any]], fields: Sequence[str] = (), source: str = "rows",
+                     lines: Sequence[int] | None = None) -> None:
+    """ValueError naming the first row (``source``:line, or its position) that lacks one of ``fields`` or
+    a ``level`` of ``LEVEL_NAMES``: what a summary of levels needs."""
+    for i, row in enumerate(rows):
+        where = f"{source}:{lines[i]}" if lines else f"{source} row {i + 1}"
+        missing = [f for f in (*fields, "level") if f not in row]
+        if missing:
+            raise ValueError(f"{where}: the row has no {missing[0]!r} field")
+        if row["level"] not in LEVEL_NAMES:
+            raise ValueError(f"{where}: level must be one of {LEVEL_NAMES}, got {row['level']!r}")
+
+
 def level_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Episodes, full/partial/failure rates, a 95% interval for full success, and the mean bounds
     (iii) and (ii) of the same rows (so over the same tasks and seeds), with full / bound (iii)."""
+    check_level_rows(rows)
     n = len(rows)
     counts = {level: sum(1 for r in rows if r["level"] == level) for level in LEVEL_NAMES}
-    unknown = n - sum(counts.values())
-    if unknown:
-        raise ValueError(f"{unknown} row(s) have a level outside {LEVEL_NAMES}")
     stats: dict[str, Any] = {"episodes": n}
     for level in LEVEL_NAMES:
         stats[level] = counts[level] / n if n else None
@@ -340,6 +356,7 @@ def summarize_levels(rows: Sequence[dict[str, Any]], group: str = "planner", by:
                      ) -> dict[str, Any]:
     """``level_stats`` per ``group`` (e.g. planner or model) and per ``group`` x ``by`` (task type).
     ``groups``/``subgroups`` fix the order (default: order of first appearance)."""
+    check_level_rows(rows, (group, by))
     groups = list(groups) if groups is not None else list(dict.fromkeys(r[group] for r in rows))
     subgroups = list(subgroups) if subgroups is not None else list(dict.fromkeys(r[by] for r in rows))
     overall, nested = {}, {}

@@ -318,13 +318,15 @@ def test_bad_arguments_actions_and_options(tasks):
     env = make(tasks)
     env.reset(seed=0)
     n = env.action_space(ADVERSARY).n
-    for bad in (n, -1, 1.5, "3", None):
+    for bad in (n, -1, 1.5, "3", None, True):
         with pytest.raises(ValueError, match=r"adversary action must be"):
             env.step(bad)
     assert env.agent_selection == ADVERSARY and env.injections == []  # nothing happened
     env.step(NO_FLAW)
-    with pytest.raises(ValueError, match="action must be"):
-        env.step(N_TOOLS + 1)
+    for bad in (N_TOOLS + 1, 3.7, "5", float("inf"), True):
+        with pytest.raises(ValueError, match="action must be"):
+            env.step(bad)
+    assert env.episode.turns_used == 0
     with pytest.raises(ValueError, match="workflow"):
         env.reset(seed=0, options={"workflow": "1. file_operations_reader"})
     with pytest.raises(ValueError, match="task_id"):

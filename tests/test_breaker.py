@@ -417,3 +417,10 @@ def test_cli_flaw_run_resumes_and_refuses_another_config(tmp_path, capsys, plan_
     assert records(out, "rows.jsonl") == rows
     assert main([*args[:-1], "--seed", "3"]) == 2
     assert "different config" in capsys.readouterr().err
+    # Without meta.json the directory's config is unknown: refused as `run` refuses it, nothing touched.
+    (out / "meta.json").unlink()
+    iterations = (out / "iterations.jsonl").read_bytes()
+    assert main([*args[:-1], "--seed", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "meta.json is missing" in err and len(err.splitlines()) == 1
+    assert (out / "iterations.jsonl").read_bytes() == iterations and not (out / "meta.json").exists()

@@ -12,7 +12,7 @@ import pytest
 from resilibench.cli import main
 from resilibench.envs.registry import default_registry
 from resilibench.envs.tasks import TASK_TYPES, get_task, load_tasks, read_tasks
-from resilibench.policies.bounds import optimal_success
+from resilibench.policies.bounds import largest_turn_limit, optimal_success
 from resilibench.policies.runner import PLANNER_NAMES
 from resilibench.results import METADATA_KEY, exclusive_lock, read_jsonl
 
@@ -188,6 +188,40 @@ def test_bad_config_exits_2(text, needle, tmp_path, capsys):
     assert not (tmp_path / "quick").exists()
 
 
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('{"failure": {"base_success": 1.5}}', "failure.base_success must be a finite number in [0, 1]"),
+        ('{"evaluator": {"completion_phrases": "task completed"}}', "evaluator.completion_phrases"),
+        ('{"rules": {"turn_limit": 1000000000}}', "rules.turn_limit must be an integer in [1, 1000]"),
+        ('{"rules": {"turn_limit": 30}}', "bound (iii) needs 30 spare tools"),
+    ],
+)
+@pytest.mark.parametrize("command", [["run", "--limit", "5", "--seeds", "0"], ["bounds", "--split", "test"]])
+def test_invalid_world_configs_exit_2_before_any_work(command, text, needle, tmp_path, capsys):
+    config = tmp_path / "world.json"
+    config.write_text(text)
+    out = tmp_path / "out"
+    extra = ["--output-dir", str(out)] if command[0] == "run" else ["--output", str(out)]
+    assert main([*command, "--config", str(config), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_the_largest_turn_limit_is_the_smallest_spare_tool_count(tmp_path, capsys):
+    tasks = load_tasks(split="test")
+    largest = min(largest_turn_limit(t) for t in tasks)
+    assert largest == 18  # docs/bounds.md
+    config = tmp_path / "world.json"
+    config.write_text(json.dumps({"rules": {"turn_limit": largest + 1}}))
+    assert main(["bounds", "--config", str(config), "--split", "test"]) == 2
+    assert f"the largest turn limit for these tasks is {largest}" in capsys.readouterr().err
+    task = min(tasks, key=largest_turn_limit)
+    config.write_text(json.dumps({"rules": {"turn_limit": largest}}))
+    assert main(["bounds", "--config", str(config), "--task-id", task.instance_id, "--format", "json"]) == 0
+
+
 # --- tools, tasks, bounds -----------------------------------------------------------------------------
 
 
@@ -266,3 +300,92 @@ def test_python_dash_m(tmp_path):
     done = subprocess.run([sys.executable, "-m", "resilibench", "--version"], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0 and "resilibench" in done.stdout
+
+
+# --- output files and results files (issue 12, items 17-18) ---------------------------------------------
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    lines = [line for line in err.splitlines() if line.startswith("resilibench: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tools", "--json"],
+        ["bounds", "--task-id", "task_c435fb64"],
+        ["tasks", "generate", "--matcher", "lexical"],
+        ["metrics", "score", "--pred", "{pred}", "--ref", "{pred}", "--metrics", "chain_f1"],
+    ],
+)
+def test_a_directory_as_output_is_one_line_and_leaves_nothing(argv, tmp_path, capsys):
+    from resilibench.metrics.workflow import Workflow
+
+    pred = tmp_path / "pred.json"
+    pred.write_text(Workflow.chain(["file_operations_reader"], ["read"]).to_json())
+    target = tmp_path / "out"
+    target.mkdir()
+    before = sorted(tmp_path.iterdir())
+    assert main([a.replace("{pred}", str(pred)) for a in argv] + ["--output", str(target)]) == 2
+    assert f"--output: {target} is a directory" in _one_line(capsys)
+    assert sorted(tmp_path.iterdir()) == before and not any(target.iterdir())
+
+
+def test_output_below_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    assert main(["tools", "--json", "--output", str(tmp_path / "afile" / "registry.json")]) == 2
+    assert "is not a directory" in _one_line(capsys)
+    assert main([*RUN, "--output-dir", str(tmp_path / "afile" / "quick")]) == 2
+    assert "is not a directory" in _one_line(capsys)
+
+
+def test_train_ppo_with_a_missing_task_file_is_one_line(tmp_path, capsys):
+    missing = tmp_path / "missing.jsonl"
+    assert main(["train", "ppo", "--tasks", str(missing), "--output-dir", str(tmp_path / "ppo")]) == 2
+    assert f"--tasks: {missing} does not exist" in _one_line(capsys)
+    assert not (tmp_path / "ppo").exists()
+
+
+def test_robust_demo_into_a_file_is_one_line(tmp_path, capsys):
+    target = tmp_path / "afile"
+    target.write_text("keep me")
+    assert main(["robust", "demo", "--output-dir", str(target)]) == 2
+    assert "exists and is not a directory" in _one_line(capsys)
+    assert target.read_text() == "keep me"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full to simulate a full disk")
+def test_a_full_disk_is_one_line_naming_the_file(tmp_path, capsys):
+    directory = tmp_path / "quick"
+    directory.mkdir()
+    (directory / "results.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
+    assert _run(tmp_path, "--no-resume") == 1
+    assert f"No space left on device: '{directory / 'results.jsonl'}'" in _one_line(capsys)
+
+
+def test_rows_without_a_known_level_are_refused_before_any_work(first_run, tmp_path, capsys):
+    directory = _copy_run(first_run, tmp_path)
+    results = directory / "results.jsonl"
+    good = results.read_bytes()
+    for bad in ({"planner": "greedy", "task_id": "t", "seed": 0, "task_type": "x"},
+                {"planner": "greedy", "task_id": "t", "seed": 0, "task_type": "x", "level": "great"}):
+        results.write_bytes(good + (json.dumps(bad) + "\n").encode())
+        assert _run(tmp_path) == 2
+        message = _one_line(capsys)
+        assert "results.jsonl" in message and "level" in message and str(len(good.splitlines()) + 1) in message
+        assert results.read_bytes() == good + (json.dumps(bad) + "\n").encode()
+
+
+def test_a_nul_padded_tail_is_repaired_with_nothing_left_to_run(first_run, tmp_path, capsys):
+    directory = _copy_run(first_run, tmp_path)
+    results = directory / "results.jsonl"
+    good = results.read_bytes()
+    results.write_bytes(good + b"\0" * 4096)  # what a crash can leave on some file systems
+    assert _run(tmp_path) == 0
+    assert results.read_bytes() == good
+    assert "truncated" in capsys.readouterr().err
+    assert _run(tmp_path) == 0
+    assert "truncated" not in capsys.readouterr().err

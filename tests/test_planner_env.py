@@ -131,6 +131,10 @@ def test_shaped_reward_differs_and_is_deterministic():
         ({"turn_limit": 0}, "turn_limit"),
         ({"profile": "fast"}, "profile"),
         ({"reward_phase": "late"}, "reward phase"),
+        ({"turn_limit": "10"}, "turn_limit must be an integer"),
+        ({"turn_limit": 10.0}, "turn_limit must be an integer"),
+        ({"strict_dependencies": "no"}, "strict_dependencies must be true or false"),
+        ({"task_types": 5}, "task_types must be a task type name or a list of them"),
     ],
 )
 def test_bad_kwargs_are_clear(kwargs, message):
@@ -145,6 +149,23 @@ def test_bad_actions_are_clear():
         env.step(31)
     with pytest.raises(ValueError, match="action must be an integer"):
         env.step("reader")
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), 3.7, 3.0, "5", True, np.float64(2.0), np.bool_(True)])
+def test_non_integer_actions_are_rejected_before_anything_happens(bad):
+    env = gym.make("ResiliBench-v0")
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="action must be an integer"):
+        env.step(bad)
+    assert env.unwrapped.episode.turns_used == 0
+
+
+@pytest.mark.parametrize("good", [np.int64(2), np.int32(2), np.uint8(2), np.array(2)])
+def test_numpy_integer_actions_are_accepted(good):
+    env = gym.make("ResiliBench-v0")
+    env.reset(seed=0)
+    info = env.step(good)[4]
+    assert info["trace"][-1].tool == env.unwrapped.registry.names[2]
 
 
 def test_render_ansi():

@@ -13,6 +13,7 @@ from resilibench.results import (
     METADATA_KEY,
     JsonlWriter,
     append_jsonl,
+    check_level_rows,
     completed_keys,
     level_stats,
     read_jsonl,
@@ -122,3 +123,17 @@ def test_level_summaries():
     assert set(summary["by_task_type"]["b"]) == {"x"}
     with pytest.raises(ValueError, match="level"):
         level_stats([{"level": "great"}])
+
+
+def test_rows_without_a_level_or_a_group_are_named():
+    rows = [{"planner": "a", "task_type": "x", "level": "full_success"}, {"planner": "a", "task_type": "x"}]
+    with pytest.raises(ValueError, match="rows row 2: the row has no 'level' field"):
+        summarize_levels(rows)
+    with pytest.raises(ValueError, match="results.jsonl:7: the row has no 'planner' field"):
+        check_level_rows([{"level": "failure"}], ("planner",), "results.jsonl", [7])
+
+
+def test_row_lines_count_metadata_and_blank_lines(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"__metadata__": {}}\n{"a": 1}\n\n{"a": 2}')
+    assert read_jsonl(path).row_lines == [2, 4]

@@ -16,7 +16,14 @@ from resilibench.envs.config import WorldConfig
 from resilibench.envs.planner_env import ResiliBenchEnv
 from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
 from resilibench.envs.simulator import RETRY_LIMIT_ERROR, episode_seed
-from resilibench.envs.text_env import CHARSET, RESET_OPTIONS, ResiliBenchTextEnv, flaw_seed
+from resilibench.envs.text_env import (
+    CHARSET,
+    MAX_QUERY_CHARS,
+    MAX_REQUESTS,
+    RESET_OPTIONS,
+    ResiliBenchTextEnv,
+    flaw_seed,
+)
 from resilibench.metrics.workflow import Workflow
 from resilibench.policies.bounds import reference_workflow
 from resilibench.policies.prompts import PLAN_HEADING, build_prompt, parse_plan, with_arguments
@@ -348,3 +355,40 @@ def test_flawed_prompt_is_seeded_by_the_episode_seed():
     assert again == env.prompt.text and info_again["injection"] == info["injection"]
     _, info = env.reset(seed=4, options={"prompt": "flawed", "flaw_type": "order"})
     assert info["flaw_type"] == "order"
+
+
+# --- hostile messages (issue 12, items 13 and 15) ----------------------------------------------------
+
+
+def test_hostile_tool_calls_are_feedback_not_exceptions():
+    for message in ['<tool_call>file_operations_reader {"source": ' + "1" * 5000 + "}</tool_call>",
+                    "<tool_call>file_operations_reader " + "[" * 3000 + "</tool_call>",
+                    "<tool_search>read a file \ud800</tool_search>"]:
+        env = make_env()
+        obs, *_, info = env.step(message)
+        assert info["turn"] == 1
+        assert "Tool search results" in obs or "malformed JSON" in obs
+
+
+def test_the_work_per_message_is_capped():
+    env = make_env(search_k=1)
+    searches = "".join(f"<tool_search>read file number {i}</tool_search>" for i in range(1000))
+    infos = "<tool_info>file_operations_reader</tool_info>" * 1000
+    obs, *_, info = env.step(searches + infos)
+    assert info["turn"] == 1
+    assert obs.count("Tool search results") == MAX_REQUESTS
+    assert f"Only {MAX_REQUESTS} searches and info requests are answered per message: 1995 not answered." in obs
+    long_query = "read a file " * 100_000  # 1.2 MB
+    obs, *_ = env.step(f"<tool_search>{long_query}</tool_search>")
+    head = obs.splitlines()[0]  # Tool search results for 'read a file read a ...': file_operations_reader
+    assert head.startswith("Tool search results for") and len(head) < MAX_QUERY_CHARS + 100
+
+
+def test_wrong_typed_reset_options_name_the_option():
+    env = make_env()
+    with pytest.raises(ValueError, match="reset option workflow must be a resilibench.metrics.workflow.Workflow"):
+        env.reset(seed=0, options={"workflow": "str", "prompt": "optimal"})
+    with pytest.raises(ValueError, match="reset option shown_prompt"):
+        env.reset(seed=0, options={"shown_prompt": "hello"})
+    with pytest.raises(ValueError, match="turn_limit must be an integer"):
+        ResiliBenchTextEnv(turn_limit="10")

@@ -218,3 +218,44 @@ def test_outputs_are_deterministic():
             assert call_tool(a, tool, None) == call_tool(b, tool, None)
             if a.done:
                 break
+
+
+# --- hostile messages (issue 12, items 13-14) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ('file_operations_reader {"source": ' + "1" * 5000 + "}", "malformed JSON"),  # int digit limit
+        ("file_operations_reader " + "[" * 3000, "malformed JSON"),  # recursion limit
+        ('{"name": "file_operations_reader", "arguments": {"n": ' + "9" * 5000 + "}}", "no tool name"),
+        ('{"name": "file_operations_reader", "arguments": ' + "[" * 3000 + "}", "no tool name"),
+    ],
+)
+def test_json_beyond_the_parsers_limits_is_a_problem_not_an_exception(body, problem):
+    (call,) = parse_message(f"<tool_call>{body}</tool_call>").calls
+    assert call.arguments is None
+    assert problem in call.problem
+
+
+@pytest.mark.parametrize("method", ["lexical", "semantic"])
+def test_search_with_a_lone_surrogate_is_answered(method):
+    hits = search_tools("read a file \ud800", k=3, method=method)
+    assert len(hits) == 3
+    assert hits == search_tools("read a file ?", k=3, method=method)
+
+
+@pytest.mark.parametrize(
+    ("message", "name", "arguments"),
+    [
+        ("<tool_call>```file_operations_reader```</tool_call>", "file_operations_reader", None),
+        ('<tool_call>```file_operations_reader {"source": "x"}```</tool_call>', "file_operations_reader",
+         {"source": "x"}),
+        ("<tool_call>```json\nfile_operations_reader\n```</tool_call>", "file_operations_reader", None),
+        ("<tool_call>```\nfile_operations_reader\n```</tool_call>", "file_operations_reader", None),
+    ],
+)
+def test_a_fence_right_before_the_name_keeps_the_name(message, name, arguments):
+    assert parse_message(message).calls == (ToolCall(name, arguments, None),)
+    if arguments is None:
+        assert parse_message(message.replace("tool_call", "tool_info")).infos == (name,)

@@ -293,6 +293,9 @@ def test_bad_actions_and_reset_options():
                 np.zeros((3, 1), dtype=np.int64)):
         with pytest.raises(ValueError, match="actions"):
             env.step(bad)
+    for bad in (1.5, "1", True, -1, [0, 1, 2.5], [0, 1, True]):
+        with pytest.raises(ValueError, match="seed"):
+            env.reset(seed=bad)
     with pytest.raises(ValueError, match="unknown reset option"):
         env.reset(options={"task": "x"})
     with pytest.raises(ValueError, match="reset_mask"):

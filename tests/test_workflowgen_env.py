@@ -141,7 +141,9 @@ def test_rollouts_are_deterministic_and_truncate_on_wasted_steps():
 def test_bad_arguments_and_rendering():
     for kwargs, field in (({"structural_metric": "bleu"}, "structural_metric"), ({"w_exec": -1}, "w_exec"),
                           ({"max_nodes": 0}, "max_nodes"), ({"split": "dev"}, "split"),
-                          ({"render_mode": "human"}, "render_mode")):
+                          ({"render_mode": "human"}, "render_mode"), ({"w_exec": float("nan")}, "w_exec"),
+                          ({"w_struct": float("inf")}, "w_struct"), ({"w_exec": "0.5"}, "w_exec"),
+                          ({"max_nodes": True}, "max_nodes"), ({"max_steps": 0}, "max_steps")):
         with pytest.raises(ValueError, match=field):
             WorkflowGenEnv(**kwargs)
     env = WorkflowGenEnv(split="test", render_mode="ansi")
@@ -151,6 +153,10 @@ def test_bad_arguments_and_rendering():
     with pytest.raises(ValueError, match="task_id"):
         env.reset(options={"task": "x"})
     env.reset(seed=0, options={"task_id": TASKS[0].instance_id})
-    env.step(env.registry.id_of("file_operations_reader"))
+    for bad in (float("inf"), 3.7, "5", True):
+        with pytest.raises(ValueError, match="action must be an integer"):
+            env.step(bad)
+    assert env.steps == 0
+    env.step(np.int64(env.registry.id_of("file_operations_reader")))
     text = env.render()
     assert TASKS[0].instance_id in text and "1. file_operations_reader: read and retrieve data from files" in text
