@@ -47,7 +47,7 @@ RANGES: dict[str, Any] = {
     "reward.scale": (0, None),
 }
 REASONS = {"rules.turn_limit": "an episode draws its random stream for every turn up front"}
-CHOICES = {"rules.profile": ("test", "training")}
+CHOICES = {"rules.profile": ("test", "training"), "evaluator.partial_rule": ("v0", "v1")}
 
 
 class _Section:

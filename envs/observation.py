@@ -45,7 +45,7 @@ def task_features(task: Task, registry: ToolRegistry) -> np.ndarray:
     f[TASK_TYPE_NAMES.index(task.task_type)] = 1.0
     f[5 + COMPLEXITIES.index(task.complexity)] = 1.0
     n = max(len(required), 1)
-    f[8] = len(required) / 6.0
+    f[8] = min(len(required), 6) / 6.0  # capped: the required-tool mask carries the exact count
     categories = list(CATEGORIES)
     for t in required:
         f[9 + categories.index(registry.tools[t].category)] += 1.0 / n
@@ -54,7 +54,7 @@ def task_features(task: Task, registry: ToolRegistry) -> np.ndarray:
     f[17] = task.max_retries / 5.0
     f[18] = float(task.constraints.get("timeout", 300)) / 600.0
     ancestors = set().union(*(registry.ancestors(t) for t in required)) if required else set()
-    f[19] = len(ancestors - set(required)) / 5.0
+    f[19] = min(len(ancestors - set(required)), 5) / 5.0
     return f
 
 

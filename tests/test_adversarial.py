@@ -1,4 +1,4 @@
-"""adversarial_v0: PettingZoo API, determinism, masks, zero-sum rewards, agreement with ResiliBench-v0."""
+"""adversarial_v0: PettingZoo API, determinism, masks, zero-sum rewards, agreement with ResiliBench-v1."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_same_seed_same_game_and_seeds_differ(tasks):
 
 
 def test_no_flaw_executor_matches_resilibench_v0(tasks):
-    """With "no flaw", the executor's episode is ResiliBench-v0's for the same seed and calls: observations,
+    """With "no flaw", the executor's episode is ResiliBench-v1's for the same seed and calls: observations,
     masks, traces, levels, ends and rewards (masked calls and calls past the turn limit included)."""
     rng = np.random.default_rng(1)
     single = ResiliBenchEnv(tasks=tasks, split=None)

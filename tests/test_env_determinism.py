@@ -1,4 +1,4 @@
-"""Pinned traces and observations of ResiliBench-v0 and the Episode core for fixed seeds.
+"""Pinned traces and observations of ResiliBench-v0 (and of world v1) and the Episode core for fixed seeds.
 
 These digests were recorded before the hot path of ``envs/simulator.py`` and ``envs/planner_env.py`` was
 optimised; they prove that optimisations change nothing a user can see: observations, rewards, ends,
@@ -100,7 +100,7 @@ def episode_state(ep: Episode) -> dict:
 
 def episode_digest(seed: int, config: WorldConfig, n_episodes: int = 40) -> str:
     """Drive the Episode core directly (calls by id and name, spend_turn, finish, out of turns)."""
-    tasks = load_tasks(split="test")
+    tasks = load_tasks(split="test", world="v0")
     rng = np.random.default_rng(seed)
     h = hashlib.sha256()
     for _ in range(n_episodes):
@@ -131,6 +131,10 @@ ENV_PINS = {
     "shaped": ({"reward": "shaped"}, "10779ef58e214749f1a8a7d5ab5539c84778eab3aca4f3c9ea137391b320fcee"),
     "shaped_sequence_training": ({"reward": "shaped", "reward_phase": "sequence", "profile": "training"}, "a9d99faa6191090a2dd5716788643cc1532913b55ce3f9a4572aa55f298bc7dd"),
     "short_turns_test_split": ({"turn_limit": 4, "split": "test"}, "feed4aaeb70d6c1b8874a70981650d97930104515d67e4468fd54df96a34e1c5"),
+    # world v1: its library and grading through the same env class
+    "v1_sparse": ({"world": "v1"}, "ec8b3c6770976dff2aa973d4296034d0f129f06c4de5d5df3f29ecae47f9493e"),
+    "v1_strict": ({"world": "v1", "strict_dependencies": True},
+                  "ac4fbe0fbb44fe3e3b0072daefaab2f4f35acc54cd3d5368a75cee6085450483"),
 }
 
 
@@ -140,12 +144,13 @@ def test_env_digest_pinned(name):
     assert env_digest(7, 600, **kwargs) == expected
 
 
+V0 = WorldConfig.for_world("v0")  # the pins are world v0's: its library and grading
 EPISODE_PINS = {
-    "test": (WorldConfig(), "3795847761a12b034b7a1d0a46610c0997c53fd405514afb4a9b961a12b6b3ec"),
-    "strict": (WorldConfig().replace(rules={"strict_dependencies": True}), "fae481608b77379eded1bd23593c2615b33733fad2f49e0f74fff99a3bd7a409"),
-    "training": (WorldConfig().replace(rules={"profile": "training"}), "9e53008818779c45d027948c534b67781f690942823c87a28b5f8d1fc45f25c6"),
+    "test": (V0, "3795847761a12b034b7a1d0a46610c0997c53fd405514afb4a9b961a12b6b3ec"),
+    "strict": (V0.replace(rules={"strict_dependencies": True}), "fae481608b77379eded1bd23593c2615b33733fad2f49e0f74fff99a3bd7a409"),
+    "training": (V0.replace(rules={"profile": "training"}), "9e53008818779c45d027948c534b67781f690942823c87a28b5f8d1fc45f25c6"),
     "tight_limits": (
-        WorldConfig().replace(rules={"turn_limit": 6, "max_consecutive_failures": 2, "max_same_tool_failures": 2}),
+        V0.replace(rules={"turn_limit": 6, "max_consecutive_failures": 2, "max_same_tool_failures": 2}),
         "9806e9e095bf3fd2258137eb8ee29199cf7d49e520d1fa9ae37b194e452899f6",
     ),
 }
@@ -196,7 +201,7 @@ def test_random_stream_rule():
 
 def test_info_trace_is_not_mutated_by_later_steps():
     env = gym.make("ResiliBench-v0")
-    _, info = env.reset(seed=5, options={"task_id": load_tasks(split="train")[0].instance_id})
+    _, info = env.reset(seed=5, options={"task_id": load_tasks(split="train", world="v0")[0].instance_id})
     snapshots = []
     for action in (0, 1, 2, 0, 3):
         _, _, terminated, truncated, info = env.step(action)

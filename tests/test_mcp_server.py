@@ -20,7 +20,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from mcp import Client, MCPError, StdioServerParameters
 
-import resilibench  # noqa: F401  (registers ResiliBench-v0)
+import resilibench  # noqa: F401  (registers ResiliBench-v1)
 from resilibench.cli import main as cli_main
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.mcp_server import (
@@ -216,7 +216,7 @@ def test_session_outcomes_equal_a_direct_episode_replay_and_failures_are_tool_er
 
 
 def test_non_strict_session_equals_the_planner_env(tasks):
-    """The same (task, seed) and calls give the same records as ResiliBench-v0 reset as `resilibench run` does."""
+    """The same (task, seed) and calls give the same records as ResiliBench-v1 reset as `resilibench run` does."""
     task = tasks[1]
     names = [*task.required_tools, *task.required_tools]
 
@@ -227,7 +227,7 @@ def test_non_strict_session_equals_the_planner_env(tasks):
             return await status(client, handle)
 
     mcp_status = anyio.run(main)
-    env = gym.make("ResiliBench-v0", split="test").unwrapped
+    env = gym.make("ResiliBench-v1", split="test").unwrapped
     env.reset(seed=task_seed(task.instance_id, 5), options={"task_id": task.instance_id})
     for name in names[: len(mcp_status["trace"])]:
         env.step(REGISTRY.id_of(name))
@@ -235,7 +235,7 @@ def test_non_strict_session_equals_the_planner_env(tasks):
 
 
 def test_session_equals_the_text_env(tasks):
-    """The same (task, seed) and calls give the same records as ResiliBenchText-v0 reset as the LLM harness
+    """The same (task, seed) and calls give the same records as ResiliBenchText-v1 reset as the LLM harness
     does, invalid arguments and dependency errors included (both default to strict dependencies)."""
     task = tasks[5]
     script = [(task.required_tools[-1], True), (task.required_tools[0], False)]
@@ -248,7 +248,7 @@ def test_session_equals_the_text_env(tasks):
             return await status(client, handle)
 
     mcp_status = anyio.run(main)
-    env = gym.make("ResiliBenchText-v0", split="test")
+    env = gym.make("ResiliBenchText-v1", split="test")
     env.reset(seed=task_seed(task.instance_id, 2), options={"task_id": task.instance_id})
     for name, good in script[: len(mcp_status["trace"])]:
         _, _, _, _, info = env.step(f"<tool_call>{name} {json.dumps(script_arguments((name, good)))}</tool_call>")
@@ -302,7 +302,7 @@ def test_start_task_without_id_draws_the_task_resilibench_v0_draws(tasks):
             return [(await client.call_tool("start_task", {"seed": s})).structured_content for s in (0, 1, 2)]
 
     started = anyio.run(main)
-    env = gym.make("ResiliBench-v0", split="test").unwrapped
+    env = gym.make("ResiliBench-v1", split="test").unwrapped
     for data, seed in zip(started, (0, 1, 2), strict=True):
         env.reset(seed=seed)
         assert data["task_id"] == env.episode.task.instance_id

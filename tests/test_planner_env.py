@@ -1,4 +1,4 @@
-"""ResiliBench-v0: Gymnasium compliance, seeding, options, rewards and errors."""
+"""ResiliBench-v1: Gymnasium compliance, seeding, options, rewards and errors."""
 
 import gymnasium as gym
 import numpy as np
@@ -24,12 +24,12 @@ def rollout(env, seed, policy_seed=0, options=None):
 
 
 def test_check_env_passes():
-    check_env(gym.make("ResiliBench-v0").unwrapped, skip_render_check=False)
-    check_env(gym.make("ResiliBench-v0", reward="shaped", strict_dependencies=True).unwrapped)
+    check_env(gym.make("ResiliBench-v1").unwrapped, skip_render_check=False)
+    check_env(gym.make("ResiliBench-v1", reward="shaped", strict_dependencies=True).unwrapped)
 
 
 def test_spaces_and_info():
-    env = gym.make("ResiliBench-v0")
+    env = gym.make("ResiliBench-v1")
     assert env.action_space == gym.spaces.Discrete(31)
     obs, info = env.reset(seed=3)
     assert obs.dtype == np.float32 and obs.shape == (ObservationLayout(30).size,)
@@ -39,7 +39,7 @@ def test_spaces_and_info():
 
 
 def test_same_seed_same_trace_across_instances_and_repeats():
-    a, b = gym.make("ResiliBench-v0"), gym.make("ResiliBench-v0")
+    a, b = gym.make("ResiliBench-v1"), gym.make("ResiliBench-v1")
     for seed in range(20):
         ta, la, sa = rollout(a, seed, policy_seed=seed)
         tb, lb, sb = rollout(b, seed, policy_seed=seed)
@@ -52,7 +52,7 @@ def test_same_seed_same_trace_across_instances_and_repeats():
 
 def test_task_id_option_and_split_selection():
     task = load_tasks(split="validation", task_types="advanced_computation_pipeline")[0]
-    env = gym.make("ResiliBench-v0", split="test", task_types=["complex_network_integration"])
+    env = gym.make("ResiliBench-v1", split="test", task_types=["complex_network_integration"])
     _, info = env.reset(seed=0, options={"task_id": task.instance_id})
     assert info["task_id"] == task.instance_id
     for seed in range(30):
@@ -65,7 +65,7 @@ def test_task_id_option_and_split_selection():
 
 
 def test_level_and_sparse_reward_at_end():
-    env = gym.make("ResiliBench-v0")
+    env = gym.make("ResiliBench-v1")
     obs, info = env.reset(seed=1)
     obs, reward, terminated, truncated, info = env.step(30)  # FINISH at once
     assert terminated and not truncated
@@ -75,7 +75,7 @@ def test_level_and_sparse_reward_at_end():
 
 
 def test_full_success_pays_one():
-    env = gym.make("ResiliBench-v0", split="test")
+    env = gym.make("ResiliBench-v1", split="test")
     wins = 0
     for seed in range(40):
         obs, info = env.reset(seed=seed)
@@ -100,7 +100,7 @@ def test_full_success_pays_one():
 
 
 def test_tool_action_after_turn_limit_truncates():
-    env = gym.make("ResiliBench-v0", turn_limit=2)
+    env = gym.make("ResiliBench-v1", turn_limit=2)
     obs, info = env.reset(seed=0)
     for tool in (25, 26):  # dependency-free utilities
         obs, r, term, trunc, info = env.step(tool)
@@ -112,13 +112,13 @@ def test_tool_action_after_turn_limit_truncates():
 
 
 def test_shaped_reward_differs_and_is_deterministic():
-    sparse = gym.make("ResiliBench-v0", reward="sparse")
-    shaped = gym.make("ResiliBench-v0", reward="shaped")
+    sparse = gym.make("ResiliBench-v1", reward="sparse")
+    shaped = gym.make("ResiliBench-v1", reward="shaped")
     sparse_returns = [sum(s[1] for s in rollout(sparse, k)[2][1:]) for k in range(5)]
     shaped_returns = [sum(s[1] for s in rollout(shaped, k)[2][1:]) for k in range(5)]
     assert shaped_returns != sparse_returns
     assert any(r > 1.0 for r in shaped_returns)
-    again = gym.make("ResiliBench-v0", reward="shaped")
+    again = gym.make("ResiliBench-v1", reward="shaped")
     assert shaped_returns == [sum(s[1] for s in rollout(again, k)[2][1:]) for k in range(5)]
 
 
@@ -139,11 +139,11 @@ def test_shaped_reward_differs_and_is_deterministic():
 )
 def test_bad_kwargs_are_clear(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        gym.make("ResiliBench-v0", **kwargs)
+        gym.make("ResiliBench-v1", **kwargs)
 
 
 def test_bad_actions_are_clear():
-    env = gym.make("ResiliBench-v0")
+    env = gym.make("ResiliBench-v1")
     env.reset(seed=0)
     with pytest.raises(ValueError, match=r"action must be in \[0, 30\]"):
         env.step(31)
@@ -153,7 +153,7 @@ def test_bad_actions_are_clear():
 
 @pytest.mark.parametrize("bad", [float("inf"), float("nan"), 3.7, 3.0, "5", True, np.float64(2.0), np.bool_(True)])
 def test_non_integer_actions_are_rejected_before_anything_happens(bad):
-    env = gym.make("ResiliBench-v0")
+    env = gym.make("ResiliBench-v1")
     env.reset(seed=0)
     with pytest.raises(ValueError, match="action must be an integer"):
         env.step(bad)
@@ -162,14 +162,14 @@ def test_non_integer_actions_are_rejected_before_anything_happens(bad):
 
 @pytest.mark.parametrize("good", [np.int64(2), np.int32(2), np.uint8(2), np.array(2)])
 def test_numpy_integer_actions_are_accepted(good):
-    env = gym.make("ResiliBench-v0")
+    env = gym.make("ResiliBench-v1")
     env.reset(seed=0)
     info = env.step(good)[4]
     assert info["trace"][-1].tool == env.unwrapped.registry.names[2]
 
 
 def test_render_ansi():
-    env = gym.make("ResiliBench-v0", render_mode="ansi")
+    env = gym.make("ResiliBench-v1", render_mode="ansi")
     env.reset(seed=0)
     env.step(0)
     text = env.render()

@@ -1,6 +1,6 @@
 """The scripted reference agents in the text env: the text world is the planner world.
 
-* The optimal text agent plays, call for call, the episode ``OptimalPlanner`` plays in ``ResiliBench-v0``
+* The optimal text agent plays, call for call, the episode ``OptimalPlanner`` plays in ``ResiliBench-v1``
   under the same rules and seed, and its full-success rate is bound (iii) within a 99% interval.
 * The plan follower, reading plans from prompt text only, reaches the exact success of following its
   plan (``workflow_success``); on optimal plans that is close to bound (iii), on flawed plans it drops.

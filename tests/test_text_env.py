@@ -1,4 +1,4 @@
-"""ResiliBenchText-v0: the chat protocol over the shared Episode core."""
+"""ResiliBenchText-v1: the chat protocol over the shared Episode core."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_check_env_and_text_spaces():
 
 
 def test_gym_make_and_render_shows_the_conversation():
-    env = gym.make("ResiliBenchText-v0", render_mode="ansi", search="lexical")
+    env = gym.make("ResiliBenchText-v1", render_mode="ansi", search="lexical")
     prompt, info = env.reset(seed=3)
     assert prompt == env.unwrapped.prompt.text and info["prompt"] == "baseline"
     assert info["level"] is None and info["trace"] == [] and info["turn"] == 0
@@ -247,7 +247,7 @@ def test_human_render_prints_each_exchange(capsys):
     assert printed.startswith("[assistant]\nhello\n\n[user]\nNo tool request found")
 
 
-# --- one core: same seed and same calls as ResiliBench-v0 -----------------------------------------------
+# --- one core: same seed and same calls as ResiliBench-v1 -----------------------------------------------
 
 
 def _scripted_actions(rng: np.random.Generator, episode) -> int:

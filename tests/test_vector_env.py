@@ -1,4 +1,4 @@
-"""The batched ResiliBench-v0 (``ResiliBenchVectorEnv``) against N single envs, and its RNG machinery.
+"""The batched ResiliBench-v1 (``ResiliBenchVectorEnv``) against N single envs, and its RNG machinery.
 
 The reference is ``gymnasium.make_vec(..., vectorization_mode="sync")``: N real ``ResiliBenchEnv``
 instances with Gymnasium's own seeding (sub-env i gets seed s + i) and NEXT_STEP autoreset. Every step
@@ -24,8 +24,8 @@ FINISH = 30
 
 
 def make_pair(num_envs: int, **kwargs):
-    vec = gym.make_vec("ResiliBench-v0", num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
-    ref = gym.make_vec("ResiliBench-v0", num_envs=num_envs, vectorization_mode="sync", **kwargs)
+    vec = gym.make_vec("ResiliBench-v1", num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
+    ref = gym.make_vec("ResiliBench-v1", num_envs=num_envs, vectorization_mode="sync", **kwargs)
     return vec, ref
 
 
@@ -141,8 +141,8 @@ def test_rejected_draws_take_the_numpy_path(monkeypatch):
 
 def test_equivalence_check_can_fail():
     """The comparison detects a sub-env seeded differently from Gymnasium's seed + i convention."""
-    vec = gym.make_vec("ResiliBench-v0", num_envs=3, vectorization_mode="vector_entry_point")
-    ref = gym.make_vec("ResiliBench-v0", num_envs=3, vectorization_mode="sync")
+    vec = gym.make_vec("ResiliBench-v1", num_envs=3, vectorization_mode="vector_entry_point")
+    ref = gym.make_vec("ResiliBench-v1", num_envs=3, vectorization_mode="sync")
     vec.reset(seed=[10, 11, 12])
     ref.reset(seed=[10, 11, 13])
     actions = np.array([0, 0, 0])
@@ -188,7 +188,7 @@ def test_reset_options_match_single_envs():
 
 
 def test_autoreset_next_step():
-    env = gym.make_vec("ResiliBench-v0", num_envs=3, vectorization_mode="vector_entry_point")
+    env = gym.make_vec("ResiliBench-v1", num_envs=3, vectorization_mode="vector_entry_point")
     assert env.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
     obs0, info0 = env.reset(seed=1)
     obs, reward, terminated, truncated, info = env.step(np.array([FINISH, 0, FINISH]))
@@ -209,7 +209,7 @@ def test_autoreset_next_step():
 
 
 def test_truncation_after_turn_limit():
-    env = gym.make_vec("ResiliBench-v0", num_envs=2, vectorization_mode="vector_entry_point", turn_limit=2,
+    env = gym.make_vec("ResiliBench-v1", num_envs=2, vectorization_mode="vector_entry_point", turn_limit=2,
                        config=WorldConfig().replace(rules={"max_consecutive_failures": 9,
                                                            "max_same_tool_failures": 9}))
     env.reset(seed=0)
@@ -223,7 +223,7 @@ def test_truncation_after_turn_limit():
 
 
 def test_spaces_and_dtypes():
-    env = gym.make_vec("ResiliBench-v0", num_envs=5, vectorization_mode="vector_entry_point")
+    env = gym.make_vec("ResiliBench-v1", num_envs=5, vectorization_mode="vector_entry_point")
     u = env.unwrapped
     assert isinstance(u, ResiliBenchVectorEnv) and u.num_envs == 5
     assert u.single_action_space == gym.spaces.Discrete(31)
@@ -249,7 +249,7 @@ def test_spaces_and_dtypes():
 
 def test_deterministic_under_seed():
     def trajectory():
-        env = gym.make_vec("ResiliBench-v0", num_envs=8, vectorization_mode="vector_entry_point")
+        env = gym.make_vec("ResiliBench-v1", num_envs=8, vectorization_mode="vector_entry_point")
         obs, _ = env.reset(seed=77)
         rng = np.random.default_rng(5)
         out = [obs]
@@ -276,7 +276,7 @@ def test_deterministic_under_seed():
 )
 def test_bad_kwargs(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        gym.make_vec("ResiliBench-v0", num_envs=2, vectorization_mode="vector_entry_point", **kwargs)
+        gym.make_vec("ResiliBench-v1", num_envs=2, vectorization_mode="vector_entry_point", **kwargs)
 
 
 def test_bad_num_envs():

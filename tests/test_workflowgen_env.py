@@ -1,4 +1,4 @@
-"""WorkflowGen-v0: the API checker, masks, determinism, rejection of illegal actions, and its reward."""
+"""WorkflowGen-v1: the API checker, masks, determinism, rejection of illegal actions, and its reward."""
 
 import gymnasium as gym
 import numpy as np
@@ -28,7 +28,7 @@ def build(env, workflow, task_id, seed=0):
 
 
 def test_passes_the_gymnasium_checker():
-    env = gym.make("WorkflowGen-v0", split="test")
+    env = gym.make("WorkflowGen-v1", split="test")
     check_env(env.unwrapped)
     assert env.unwrapped.action_space.n == 30 + 10 * 10 + 1
     assert env.unwrapped.observation_space.shape == (20 + 30 + 10 * 30 + 10 * 10 + 2,)
