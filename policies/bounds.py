@@ -137,6 +137,24 @@ class Subproblems:
             end = self._ends[(consecutive, streak)] = termination_reason(consecutive, streak, self.rules) is not None
         return end
 
+    def key(self, sid: int, codes: tuple[int, ...], n_h: int, consecutive: int, last: int, streak: int,
+            turns: int) -> Key:
+        """The canonical key of a state: what can no longer matter is forgotten. With ``spare`` turns left
+        beyond one per remaining required tool, more than ``spare`` further failures lose the episode
+        anyway, so a consecutive-failure count or a streak that cannot reach its limit within ``spare``
+        failures is reset, and a call count that cannot reach the cap within ``spare + 1`` calls only
+        says "called" (1). Equivalent states then share one key and the values stay bit-identical."""
+        rules = self.rules
+        spare = rules.turn_limit - turns - self.shapes[sid][0]
+        if consecutive + spare < rules.max_consecutive_failures:
+            consecutive = 0
+        if streak + spare < rules.max_same_tool_failures:
+            last, streak = -1, 0
+        low = self.max_calls - spare - 1
+        if low >= 2:
+            codes = tuple(1 if 0 < c <= low else c for c in codes)
+        return sid, codes, n_h, consecutive, last, streak, turns
+
     def candidates(self, key: Key) -> list[int]:
         """The tool actions of a state (local indices under the call cap), then FILLER."""
         codes, cap = key[1], self.max_calls
@@ -147,8 +165,8 @@ class Subproblems:
         sid, codes, n_h, consecutive, last, streak, turns = key
         if i == FILLER:
             p = self.probability(0, 0, n_h)
-            success = (sid, codes, n_h, 0, -1, 0, turns + 1)
-            failure = None if self._ends_episode(consecutive + 1, 1) else (
+            success = self.key(sid, codes, n_h, 0, -1, 0, turns + 1)
+            failure = None if self._ends_episode(consecutive + 1, 1) else self.key(
                 sid, codes, n_h + 1, consecutive + 1, -1, 0, turns + 1)
             return p, success, failure
         n_required, deps = self.shapes[sid]
@@ -166,9 +184,9 @@ class Subproblems:
             success = None  # a later required tool succeeding first breaks the sequence
         else:
             new_sid, keep = self.after_success(sid, i)
-            success = (new_sid, tuple(codes[j] for j in keep), n_h, 0, -1, 0, turns + 1)
+            success = self.key(new_sid, tuple(codes[j] for j in keep), n_h, 0, -1, 0, turns + 1)
         streak = streak + 1 if last == i else 1
-        failure = None if self._ends_episode(consecutive + 1, streak) else (
+        failure = None if self._ends_episode(consecutive + 1, streak) else self.key(
             sid, codes[:i] + (codes[i] + 1,) + codes[i + 1:], n_h + 1, consecutive + 1, i, streak, turns + 1)
         return p, success, failure
 
@@ -240,8 +258,8 @@ class ExactBound:
         sid, keep = dp.shape(self.m - k, deps)
         tools = tuple(local[j] for j in keep)
         last = tools.index(last) if streak > 0 and last in tools else -1
-        key = (sid, tuple(calls[t] for t in tools), n_h, consecutive, last, streak if last >= 0 else 0, turns)
-        return State(key, tools)
+        codes = tuple(calls[t] for t in tools)
+        return State(dp.key(sid, codes, n_h, consecutive, last, streak if last >= 0 else 0, turns), tools)
 
     def initial_state(self, dp: Subproblems | None = None) -> State:
         zeros = [0] * len(self.registry)
