@@ -131,64 +131,57 @@ class Subproblems:
                 fm.base_success, n_uncalled, n_failed, n_h, fm)
         return p
 
-    def _ends_episode(self, consecutive: int, streak: int) -> bool:
-        end = self._ends.get((consecutive, streak))
-        if end is None:
-            end = self._ends[(consecutive, streak)] = termination_reason(consecutive, streak, self.rules) is not None
-        return end
-
     def key(self, sid: int, codes: tuple[int, ...], n_h: int, consecutive: int, last: int, streak: int,
-            turns: int) -> Key:
-        """The canonical key of a state: what can no longer matter is forgotten. With ``spare`` turns left
-        beyond one per remaining required tool, more than ``spare`` further failures lose the episode
-        anyway, so a consecutive-failure count or a streak that cannot reach its limit within ``spare``
-        failures is reset, and a call count that cannot reach the cap within ``spare + 1`` calls only
-        says "called" (1). Equivalent states then share one key and the values stay bit-identical."""
+            turns: int) -> Key | None:
+        """The canonical key of a state, None when it is lost. With ``spare`` turns left beyond one per
+        remaining required tool, more than ``spare`` further failures lose the episode anyway, so a
+        consecutive-failure count or a streak that cannot reach its limit within ``spare`` failures is
+        reset, and a call count that cannot reach the cap within ``spare + 1`` calls only says "called"
+        (1). Equivalent states then share one key, and values stay bit-identical."""
         rules = self.rules
         spare = rules.turn_limit - turns - self.shapes[sid][0]
+        end = self._ends.get((consecutive, streak))
+        if end is None:
+            end = self._ends[(consecutive, streak)] = termination_reason(consecutive, streak, rules) is not None
+        if spare < 0 or end:
+            return None
         if consecutive + spare < rules.max_consecutive_failures:
             consecutive = 0
-        if streak + spare < rules.max_same_tool_failures:
+        if last < 0 or streak + spare < rules.max_same_tool_failures:
             last, streak = -1, 0
         low = self.max_calls - spare - 1
-        if low >= 2:
+        if low >= 2 and codes and max(codes) >= 2:
             codes = tuple(1 if 0 < c <= low else c for c in codes)
         return sid, codes, n_h, consecutive, last, streak, turns
 
-    def candidates(self, key: Key) -> list[int]:
-        """The tool actions of a state (local indices under the call cap), then FILLER."""
-        codes, cap = key[1], self.max_calls
-        return [i for i in self._actions[key[0]] if codes[i] < cap] + [FILLER]
-
-    def outcomes(self, key: Key, i: int) -> tuple[float, Key | None, Key | None]:
-        """(success probability, key after success, key after failure) of action i; None = lost."""
+    def transitions(self, key: Key) -> list[tuple[int, float, Key | None, Key | None]]:
+        """(action, success probability, key after success, key after failure) of every action of a state
+        in tie-break order: tools under the call cap (local indices), then FILLER."""
         sid, codes, n_h, consecutive, last, streak, turns = key
-        if i == FILLER:
-            p = self.probability(0, 0, n_h)
-            success = self.key(sid, codes, n_h, 0, -1, 0, turns + 1)
-            failure = None if self._ends_episode(consecutive + 1, 1) else self.key(
-                sid, codes, n_h + 1, consecutive + 1, -1, 0, turns + 1)
-            return p, success, failure
         n_required, deps = self.shapes[sid]
-        n_uncalled = n_failed = 0
-        for d in deps[i]:
-            if codes[d]:
-                n_failed += 1
+        cap, strict, make = self.max_calls, self.rules.strict_dependencies, self.key
+        moves = []
+        for i in self._actions[sid]:
+            if codes[i] >= cap:
+                continue
+            n_uncalled = n_failed = 0
+            for d in deps[i]:
+                if codes[d]:
+                    n_failed += 1
+                else:
+                    n_uncalled += 1
+            p = 0.0 if strict and (n_uncalled or n_failed) else self.probability(n_uncalled, n_failed, n_h)
+            if 0 < i < n_required:
+                success = None  # a later required tool succeeding first breaks the sequence
             else:
-                n_uncalled += 1
-        if self.rules.strict_dependencies and (n_uncalled or n_failed):
-            p = 0.0
-        else:
-            p = self.probability(n_uncalled, n_failed, n_h)
-        if 0 < i < n_required:
-            success = None  # a later required tool succeeding first breaks the sequence
-        else:
-            new_sid, keep = self.after_success(sid, i)
-            success = self.key(new_sid, tuple(codes[j] for j in keep), n_h, 0, -1, 0, turns + 1)
-        streak = streak + 1 if last == i else 1
-        failure = None if self._ends_episode(consecutive + 1, streak) else self.key(
-            sid, codes[:i] + (codes[i] + 1,) + codes[i + 1:], n_h + 1, consecutive + 1, i, streak, turns + 1)
-        return p, success, failure
+                new_sid, keep = self.after_success(sid, i)
+                success = make(new_sid, tuple([codes[j] for j in keep]), n_h, 0, -1, 0, turns + 1)
+            failed = codes[:i] + (codes[i] + 1,) + codes[i + 1:]
+            same = streak + 1 if last == i else 1
+            moves.append((i, p, success, make(sid, failed, n_h + 1, consecutive + 1, i, same, turns + 1)))
+        moves.append((FILLER, self.probability(0, 0, n_h), make(sid, codes, n_h, 0, -1, 0, turns + 1),
+                      make(sid, codes, n_h + 1, consecutive + 1, -1, 1, turns + 1)))
+        return moves
 
     # --- dynamic programming ---------------------------------------------------------------------------
 
@@ -203,9 +196,8 @@ class Subproblems:
         best, best_action = 0.0, None  # None = FINISH
         if n_required == 0:
             best = 1.0
-        elif self.rules.turn_limit - key[6] >= n_required:
-            for i in self.candidates(key):
-                p, success, failure = self.outcomes(key, i)
+        else:
+            for i, p, success, failure in self.transitions(key):
                 v = (p * self.solve(success)[0] if p > 0.0 else 0.0) + (
                     (1.0 - p) * self.solve(failure)[0] if p < 1.0 else 0.0)
                 if v > best + 1e-12:
@@ -258,8 +250,7 @@ class ExactBound:
         sid, keep = dp.shape(self.m - k, deps)
         tools = tuple(local[j] for j in keep)
         last = tools.index(last) if streak > 0 and last in tools else -1
-        codes = tuple(calls[t] for t in tools)
-        return State(dp.key(sid, codes, n_h, consecutive, last, streak if last >= 0 else 0, turns), tools)
+        return State(dp.key(sid, tuple(calls[t] for t in tools), n_h, consecutive, last, streak, turns), tools)
 
     def initial_state(self, dp: Subproblems | None = None) -> State:
         zeros = [0] * len(self.registry)
@@ -276,7 +267,7 @@ class ExactBound:
 
     def after_success(self, state: State, action: int) -> State | None:
         """The state once local ``action`` (or FILLER) has succeeded; None when that loses the episode."""
-        success = self.dp.outcomes(state.key, action)[1]
+        success = next(move[2] for move in self.dp.transitions(state.key) if move[0] == action)
         if success is None or action == FILLER:
             return success and State(success, state.tools)
         return State(success, tuple(state.tools[j] for j in self.dp.after_success(state.key[0], action)[1]))
@@ -334,7 +325,7 @@ class ExactBound:
             n_required = dp.shapes[key[0]][0]
             if n_required == 0:
                 return True
-            if self.rules.turn_limit - key[6] < n_required or (key, draws) in seen:
+            if (key, draws) in seen:
                 return False
             # Every remaining required success needs a future draw below the best possible probability,
             # which N_h only lowers: too few such draws left means no way through.
@@ -342,8 +333,7 @@ class ExactBound:
             if int(np.count_nonzero(success_draws[draws:] < best_p)) < n_required:
                 return False
             seen.add((key, draws))
-            for i in dp.candidates(key):
-                p, success, failure = dp.outcomes(key, i)
+            for i, p, success, failure in dp.transitions(key):
                 if i != FILLER and p == 0.0 and strict:
                     if search(failure, draws):  # dependency error: no draw
                         return True
