@@ -30,7 +30,7 @@ from resilibench.envs.config import EpisodeRules, FailureModel, WorldConfig
 from resilibench.envs.planner_env import ResiliBenchEnv
 from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
 from resilibench.envs.simulator import Episode, success_probability, task_seed, termination_reason
-from resilibench.envs.tasks import Task
+from resilibench.envs.tasks import Task, dependency_sort
 from resilibench.metrics.workflow import Node, Workflow
 from resilibench.policies.base import Planner
 
@@ -373,6 +373,25 @@ def clairvoyant_success(task: Task, seeds: Sequence[int], config: WorldConfig | 
         env.reset(seed=task_seed(task.instance_id, seed), options={"task_id": task.instance_id})
         hits.append(bound.clairvoyant(env.episode.stream))
     return float(np.mean(hits)) if hits else float("nan")
+
+
+def varied_tasks(count: int, seed: int = 0, max_tools: int = 6, registry: ToolRegistry | None = None
+                 ) -> list[Task]:
+    """``count`` tasks with distinct random required-tool lists (1 to ``max_tools`` of any tools, sorted by
+    their dependencies, max_retries 3): a varied workload for checking and timing the bounds."""
+    registry = registry or default_registry()
+    rng = np.random.default_rng(seed)
+    seen: set[tuple[str, ...]] = set()
+    tasks = []
+    while len(tasks) < count:
+        picked = rng.choice(len(registry), size=int(rng.integers(1, max_tools + 1)), replace=False)
+        tools = tuple(dependency_sort([registry.names[t] for t in picked], registry))
+        if tools not in seen:
+            seen.add(tools)
+            tasks.append(Task(instance_id=f"varied_{len(tasks):05d}", task_type="basic_file_processing",
+                              description="random required tools", inputs={}, expected_outputs={},
+                              required_tools=tools, constraints={"max_retries": 3}, complexity="medium"))
+    return tasks
 
 
 def reference_workflow(task: Task, config: WorldConfig | None = None) -> Workflow:
