@@ -73,7 +73,8 @@ def test_optimal_policy_attains_bound_exactly(config):
 
 
 def test_bound_is_never_below_a_heuristic():
-    for task in one_task_per_signature() + NEW_KINDS:
+    signatures = one_task_per_signature()
+    for task in signatures[:: max(1, len(signatures) // 60)] + NEW_KINDS:  # at most about 60 of the library
         bound = optimal_success(task)
         for planner in (InOrderPlanner(), DependencyAwarePlanner()):
             assert exact_policy_success(planner, task) <= bound + 1e-12
