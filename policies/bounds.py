@@ -1,11 +1,13 @@
 """Exact upper bounds on full success (SPEC 5) and the optimal policy they imply.
 
 * bound (iii) ``optimal_success``: the best full-success probability of any policy that knows the failure
-  model, by dynamic programming over the episode state that matters: the in-order prefix of required
-  tools, per relevant tool its call count or success, N_h, consecutive failures, the failing-tool streak
-  and turns used. Relevant tools are the required tools and their transitive dependencies; any other tool
-  only matters as a "filler" call (it can reset the consecutive-failure count), and the fillers are
-  interchangeable: every fresh dependency-free irrelevant tool has the same success probability.
+  model, by dynamic programming over the episode state that matters: the required tools not yet
+  succeeded, per relevant tool not yet succeeded its call count, N_h, consecutive failures, the
+  failing-tool streak and turns used. Relevant tools are the required tools and their transitive
+  dependencies; any other tool only matters as a "filler" call (it can reset the consecutive-failure
+  count), and the fillers are interchangeable: every fresh dependency-free irrelevant tool has the same
+  success probability. States are canonical (tool identities and what can no longer matter forgotten)
+  and shared by every problem with the same call cap, rules and failure model (``Subproblems``).
 * bound (ii) ``clairvoyant_success``: whether some action sequence reaches full success when every
   call's random draw is known in advance (search over the seeded stream of ``Episode``).
 * bound (i) is 1.
@@ -42,9 +44,9 @@ Key = tuple[int, tuple[int, ...], int, int, int, int, int]
 
 
 class State(NamedTuple):
-    """A DP state of one problem: its subproblem key and the global id of each local tool of the key."""
+    """A DP state of one problem: its subproblem key (None: lost) and the global id of each local tool."""
 
-    key: Key
+    key: Key | None
     tools: tuple[int, ...]
 
 
@@ -105,8 +107,10 @@ class Subproblems:
             sid = self._ids[canonical] = len(self.shapes)
             self.shapes.append(canonical)
             n = len(canonical[1])
-            first = range(n) if self.all_actions else range(min(n_required, 1))
-            self._actions.append(tuple(first) + tuple(range(max(n_required, 1), n)))
+            if self.all_actions:
+                self._actions.append(tuple(range(n)))
+            else:  # the next required tool, then the helpers
+                self._actions.append(((0,) if n_required else ()) + tuple(range(n_required, n)))
         return sid, tuple(keep)
 
     def after_success(self, sid: int, i: int) -> tuple[int, tuple[int, ...]]:
