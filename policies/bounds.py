@@ -1,11 +1,13 @@
 """Exact upper bounds on full success (SPEC 5) and the optimal policy they imply.
 
 * bound (iii) ``optimal_success``: the best full-success probability of any policy that knows the failure
-  model, by dynamic programming over the episode state that matters: the in-order prefix of required
-  tools, per relevant tool its call count or success, N_h, consecutive failures, the failing-tool streak
-  and turns used. Relevant tools are the required tools and their transitive dependencies; any other tool
-  only matters as a "filler" call (it can reset the consecutive-failure count), and the fillers are
-  interchangeable: every fresh dependency-free irrelevant tool has the same success probability.
+  model, by dynamic programming over the episode state that matters: the required tools not yet
+  succeeded, per relevant tool not yet succeeded its call count, N_h, consecutive failures, the
+  failing-tool streak and turns used. Relevant tools are the required tools and their transitive
+  dependencies; any other tool only matters as a "filler" call (it can reset the consecutive-failure
+  count), and the fillers are interchangeable: every fresh dependency-free irrelevant tool has the same
+  success probability. States are canonical (tool identities and what can no longer matter forgotten)
+  and shared by every problem with the same call cap, rules and failure model (``Subproblems``).
 * bound (ii) ``clairvoyant_success``: whether some action sequence reaches full success when every
   call's random draw is known in advance (search over the seeded stream of ``Episode``).
 * bound (i) is 1.
@@ -18,10 +20,11 @@ text env alike. The training dynamics profile has no bound.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from itertools import pairwise
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,20 +32,27 @@ from resilibench.envs.config import EpisodeRules, FailureModel, WorldConfig
 from resilibench.envs.planner_env import ResiliBenchEnv
 from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
 from resilibench.envs.simulator import Episode, success_probability, task_seed, termination_reason
-from resilibench.envs.tasks import Task
+from resilibench.envs.tasks import Task, dependency_sort
 from resilibench.metrics.workflow import Node, Workflow
 from resilibench.policies.base import Planner
 
 FILLER = -1  # action code of "call a fresh irrelevant tool" inside the DP
-SUCCEEDED = -1  # per-tool code of a tool that has succeeded
 
-# A DP state: (prefix k, per-relevant-tool codes, N_h, consecutive failures, last failing tool, streak, turns)
-State = tuple[int, tuple[int, ...], int, int, int, int, int]
+# A subproblem key: (shape id, call count per local tool, N_h, consecutive failures, local index of the tool
+# of the current failure streak (-1: none), streak length, turns used). See ``Subproblems``.
+Key = tuple[int, tuple[int, ...], int, int, int, int, int]
+
+
+class State(NamedTuple):
+    """A DP state of one problem: its subproblem key (None: lost) and the global id of each local tool."""
+
+    key: Key | None
+    tools: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class Problem:
-    """What a bound depends on: the required tools in order, the call cap, the rules and failure model."""
+    """What a bound depends on: the required tools in order, the call cap, the rules and the failure model."""
 
     required: tuple[int, ...]
     max_calls: int
@@ -71,10 +81,166 @@ def largest_turn_limit(task: Task, registry: ToolRegistry | None = None) -> int:
     return len(spare_tools(task.required_ids(registry), registry))
 
 
-class ExactBound:
-    """Bound (iii) for one problem, with the optimal action of every reachable state."""
+class Subproblems:
+    """The DP over canonical subproblems, shared by every problem with the same call cap, rules and failure
+    model (a task library has thousands of problems but far fewer distinct remainders).
 
-    def __init__(self, problem: Problem, registry: ToolRegistry | None = None):
+    A *shape* is what is left of a problem, with tool identities forgotten: the local tools that still
+    matter, each with the local indices of its dependencies that have not succeeded. Local tools are the
+    required tools not yet succeeded, in the required order (index 0 is the next one), then the helpers
+    (non-required prerequisites) that have not succeeded, in tie-break order. A tool that succeeded leaves
+    the shape: it can no longer be called and, as a dependency, no longer lowers any probability.
+
+    ``all_actions=False`` (bound (iii)): the actions are the next required tool, the helpers and a filler;
+    a helper that no required tool still needs, directly or through other helpers, leaves the shape.
+    ``all_actions=True`` (bound (ii), and the reference the pruned set is tested against): every tool of
+    the problem that has not succeeded stays an action, later required tools included (their success
+    loses the episode), as in a DP over the full episode state.
+    """
+
+    def __init__(self, max_calls: int, rules: EpisodeRules, failure: FailureModel, all_actions: bool):
+        self.max_calls, self.rules, self.failure, self.all_actions = max_calls, rules, failure, all_actions
+        self._ids: dict[tuple, int] = {}
+        self.shapes: list[tuple[int, tuple[tuple[int, ...], ...]]] = []  # id -> (n_required, deps)
+        self._actions: list[tuple[int, ...]] = []  # id -> tool actions in tie-break order (FILLER comes last)
+        self._after: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}  # (id, i) -> (id', kept indices)
+        self._p: dict[tuple[int, int, int], float] = {}
+        self._ends: dict[tuple[int, int], bool] = {}
+        self.memo: dict[Key, tuple[float, int | None]] = {}  # key -> (value, optimal action; None = FINISH)
+
+    # --- shapes ----------------------------------------------------------------------------------------
+
+    def shape(self, n_required: int, deps: Sequence[tuple[int, ...]]) -> tuple[int, tuple[int, ...]]:
+        """(shape id, local indices kept) of a tool list; drops helpers nothing needs unless all_actions."""
+        keep = range(len(deps))
+        if not self.all_actions:
+            needed, stack = set(range(n_required)), list(range(n_required))
+            while stack:
+                for d in deps[stack.pop()]:
+                    if d not in needed:
+                        needed.add(d)
+                        stack.append(d)
+            keep = sorted(needed)
+        position = {j: new for new, j in enumerate(keep)}
+        canonical = (n_required, tuple(tuple(position[d] for d in deps[j]) for j in keep))
+        sid = self._ids.get(canonical)
+        if sid is None:
+            sid = self._ids[canonical] = len(self.shapes)
+            self.shapes.append(canonical)
+            n = len(canonical[1])
+            if self.all_actions:
+                self._actions.append(tuple(range(n)))
+            else:  # the next required tool, then the helpers
+                self._actions.append(((0,) if n_required else ()) + tuple(range(n_required, n)))
+        return sid, tuple(keep)
+
+    def after_success(self, sid: int, i: int) -> tuple[int, tuple[int, ...]]:
+        """(shape id, local indices kept) once local tool i of shape ``sid`` has succeeded."""
+        entry = self._after.get((sid, i))
+        if entry is None:
+            n_required, deps = self.shapes[sid]
+            rest = [j for j in range(len(deps)) if j != i]
+            position = {j: new for new, j in enumerate(rest)}
+            new_deps = [tuple(position[d] for d in deps[j] if d != i) for j in rest]
+            new_sid, keep = self.shape(n_required - (i < n_required), new_deps)
+            entry = self._after[(sid, i)] = (new_sid, tuple(rest[j] for j in keep))
+        return entry
+
+    # --- transitions -----------------------------------------------------------------------------------
+
+    def probability(self, n_uncalled: int, n_failed: int, n_h: int) -> float:
+        p = self._p.get((n_uncalled, n_failed, n_h))
+        if p is None:
+            fm = self.failure
+            p = self._p[(n_uncalled, n_failed, n_h)] = success_probability(
+                fm.base_success, n_uncalled, n_failed, n_h, fm)
+        return p
+
+    def key(self, sid: int, codes: tuple[int, ...], n_h: int, consecutive: int, last: int, streak: int,
+            turns: int) -> Key | None:
+        """The canonical key of a state, None when it is lost. With ``spare`` turns left beyond one per
+        remaining required tool, more than ``spare`` further failures lose the episode anyway, so a
+        consecutive-failure count or a streak that cannot reach its limit within ``spare`` failures is
+        reset, and a call count that cannot reach the cap within ``spare + 1`` calls only says "called"
+        (1). Equivalent states then share one key, and values stay bit-identical."""
+        rules = self.rules
+        spare = rules.turn_limit - turns - self.shapes[sid][0]
+        end = self._ends.get((consecutive, streak))
+        if end is None:
+            end = self._ends[(consecutive, streak)] = termination_reason(consecutive, streak, rules) is not None
+        if spare < 0 or end:
+            return None
+        if consecutive + spare < rules.max_consecutive_failures:
+            consecutive = 0
+        if last < 0 or streak + spare < rules.max_same_tool_failures:
+            last, streak = -1, 0
+        low = self.max_calls - spare - 1
+        if low >= 2 and codes and max(codes) >= 2:
+            codes = tuple(1 if 0 < c <= low else c for c in codes)
+        return sid, codes, n_h, consecutive, last, streak, turns
+
+    def transitions(self, key: Key) -> list[tuple[int, float, Key | None, Key | None]]:
+        """(action, success probability, key after success, key after failure) of every action of a state
+        in tie-break order: tools under the call cap (local indices), then FILLER."""
+        sid, codes, n_h, consecutive, last, streak, turns = key
+        n_required, deps = self.shapes[sid]
+        cap, strict, make = self.max_calls, self.rules.strict_dependencies, self.key
+        moves = []
+        for i in self._actions[sid]:
+            if codes[i] >= cap:
+                continue
+            n_uncalled = n_failed = 0
+            for d in deps[i]:
+                if codes[d]:
+                    n_failed += 1
+                else:
+                    n_uncalled += 1
+            p = 0.0 if strict and (n_uncalled or n_failed) else self.probability(n_uncalled, n_failed, n_h)
+            if 0 < i < n_required:
+                success = None  # a later required tool succeeding first breaks the sequence
+            else:
+                new_sid, keep = self.after_success(sid, i)
+                success = make(new_sid, tuple([codes[j] for j in keep]), n_h, 0, -1, 0, turns + 1)
+            failed = codes[:i] + (codes[i] + 1,) + codes[i + 1:]
+            same = streak + 1 if last == i else 1
+            moves.append((i, p, success, make(sid, failed, n_h + 1, consecutive + 1, i, same, turns + 1)))
+        moves.append((FILLER, self.probability(0, 0, n_h), make(sid, codes, n_h, 0, -1, 0, turns + 1),
+                      make(sid, codes, n_h + 1, consecutive + 1, -1, 1, turns + 1)))
+        return moves
+
+    # --- dynamic programming ---------------------------------------------------------------------------
+
+    def solve(self, key: Key | None) -> tuple[float, int | None]:
+        """(optimal probability of full success, optimal action) from ``key`` (None = lost)."""
+        if key is None:
+            return 0.0, None
+        cached = self.memo.get(key)
+        if cached is not None:
+            return cached
+        n_required = self.shapes[key[0]][0]
+        best, best_action = 0.0, None  # None = FINISH
+        if n_required == 0:
+            best = 1.0
+        else:
+            for i, p, success, failure in self.transitions(key):
+                v = (p * self.solve(success)[0] if p > 0.0 else 0.0) + (
+                    (1.0 - p) * self.solve(failure)[0] if p < 1.0 else 0.0)
+                if v > best + 1e-12:
+                    best, best_action = v, i
+        result = self.memo[key] = (best, best_action)
+        return result
+
+
+@cache
+def subproblems(max_calls: int, rules: EpisodeRules, failure: FailureModel, all_actions: bool = False) -> Subproblems:
+    """The shared ``Subproblems`` of a call cap, rules and failure model."""
+    return Subproblems(max_calls, rules, failure, all_actions)
+
+
+class ExactBound:
+    """Bound (iii) for one problem, with the optimal action of every state, on the shared subproblem DP."""
+
+    def __init__(self, problem: Problem, registry: ToolRegistry | None = None, all_actions: bool = False):
         self.registry = registry or default_registry()
         self.problem = problem
         if problem.rules.profile != "test":
@@ -85,115 +251,64 @@ class ExactBound:
         ancestors = sorted(relevant - set(required), key=lambda t: self.registry.tools[t].dependency_metadata["level"])
         # Search order = tie-break order: required tools, then helpers (prerequisites first).
         self.tools: tuple[int, ...] = tuple(required) + tuple(ancestors)
-        self.local = {t: i for i, t in enumerate(self.tools)}
         self.m = len(required)
-        self.deps = tuple(tuple(self.local[d] for d in self.registry.dependency_ids[t]) for t in self.tools)
         self.fillers = spare_tools(required, self.registry)
         if len(self.fillers) < self.rules.turn_limit:
             raise ValueError(
                 f"rules.turn_limit={self.rules.turn_limit}: bound (iii) needs {self.rules.turn_limit} spare tools "
                 f"(dependency-free tools the task does not use), this task has {len(self.fillers)}"
             )
-        self._values: dict[State, float] = {}
-        self._actions: dict[State, int | None] = {}
+        self.dp = subproblems(problem.max_calls, self.rules, self.failure, all_actions)
 
     # --- state -------------------------------------------------------------------------------------
 
-    def initial_state(self) -> State:
-        return (0, (0,) * len(self.tools), 0, 0, -1, 0, 0)
+    def _state(self, dp: Subproblems, k: int, calls, succeeded, n_h: int, consecutive: int, last: int,
+               streak: int, turns: int) -> State:
+        """The state after ``k`` required tools, with per-tool ``calls`` and ``succeeded`` (global ids)."""
+        local = self.problem.required[k:] + tuple(t for t in self.tools[self.m:] if not succeeded[t])
+        index = {t: j for j, t in enumerate(local)}
+        deps = [tuple(index[d] for d in self.registry.dependency_ids[t] if d in index) for t in local]
+        sid, keep = dp.shape(self.m - k, deps)
+        tools = tuple(local[j] for j in keep)
+        last = tools.index(last) if streak > 0 and last in tools else -1
+        return State(dp.key(sid, tuple(calls[t] for t in tools), n_h, consecutive, last, streak, turns), tools)
+
+    def initial_state(self, dp: Subproblems | None = None) -> State:
+        zeros = [0] * len(self.registry)
+        return self._state(dp or self.dp, 0, zeros, zeros, 0, 0, -1, 0, 0)
 
     def state_of(self, episode: Episode) -> State | None:
         """The DP state of a running episode, or None when full success is no longer possible."""
         k = episode.next_required
-        required_done = sum(episode.succeeded[t] for t in episode.required)
-        if required_done != k:  # a required tool succeeded out of order
+        if sum(episode.succeeded[t] for t in episode.required) != k:  # a required tool succeeded out of order
             return None
-        codes = tuple(SUCCEEDED if episode.succeeded[t] else episode.calls[t] for t in self.tools)
-        streak = episode.same_tool_streak
-        last = self.local.get(episode.last_tool, -1) if streak > 0 else -1
-        if last == -1:
-            streak = 0
-        return (k, codes, episode.n_failures, episode.consecutive_failures, last, streak, episode.turns_used)
+        return self._state(self.dp, k, episode.calls, episode.succeeded, episode.n_failures,
+                           episode.consecutive_failures, episode.last_tool, episode.same_tool_streak,
+                           episode.turns_used)
+
+    def after_success(self, state: State, action: int) -> State | None:
+        """The state once local ``action`` (or FILLER) has succeeded; None when that loses the episode."""
+        success = next(move[2] for move in self.dp.transitions(state.key) if move[0] == action)
+        if success is None or action == FILLER:
+            return success and State(success, state.tools)
+        return State(success, tuple(state.tools[j] for j in self.dp.after_success(state.key[0], action)[1]))
 
     # --- dynamic programming -------------------------------------------------------------------------
 
-    def _probability(self, i: int, codes: tuple[int, ...], n_h: int) -> float:
-        n_uncalled = n_failed = 0
-        for d in self.deps[i]:
-            c = codes[d]
-            if c == 0:
-                n_uncalled += 1
-            elif c > 0:
-                n_failed += 1
-        if self.rules.strict_dependencies and (n_uncalled or n_failed):
-            return 0.0
-        return success_probability(self.failure.base_success, n_uncalled, n_failed, n_h, self.failure)
-
-    def _after_failure(self, state: State, i: int) -> State | None:
-        k, codes, n_h, consec, last, streak, turns = state
-        streak = streak + 1 if (i >= 0 and last == i) else 1
-        if termination_reason(consec + 1, streak, self.rules) is not None:
-            return None
-        if i >= 0:
-            codes = codes[:i] + (codes[i] + 1,) + codes[i + 1 :]
-            return (k, codes, n_h + 1, consec + 1, i, streak, turns + 1)
-        return (k, codes, n_h + 1, consec + 1, -1, 0, turns + 1)
-
-    def _after_success(self, state: State, i: int) -> State | None:
-        k, codes, n_h, consec, last, streak, turns = state
-        if i < 0:
-            return (k, codes, n_h, 0, -1, 0, turns + 1)
-        if i < self.m:
-            if i != k:
-                return None  # a later required tool succeeding first breaks the sequence
-            k += 1
-        codes = codes[:i] + (SUCCEEDED,) + codes[i + 1 :]
-        return (k, codes, n_h, 0, -1, 0, turns + 1)
-
-    def _outcomes(self, state: State, i: int) -> tuple[float, State | None, State | None]:
-        """(success probability, state after success, state after failure) of calling local tool i."""
-        n_h = state[2]
-        if i == FILLER:
-            p = success_probability(self.failure.base_success, 0, 0, n_h, self.failure)
-        else:
-            p = self._probability(i, state[1], n_h)
-        return p, self._after_success(state, i), self._after_failure(state, i)
-
-    def _candidates(self, state: State) -> Iterable[int]:
-        codes = state[1]
-        cap = self.problem.max_calls
-        for i in range(len(self.tools)):
-            if codes[i] != SUCCEEDED and codes[i] < cap:
-                yield i
-        yield FILLER
-
     def value(self, state: State | None) -> float:
         """Optimal probability of full success from ``state`` (None = lost)."""
-        if state is None:
-            return 0.0
-        cached = self._values.get(state)
-        if cached is not None:
-            return cached
-        k, turns = state[0], state[6]
-        best, best_action = 0.0, None  # None = FINISH
-        if k == self.m:
-            best = 1.0
-        elif self.rules.turn_limit - turns >= self.m - k:
-            for i in self._candidates(state):
-                p, success, failure = self._outcomes(state, i)
-                v = (p * self.value(success) if p > 0.0 else 0.0) + (
-                    (1.0 - p) * self.value(failure) if p < 1.0 else 0.0
-                )
-                if v > best + 1e-12:
-                    best, best_action = v, i
-        self._values[state] = best
-        self._actions[state] = best_action
-        return best
+        return 0.0 if state is None else self.dp.solve(state.key)[0]
 
     def best_local_action(self, state: State) -> int | None:
-        """The optimal local action (index into ``tools``, FILLER) or None for FINISH."""
-        self.value(state)
-        return self._actions[state]
+        """The optimal local action (index into ``state.tools``, FILLER) or None for FINISH."""
+        return self.dp.solve(state.key)[1]
+
+    def best_tool(self, state: State) -> int | None:
+        """The optimal action as a global tool id (the first fresh filler for FILLER), or None for FINISH."""
+        action = self.best_local_action(state)
+        if action is None:
+            return None
+        return self.fillers[0] if action == FILLER else state.tools[action]
 
     @property
     def optimal_success(self) -> float:
@@ -201,7 +316,8 @@ class ExactBound:
 
     @property
     def states_explored(self) -> int:
-        return len(self._values)
+        """DP states solved so far, shared by every problem with this call cap, rules and failure model."""
+        return len(self.dp.memo)
 
     def happy_path(self) -> list[int]:
         """Tools the optimal policy calls when every call succeeds (global ids)."""
@@ -210,44 +326,44 @@ class ExactBound:
             action = self.best_local_action(state)
             if action is None:
                 break
-            path.append(self.tools[action] if action != FILLER else self.fillers[0])
-            state = self._after_success(state, action)
+            path.append(self.best_tool(state))
+            state = self.after_success(state, action)
         return path
 
     # --- clairvoyant bound ---------------------------------------------------------------------------
 
     def clairvoyant(self, stream: np.ndarray) -> bool:
-        """Bound (ii) for one random stream: can any action sequence reach full success?"""
-        seen: set[tuple[State, int]] = set()
+        """Bound (ii) for one random stream: can any action sequence (every tool of the problem, later
+        required ones included, and fillers) reach full success?"""
+        dp = subproblems(self.problem.max_calls, self.rules, self.failure, all_actions=True)
+        seen: set[tuple[Key, int]] = set()
         success_draws = stream[:, 0]
-        fm = self.failure
+        strict = self.rules.strict_dependencies
 
-        def search(state: State | None, draws: int) -> bool:
-            if state is None:
+        def search(key: Key | None, draws: int) -> bool:
+            if key is None:
                 return False
-            k, turns = state[0], state[6]
-            if k == self.m:
+            n_required = dp.shapes[key[0]][0]
+            if n_required == 0:
                 return True
-            if self.rules.turn_limit - turns < self.m - k or (state, draws) in seen:
+            if (key, draws) in seen:
                 return False
             # Every remaining required success needs a future draw below the best possible probability,
             # which N_h only lowers: too few such draws left means no way through.
-            best_p = success_probability(fm.base_success, 0, 0, state[2], fm)
-            if int(np.count_nonzero(success_draws[draws:] < best_p)) < self.m - k:
+            best_p = dp.probability(0, 0, key[2])
+            if int(np.count_nonzero(success_draws[draws:] < best_p)) < n_required:
                 return False
-            seen.add((state, draws))
-            for i in self._candidates(state):
-                p, success, failure = self._outcomes(state, i)
-                if i != FILLER and p == 0.0 and self.rules.strict_dependencies:
+            seen.add((key, draws))
+            for i, p, success, failure in dp.transitions(key):
+                if i != FILLER and p == 0.0 and strict:
                     if search(failure, draws):  # dependency error: no draw
                         return True
                     continue
-                nxt = success if stream[draws, 0] < p else failure
-                if search(nxt, draws + 1):
+                if search(success if stream[draws, 0] < p else failure, draws + 1):
                     return True
             return False
 
-        return search(self.initial_state(), 0)
+        return search(self.initial_state(dp).key, 0)
 
 
 @cache
@@ -278,6 +394,25 @@ def clairvoyant_success(task: Task, seeds: Sequence[int], config: WorldConfig | 
         env.reset(seed=task_seed(task.instance_id, seed), options={"task_id": task.instance_id})
         hits.append(bound.clairvoyant(env.episode.stream))
     return float(np.mean(hits)) if hits else float("nan")
+
+
+def varied_tasks(count: int, seed: int = 0, max_tools: int = 6, registry: ToolRegistry | None = None
+                 ) -> list[Task]:
+    """``count`` tasks with distinct random required-tool lists (1 to ``max_tools`` of any tools, sorted by
+    their dependencies, max_retries 3): a varied workload for checking and timing the bounds."""
+    registry = registry or default_registry()
+    rng = np.random.default_rng(seed)
+    seen: set[tuple[str, ...]] = set()
+    tasks = []
+    while len(tasks) < count:
+        picked = rng.choice(len(registry), size=int(rng.integers(1, max_tools + 1)), replace=False)
+        tools = tuple(dependency_sort([registry.names[t] for t in picked], registry))
+        if tools not in seen:
+            seen.add(tools)
+            tasks.append(Task(instance_id=f"varied_{len(tasks):05d}", task_type="basic_file_processing",
+                              description="random required tools", inputs={}, expected_outputs={},
+                              required_tools=tools, constraints={"max_retries": 3}, complexity="medium"))
+    return tasks
 
 
 def reference_workflow(task: Task, config: WorldConfig | None = None) -> Workflow:
@@ -319,7 +454,7 @@ class OptimalPlanner:
         if action is None:
             return finish
         if action != FILLER:
-            return self.bound.tools[action]
+            return state.tools[action]
         for t in self.bound.fillers:
             if episode.calls[t] == 0:
                 return t
