@@ -1,4 +1,4 @@
-"""adversarial_v0: PettingZoo API, determinism, masks, zero-sum rewards, agreement with ResiliBench-v1."""
+"""adversarial_v0: PettingZoo API, determinism, masks, zero-sum rewards, agreement with ResiliBench-v0."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ PLANNER_SIZE = 204
 
 @pytest.fixture(scope="module")
 def tasks():
-    return [get_task(t) for t in TASK_IDS]
+    return [get_task(t, world="v0") for t in TASK_IDS]
 
 
 def make(tasks, **kwargs):
@@ -105,10 +105,10 @@ def test_same_seed_same_game_and_seeds_differ(tasks):
 
 
 def test_no_flaw_executor_matches_resilibench_v0(tasks):
-    """With "no flaw", the executor's episode is ResiliBench-v1's for the same seed and calls: observations,
+    """With "no flaw", the executor's episode is ResiliBench-v0's for the same seed and calls: observations,
     masks, traces, levels, ends and rewards (masked calls and calls past the turn limit included)."""
     rng = np.random.default_rng(1)
-    single = ResiliBenchEnv(tasks=tasks, split=None)
+    single = ResiliBenchEnv(tasks=tasks, split=None, world="v0")
     ends = set()
     for seed in range(12):
         env = make(tasks)
@@ -229,7 +229,7 @@ def test_executor_observation_follows_the_plan(tasks):
     """Calling the observation's next-planned tool (FINISH when none) is the literal plan follower: the same
     calls as ``PlanFollower.play`` on an Episode with the same seed; the done flags track successes."""
     p, width = 12, N_TOOLS + 3
-    single = ResiliBenchEnv(tasks=tasks, split=None)
+    single = ResiliBenchEnv(tasks=tasks, split=None, world="v0")
     for seed in range(6):
         env = make(tasks, max_plan_length=p)
         env.reset(seed=seed)
@@ -354,3 +354,17 @@ def test_workflow_option_and_render(tasks):
     text = env.render()
     assert "flaw missing_step/middle_removal at step 2: injected" in text
     assert "end: finished" in text
+
+
+def test_adversarial_v1_is_the_same_game_in_world_v1():
+    from resilibench.envs import adversarial_v1
+    from resilibench.envs.tasks import load_tasks
+
+    tasks = load_tasks(split="test")[:4]
+    api_test(adversarial_v1.env(tasks=tasks, matcher="lexical"), num_cycles=50)
+    parallel_api_test(adversarial_v1.parallel_env(tasks=tasks, matcher="lexical"), num_cycles=50)
+    game = adversarial_v1.parallel_env(split="test", matcher="lexical")
+    assert game.game.planner.world == "v1" and game.game.config.evaluator.partial_rule == "v1"
+    assert adversarial_v0.parallel_env(matcher="lexical").game.config.evaluator.partial_rule == "v0"
+    _, infos = game.reset(seed=0)
+    assert game.game.planner.tasks[0].metadata["world"] == "v1"

@@ -26,7 +26,8 @@ LEVELS = ("full_success", "partial_success", "failure")
 
 
 def one_task_per_type(count: int = 1):
-    tasks = load_tasks(split="test")
+    """The first test tasks of each type with at least two required tools (every flaw type applies)."""
+    tasks = [t for t in load_tasks(split="test") if len(t.required_tools) >= 2]
     return [t for name in TASK_TYPE_NAMES for t in [t for t in tasks if t.task_type == name][:count]]
 
 
