@@ -263,9 +263,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if len(names) != len(models) or len(set(names)) != len(names):
         raise CliError(f"--name: give one distinct name per MODEL ({len(models)}), got {names}")
     records = _clusters(args.clusters)
-    tables = {name: evaluate_generator(model, records, Path(args.output_dir) / name, _format(args),
-                                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
-              for name, model in zip(names, models, strict=True)}
+    try:
+        tables = {name: evaluate_generator(model, records, Path(args.output_dir) / name, _format(args),
+                                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+                  for name, model in zip(names, models, strict=True)}
+    except ValueError as exc:
+        raise CliError(f"robust evaluate: {exc}") from None
     print(format_tables(tables, ("original", *PERTURBATION_TYPES)))
     print(f"tables and answers in {args.output_dir}/<name>/", file=sys.stderr)
     return 0
@@ -275,9 +278,12 @@ def cmd_scratch(args: argparse.Namespace) -> int:
     from resilibench.robust_train.pipeline import build_generator
 
     records = [r for path in args.clusters for r in _clusters(path)]
-    out = build_generator(args.output_dir, records, _format(args), hidden_size=args.hidden_size,
-                          num_layers=args.num_layers, num_heads=args.num_heads, vocab_size=args.vocab_size,
-                          seed=args.seed)
+    try:
+        out = build_generator(args.output_dir, records, _format(args), hidden_size=args.hidden_size,
+                              num_layers=args.num_layers, num_heads=args.num_heads, vocab_size=args.vocab_size,
+                              seed=args.seed)
+    except ValueError as exc:
+        raise CliError(f"robust scratch: {exc}") from None
     print(f"model: {out}")
     return 0
 
