@@ -240,3 +240,25 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
     with pytest.raises(ValueError, match="holds a sft run with other inputs .*clusters_sha256"):
         run_sft(tmp_path / "scratch", fewer, tmp_path / "base", settings.pretrain, GeneratorFormat(), originals_only=True,
                 progress=False)
+
+
+def test_robust_commands_set_torch_threads_before_work(cluster_records, tmp_path):
+    """One torch thread by default (as PPO), --torch-threads N otherwise, applied by every training command."""
+    torch = pytest.importorskip("torch")
+    from resilibench.cli import main
+    from resilibench.robust_train.clusters import write_clusters
+
+    clusters = tmp_path / "clusters"
+    write_clusters(clusters, [r.task for r in cluster_records], types=("paraphrase",))
+    args = ["robust", "scratch", "--clusters", str(clusters), "--hidden-size", "16", "--num-layers", "1",
+            "--num-heads", "2", "--vocab-size", "300"]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert main([*args, "--output-dir", str(tmp_path / "a")]) == 0
+        assert torch.get_num_threads() == 1
+        assert main([*args, "--output-dir", str(tmp_path / "b"), "--torch-threads", "2"]) == 0
+        assert torch.get_num_threads() == 2
+        assert main([*args, "--output-dir", str(tmp_path / "c"), "--torch-threads", "0"]) == 2
+    finally:
+        torch.set_num_threads(before)
