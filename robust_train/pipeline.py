@@ -42,6 +42,7 @@ from resilibench.robust_train.training import PreferenceSettings, SFTSettings
 MODEL = "model"  # the directory name of a stage's resulting model
 STAGE_FILE = "stage.json"  # a stage's recorded inputs
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
+DIGEST_CHARS = 16  # of a sha256 hex digest: plenty to tell inputs apart, short enough to read in a diff
 
 
 class StageInputsChanged(ValueError):
@@ -49,7 +50,8 @@ class StageInputsChanged(ValueError):
 
 
 def model_digest(model_dir: str | Path) -> str:
-    """sha256 of a model directory's config.json and weight files: the model's identity, wherever it lies."""
+    """sha256 (first ``DIGEST_CHARS``) of a model directory's config.json and weight files: the model's
+    identity, wherever it lies."""
     digest = hashlib.sha256()
     for path in sorted(Path(model_dir).iterdir()):
         if path.name == "config.json" or path.suffix in WEIGHT_SUFFIXES:
@@ -57,12 +59,16 @@ def model_digest(model_dir: str | Path) -> str:
             with path.open("rb") as handle:
                 for chunk in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(chunk)
-    return digest.hexdigest()
+    return digest.hexdigest()[:DIGEST_CHARS]
 
 
 def clusters_digest(records: Sequence[ClusterRecord]) -> str:
-    """sha256 of the cluster records, in order."""
-    return hashlib.sha256(json.dumps([r.to_dict() for r in records], sort_keys=True).encode()).hexdigest()
+    """sha256 (first ``DIGEST_CHARS``) of the cluster records, in order."""
+    return _json_digest([r.to_dict() for r in records])
+
+
+def _json_digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:DIGEST_CHARS]
 
 
 def reuse_stage(record: Path, finished: bool, inputs: dict[str, Any]) -> bool:
@@ -152,7 +158,7 @@ def build_generator(directory: str | Path, records: Sequence[ClusterRecord], fmt
 
     directory = Path(directory)
     corpus = generator_corpus(records, fmt)
-    inputs = {"stage": "scratch", "corpus_sha256": hashlib.sha256(json.dumps(corpus).encode()).hexdigest(),
+    inputs = {"stage": "scratch", "corpus_sha256": _json_digest(corpus),
               "hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads,
               "vocab_size": vocab_size, "seed": seed}
     if reuse_stage(directory / STAGE_FILE, (directory / "config.json").exists(), inputs):
