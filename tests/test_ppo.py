@@ -67,10 +67,10 @@ TINY_FLAGS = ["--task-type", TYPE, "--num-env-runners", "0", "--num-envs-per-env
 
 @pytest.fixture(scope="module")
 def ray_session():
-    """One local Ray instance for the module, shut down at its end."""
+    """A local Ray instance for the module (never a `ray start` cluster on the machine), shut down after."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
