@@ -224,8 +224,10 @@ def probe_ray_head(address: str, timeout_s: float = 5.0) -> None:
         try:
             import grpc  # noqa: F401 (what ray[client] adds)
         except ImportError:
+            import ray
+
             raise RayClusterError(f"address {address}: ray:// addresses need the Ray Client: "
-                                  f"pip install 'ray[client]=={_ray_version()}'") from None
+                                  f"pip install 'ray[client]=={ray.__version__}'") from None
         host, _, port = address.removeprefix("ray://").partition(":")
         target = f"{host}:{port or 10001}"
     else:
@@ -254,12 +256,6 @@ def probe_ray_head(address: str, timeout_s: float = 5.0) -> None:
                               "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)") from None
 
 
-def _ray_version() -> str:
-    import ray
-
-    return ray.__version__
-
-
 def check_cluster_resources(cfg: PPOTrainConfig) -> None:
     """Raise ``RayClusterError`` when the job asks for more CPUs or GPUs than the Ray cluster has (RLlib
     would wait for them forever, silently)."""
@@ -268,11 +264,11 @@ def check_cluster_resources(cfg: PPOTrainConfig) -> None:
     resources = ray.cluster_resources()
     cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
     learners = cfg.learner_count
-    if required_cpus(cfg) > cpus:
-        raise RayClusterError(
-            f"num_env_runners: {cfg.num_env_runners} env runner(s) + "
-            f"{cfg.num_learners if cfg.num_gpus_per_learner == 0 else 0} CPU learner(s) need "
-            f"{required_cpus(cfg)} CPU(s), the Ray cluster has {cpus:g}")
+    needed = required_cpus(cfg)
+    if needed > cpus:
+        raise RayClusterError(f"num_env_runners: {cfg.num_env_runners} env runner(s) + "
+                              f"{needed - cfg.num_env_runners} CPU learner(s) need {needed} CPU(s), "
+                              f"the Ray cluster has {cpus:g}")
     if cfg.num_gpus_per_learner * learners > gpus:
         raise RayClusterError(f"num_gpus_per_learner: {cfg.num_gpus_per_learner} GPU(s) x {learners} "
                               f"learner(s) asked for, the Ray cluster has {gpus:g}")
