@@ -137,3 +137,11 @@ def test_token_authentication_is_a_quick_one_line_error(token_head, tmp_path, ca
     script = f"from resilibench.policies.ppo.training import probe_ray_head; probe_ray_head({token_head.address!r})"
     with_token = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}
     assert subprocess.run([sys.executable, "-c", script], env=with_token, timeout=120).returncode == 0
+
+
+def test_ray_client_address_without_ray_client_names_the_extra(monkeypatch):
+    from resilibench.policies.ppo.training import RayClusterError, probe_ray_head
+
+    monkeypatch.setitem(sys.modules, "grpc", None)  # as without ray[client]: `import grpc` fails
+    with pytest.raises(RayClusterError, match=r"ray:// addresses need the Ray Client: pip install 'ray\[client\]=="):
+        probe_ray_head("ray://127.0.0.1:10001")
