@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n(a) anchors")
     raw = raw_env_steps_per_s()
     print(f"ResiliBench-v0 alone (random legal actions): {raw:,.0f} steps/s")
-    ray.init(num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
              logging_level="ERROR")
     try:
         cart_whole, cart_sampling = iteration_throughput(cartpole_config(cfg, 1), args.scaling_iterations)

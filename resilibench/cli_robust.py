@@ -155,6 +155,18 @@ def _add_clusters(sub: Any, parents: dict[str, argparse.ArgumentParser]) -> None
 # --- sft, scpo, evaluate, scratch, demo ---------------------------------------------------------------
 
 
+def _torch_threads_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--torch-threads", type=positive_int, default=1, metavar="N",
+                        help="torch threads of this process (default 1: more stall on a busy machine)")
+
+
+def _use_torch_threads(args: argparse.Namespace) -> None:
+    """Apply --torch-threads before any model is loaded."""
+    from resilibench.robust_train.training import set_torch_threads
+
+    set_torch_threads(args.torch_threads)
+
+
 def _model_dir(text: str) -> Path:
     path = Path(text)
     if not (path / "config.json").is_file():
@@ -222,6 +234,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from resilibench.robust_train.pipeline import run_sft
     from resilibench.robust_train.training import SFTSettings
 
+    _use_torch_threads(args)
     model, records = _model_dir(args.model), _clusters(args.clusters)
     settings = _trainer_settings(SFTSettings(), args)
     rows = len(records) if args.originals_only else sum(len(r.variants) for r in records)
@@ -240,6 +253,7 @@ def cmd_scpo(args: argparse.Namespace) -> int:
 
     from resilibench.robust_train.scpo import ScPOSettings, run_scpo
 
+    _use_torch_threads(args)
     model, records = _model_dir(args.model), _clusters(args.clusters)
     defaults = ScPOSettings()
     changes = {name: getattr(args, name) for name in ("iterations", "candidates", "temperature", "vote",
@@ -259,14 +273,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from resilibench.robust_train.evaluation import format_tables
     from resilibench.robust_train.pipeline import evaluate_generator
 
+    _use_torch_threads(args)
     models = [_model_dir(m) for m in args.models]
     names = args.name or [m.name if m.name != "model" else m.parent.name for m in models]
     if len(names) != len(models) or len(set(names)) != len(names):
         raise CliError(f"--name: give one distinct name per MODEL ({len(models)}), got {names}")
     records = _clusters(args.clusters)
-    tables = {name: evaluate_generator(model, records, Path(args.output_dir) / name, _format(args),
-                                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
-              for name, model in zip(names, models, strict=True)}
+    try:
+        tables = {name: evaluate_generator(model, records, Path(args.output_dir) / name, _format(args),
+                                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+                  for name, model in zip(names, models, strict=True)}
+    except ValueError as exc:
+        raise CliError(f"robust evaluate: {exc}") from None
     print(format_tables(tables, ("original", *PERTURBATION_TYPES)))
     print(f"tables and answers in {args.output_dir}/<name>/", file=sys.stderr)
     return 0
@@ -275,10 +293,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_scratch(args: argparse.Namespace) -> int:
     from resilibench.robust_train.pipeline import build_generator
 
+    _use_torch_threads(args)
     records = [r for path in args.clusters for r in _clusters(path)]
-    out = build_generator(args.output_dir, records, _format(args), hidden_size=args.hidden_size,
-                          num_layers=args.num_layers, num_heads=args.num_heads, vocab_size=args.vocab_size,
-                          seed=args.seed)
+    try:
+        out = build_generator(args.output_dir, records, _format(args), hidden_size=args.hidden_size,
+                              num_layers=args.num_layers, num_heads=args.num_heads, vocab_size=args.vocab_size,
+                              seed=args.seed)
+    except ValueError as exc:
+        raise CliError(f"robust scratch: {exc}") from None
     print(f"model: {out}")
     return 0
 
@@ -288,6 +310,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from resilibench.robust_train.pipeline import DemoSettings, run_demo
 
+    _use_torch_threads(args)
     defaults = DemoSettings()
     changes = {name: getattr(args, name) for name in ("train_clusters", "test_clusters", "pretrain_tasks", "seed")
                if getattr(args, name) is not None}
@@ -318,6 +341,7 @@ def _add_training(sub: Any) -> None:
     sft.add_argument("--originals-only", action="store_true", help="train on the original instructions only")
     sft.add_argument("--full", action="store_true", help="full fine-tuning instead of a LoRA adapter")
     _train_flags(sft, SFTSettings())
+    _torch_threads_flag(sft)
     sft.set_defaults(func=cmd_sft)
 
     defaults = ScPOSettings()
@@ -338,6 +362,7 @@ def _add_training(sub: Any) -> None:
     scpo.add_argument("--nll-alpha", type=float, metavar="ALPHA",
                       help=f"weight of the NLL term (default {defaults.preference.nll_alpha:g})")
     _train_flags(scpo, defaults.preference)
+    _torch_threads_flag(scpo)
     scpo.set_defaults(func=cmd_scpo)
 
 
@@ -350,6 +375,7 @@ def _add_evaluation(sub: Any) -> None:
     evaluate.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N", help="default 256")
     evaluate.add_argument("--batch-size", type=positive_int, default=64, metavar="N", help="default 64")
     evaluate.add_argument("--tool-list", action="store_true", help="as for `robust sft`")
+    _torch_threads_flag(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 
     scratch = sub.add_parser("scratch", help="a small random generator with a tokenizer trained on cluster datasets")
@@ -361,6 +387,7 @@ def _add_evaluation(sub: Any) -> None:
     scratch.add_argument("--vocab-size", type=positive_int, default=2048, metavar="N", help="default 2048")
     scratch.add_argument("--seed", type=nonnegative_int, default=0, help="default 0")
     scratch.add_argument("--tool-list", action="store_true", help="as for `robust sft`")
+    _torch_threads_flag(scratch)
     scratch.set_defaults(func=cmd_scratch)
 
     demo = sub.add_parser("demo", help="from scratch -> SFT -> ScPO on the built-in library, with the table")
@@ -370,6 +397,7 @@ def _add_evaluation(sub: Any) -> None:
     demo.add_argument("--pretrain-tasks", type=positive_int, metavar="N", help="original instructions for the base")
     demo.add_argument("--scpo-iterations", type=positive_int, metavar="N")
     demo.add_argument("--seed", type=nonnegative_int)
+    _torch_threads_flag(demo)
     demo.set_defaults(func=cmd_demo)
 
 

@@ -244,8 +244,11 @@ def run_scpo(model_dir: str | Path, records: Sequence[ClusterRecord], output_dir
     settings, fmt = settings or ScPOSettings(), fmt or GeneratorFormat()
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    config = {"model": str(Path(model_dir).resolve()), "settings": settings.to_dict(), "format": fmt.to_dict(),
-              "clusters": [r.cluster_id for r in records]}
+    from resilibench.robust_train.pipeline import clusters_digest, model_digest
+
+    config = {"model": str(Path(model_dir).resolve()), "model_sha256": model_digest(model_dir),
+              "settings": settings.to_dict(), "format": fmt.to_dict(),
+              "clusters": [r.cluster_id for r in records], "clusters_sha256": clusters_digest(records)}
     _check_run_config(output_dir / "meta.json", config)
     write_json_atomic(output_dir / "meta.json", run_metadata(config, [settings.seed]))
     state_path = output_dir / "state.json"

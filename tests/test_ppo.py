@@ -67,10 +67,10 @@ TINY_FLAGS = ["--task-type", TYPE, "--num-env-runners", "0", "--num-envs-per-env
 
 @pytest.fixture(scope="module")
 def ray_session():
-    """One local Ray instance for the module, shut down at its end."""
+    """A local Ray instance for the module (never a `ray start` cluster on the machine), shut down after."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
@@ -316,6 +316,32 @@ def test_resume_continues_the_iteration_count(trained, tmp_path):
     with pytest.raises(ValueError, match="different config .*lr"):
         check_resumable(cfg.to_dict(), PPOTrainConfig(**TINY, lr=0.01))
     check_resumable(cfg.to_dict(), PPOTrainConfig(**{**TINY, "num_env_runners": 2}))  # resources may change
+
+
+def test_the_batch_is_split_across_learners_and_the_learner_count_is_kept_on_resume(trained, tmp_path):
+    """train_batch_size is the env steps of an iteration whatever the learner count (docs/ppo.md); a resume
+    with another learner count is refused with the change."""
+    for learners in (0, 1, 2, 4):
+        config = build_ppo_config(PPOTrainConfig(**{**TINY, "num_learners": learners}))
+        assert config.total_train_batch_size == TINY["train_batch_size"]
+        assert config.minibatch_size * max(learners, 1) == TINY["minibatch_size"]
+    with pytest.raises(ValueError, match=r"train_batch_size: must be a multiple of the learner count \(3\)"):
+        PPOTrainConfig(**{**TINY, "num_learners": 3})
+    state = read_state(latest_checkpoint(trained))
+    assert (state.num_learners, state.train_batch_size) == (0, TINY["train_batch_size"])
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    with pytest.raises(ValueError, match="different config .*num_learners: 0 -> 2"):
+        train(PPOTrainConfig(**{**TINY, "num_learners": 2, "iterations": 3}), copy, resume=True)
+
+
+def test_more_cpus_than_ray_has_are_refused_up_front(ray_session):
+    from resilibench.policies.ppo.training import RayClusterError, init_ray
+
+    with pytest.raises(RayClusterError, match=r"num_env_runners: 2 env runner\(s\) \+ 1 CPU learner\(s\) need "
+                                              r"3 CPU\(s\), the Ray cluster has 2"):
+        init_ray(PPOTrainConfig(**{**TINY, "num_env_runners": 2, "num_learners": 1}))
+    assert init_ray(PPOTrainConfig(**{**TINY, "num_env_runners": 1, "num_learners": 1})) is False  # 2 fit
 
 
 # --- evaluation ----------------------------------------------------------------------------------------

@@ -166,6 +166,17 @@ def test_cli_sft_scpo_evaluate(cluster_records, sft_generator, tmp_path, capsys)
                  str(tmp_path / "sft"), "--max-steps", "1", "--lora-r", "4", "--batch-size", "4"]) == 0
     adapter = json.loads((tmp_path / "sft" / "train" / "final" / "adapter_config.json").read_text())
     assert adapter["r"] == 4 and (tmp_path / "sft" / "model" / "config.json").exists()
+    # The finished directory again, with another base model, other clusters and --epochs 5: refused, not reused.
+    other = tmp_path / "other-clusters"
+    write_clusters(other, [r.task for r in cluster_records[:2]], types=("paraphrase",))
+    model_bytes = (tmp_path / "sft" / "model" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main(["robust", "sft", str(tmp_path / "sft" / "model"), "--clusters", str(other), "--output-dir",
+                 str(tmp_path / "sft"), "--epochs", "5", "--lora-r", "4", "--batch-size", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the "SFT on ..." line
+    assert err.startswith("resilibench: error: robust sft: ") and f"{tmp_path / 'sft'} holds a sft run with other inputs" in err
+    assert all(change in err for change in ("model_sha256: ", "clusters_sha256: ", "settings.epochs: 3.0 -> 5.0"))
+    assert (tmp_path / "sft" / "model" / "model.safetensors").read_bytes() == model_bytes
     assert main(["robust", "scpo", str(sft_generator), "--clusters", str(clusters), "--output-dir",
                  str(tmp_path / "scpo"), "--candidates", "3", "--vote", "soft", "--temperature", "0.7", "--max-new-tokens", "48",
                  "--max-steps", "1", "--batch-size", "2", "--gradient-accumulation-steps", "1"]) == 0
@@ -211,3 +222,43 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
     logs.clear()
     assert run_demo(tmp_path, settings, progress=False, log=logs.append) == tables
     assert not any(line.startswith("iteration") for line in logs)  # nothing was sampled again
+    # Rerun with another number of pretraining tasks: refused with the change before anything runs; the
+    # models and meta.json stay as they were.
+    from dataclasses import replace
+
+    base = (tmp_path / "base" / "model" / "model.safetensors").read_bytes()
+    meta = (tmp_path / "meta.json").read_text()
+    with pytest.raises(ValueError, match=r"holds a demo run with other inputs \(demo.pretrain_tasks: 5 -> 4\)"):
+        run_demo(tmp_path, replace(settings, pretrain_tasks=4), progress=False, log=logs.append)
+    assert (tmp_path / "base" / "model" / "model.safetensors").read_bytes() == base
+    assert (tmp_path / "meta.json").read_text() == meta
+    # A stage on its own refuses too: the base stage with the first 4 pretraining clusters only.
+    from resilibench.robust_train.clusters import load_clusters
+    from resilibench.robust_train.pipeline import run_sft
+
+    fewer = load_clusters(tmp_path / "clusters" / "pretrain")[:4]
+    with pytest.raises(ValueError, match="holds a sft run with other inputs .*clusters_sha256"):
+        run_sft(tmp_path / "scratch", fewer, tmp_path / "base", settings.pretrain, GeneratorFormat(), originals_only=True,
+                progress=False)
+
+
+def test_robust_commands_set_torch_threads_before_work(cluster_records, tmp_path):
+    """One torch thread by default (as PPO), --torch-threads N otherwise, applied by every training command."""
+    torch = pytest.importorskip("torch")
+    from resilibench.cli import main
+    from resilibench.robust_train.clusters import write_clusters
+
+    clusters = tmp_path / "clusters"
+    write_clusters(clusters, [r.task for r in cluster_records], types=("paraphrase",))
+    args = ["robust", "scratch", "--clusters", str(clusters), "--hidden-size", "16", "--num-layers", "1",
+            "--num-heads", "2", "--vocab-size", "300"]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert main([*args, "--output-dir", str(tmp_path / "a")]) == 0
+        assert torch.get_num_threads() == 1
+        assert main([*args, "--output-dir", str(tmp_path / "b"), "--torch-threads", "2"]) == 0
+        assert torch.get_num_threads() == 2
+        assert main([*args, "--output-dir", str(tmp_path / "c"), "--torch-threads", "0"]) == 2
+    finally:
+        torch.set_num_threads(before)

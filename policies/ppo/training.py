@@ -36,9 +36,9 @@ ENV_NAME = "ResiliBenchMasked-v0"  # MaskedPlannerEnv over ResiliBench-v0, regis
 TRAINING_FILE, PROGRESS_FILE, CHECKPOINTS, LATEST, STATE_FILE = (
     "training.json", "progress.jsonl", "checkpoints", "latest.json", "state.json")
 # Fields that may differ between a run and its resumption (resources and stopping rules).
+# The learner count may not change: it splits the batch and shapes the optimizer state in the checkpoint.
 RESUMABLE_CHANGES = frozenset({"iterations", "time_budget_min", "num_env_runners", "num_envs_per_env_runner",
-                               "num_learners", "num_gpus_per_learner", "num_torch_threads",
-                               "checkpoint_every", "keep_checkpoints"})
+                               "num_gpus_per_learner", "num_torch_threads", "checkpoint_every", "keep_checkpoints"})
 
 
 @dataclass
@@ -75,8 +75,8 @@ class PPOTrainConfig:
     use_kl_loss: bool = False
     kl_coeff: float = 0.2
     grad_clip: float = 0.5  # paper D.5.1
-    train_batch_size: int = 4000  # env steps per iteration (per learner)
-    minibatch_size: int = 500
+    train_batch_size: int = 4000  # env steps per iteration, split evenly across the learners
+    minibatch_size: int = 500  # samples per SGD step, split across the learners like the batch
     num_epochs: int = 4
     # Resources.
     num_env_runners: int = 2  # on 2 cores: 1.1-1.4x the env steps per second of 1 runner (benchmarks/bench_ppo.py)
@@ -108,6 +108,9 @@ class PPOTrainConfig:
             ("num_env_runners", self.num_env_runners >= 0, ">= 0"),
             ("num_envs_per_env_runner", self.num_envs_per_env_runner >= 1, ">= 1"),
             ("num_learners", self.num_learners >= 0, ">= 0"),
+            ("train_batch_size", self.train_batch_size % self.learner_count == 0
+             and self.minibatch_size % self.learner_count == 0,
+             f"a multiple of the learner count ({self.learner_count}), as is minibatch_size"),
             ("num_gpus_per_learner", self.num_gpus_per_learner >= 0, ">= 0"),
             ("num_torch_threads", self.num_torch_threads >= 1, ">= 1"),
             ("iterations", self.iterations is None or self.iterations >= 1, ">= 1"),
@@ -128,6 +131,11 @@ class PPOTrainConfig:
             CurriculumConfig(**self.curriculum_config)
         except TypeError as exc:
             raise ValueError(f"curriculum_config: {exc}") from None
+
+    @property
+    def learner_count(self) -> int:
+        """The learners that split each batch (0 learners: the driver's own learner)."""
+        return max(self.num_learners, 1)
 
     def world_config(self) -> WorldConfig:
         """The world the envs run (``world`` applied to the defaults)."""
@@ -183,8 +191,9 @@ def build_ppo_config(cfg: PPOTrainConfig, stage: int = 0, cluster: bool = False)
         .training(lr=cfg.lr if cfg.lr_end is None else [[0, cfg.lr], [cfg.lr_decay_steps, cfg.lr_end]], gamma=cfg.gamma, lambda_=cfg.lambda_, clip_param=cfg.clip_param,
                   vf_clip_param=cfg.vf_clip_param, vf_loss_coeff=cfg.vf_loss_coeff,
                   entropy_coeff=cfg.entropy_coeff, use_kl_loss=cfg.use_kl_loss, kl_coeff=cfg.kl_coeff,
-                  grad_clip=cfg.grad_clip, train_batch_size_per_learner=cfg.train_batch_size,
-                  minibatch_size=cfg.minibatch_size, num_epochs=cfg.num_epochs)
+                  grad_clip=cfg.grad_clip,
+                  train_batch_size_per_learner=cfg.train_batch_size // cfg.learner_count,
+                  minibatch_size=cfg.minibatch_size // cfg.learner_count, num_epochs=cfg.num_epochs)
         .callbacks(TrainingCallbacks)
         .fault_tolerance(restart_failed_env_runners=cluster)
         .debugging(seed=cfg.seed, log_level="ERROR")
@@ -192,10 +201,84 @@ def build_ppo_config(cfg: PPOTrainConfig, stage: int = 0, cluster: bool = False)
     )
 
 
+class RayClusterError(ValueError):
+    """The Ray cluster of ``address`` cannot be reached or cannot run the job (one line, naming the field)."""
+
+
+def required_cpus(cfg: PPOTrainConfig) -> int:
+    """CPUs the job's Ray actors reserve: one per env runner and one per CPU learner (a GPU learner takes
+    none, as in RLlib). The driver, where learning happens with 0 learners, reserves none."""
+    return cfg.num_env_runners + (cfg.num_learners if cfg.num_gpus_per_learner == 0 else 0)
+
+
+def probe_ray_head(address: str, timeout_s: float = 5.0) -> None:
+    """Raise ``RayClusterError`` at once when no Ray head node answers at ``address`` (``auto``, HOST:PORT
+    or ray://HOST[:PORT]), or when it refuses this process's credentials (token authentication), instead
+    of Ray's minutes of retries. ray:// needs the Ray Client dependencies (``ray[client]``)."""
+    import socket
+
+    from ray._private.services import canonicalize_bootstrap_address
+
+    client = address.startswith("ray://")
+    if client:
+        try:
+            import grpc  # noqa: F401 (what ray[client] adds)
+        except ImportError:
+            import ray
+
+            raise RayClusterError(f"address {address}: ray:// addresses need the Ray Client: "
+                                  f"pip install 'ray[client]=={ray.__version__}'") from None
+        host, _, port = address.removeprefix("ray://").partition(":")
+        target = f"{host}:{port or 10001}"
+    else:
+        try:
+            target = canonicalize_bootstrap_address(address)
+        except (ConnectionError, ValueError) as exc:
+            raise RayClusterError(f"address {address}: {exc}") from None
+        if target is None:  # "local": Ray starts an instance itself
+            return
+    host, _, port = target.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as exc:
+        raise RayClusterError(f"address {address}: no Ray head node answers at {target} ({exc}); start one with "
+                              "`ray start --head` or check the address") from None
+    if client:
+        return
+    from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError
+
+    try:
+        GcsClient(address=target)
+    except AuthenticationError:
+        raise RayClusterError(f"address {address}: the Ray cluster at {target} uses token authentication and "
+                              "refused this process: set RAY_AUTH_MODE=token and the cluster's token "
+                              "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)") from None
+
+
+def check_cluster_resources(cfg: PPOTrainConfig) -> None:
+    """Raise ``RayClusterError`` when the job asks for more CPUs or GPUs than the Ray cluster has (RLlib
+    would wait for them forever, silently)."""
+    import ray
+
+    resources = ray.cluster_resources()
+    cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
+    learners = cfg.learner_count
+    needed = required_cpus(cfg)
+    if needed > cpus:
+        raise RayClusterError(f"num_env_runners: {cfg.num_env_runners} env runner(s) + "
+                              f"{needed - cfg.num_env_runners} CPU learner(s) need {needed} CPU(s), "
+                              f"the Ray cluster has {cpus:g}")
+    if cfg.num_gpus_per_learner * learners > gpus:
+        raise RayClusterError(f"num_gpus_per_learner: {cfg.num_gpus_per_learner} GPU(s) x {learners} "
+                              f"learner(s) asked for, the Ray cluster has {gpus:g}")
+
+
 def init_ray(cfg: PPOTrainConfig, address: str | None = None) -> bool:
-    """Start local Ray with enough CPUs for the env runners and learners (or join ``address``); quiet
-    logs, no dashboard. Returns False when Ray was already initialised (then it is left as it is).
-    Raises ValueError when the learners ask for more GPUs than Ray sees (the job would wait forever)."""
+    """Start a local Ray instance sized for the job (even when a `ray start` cluster runs on this machine:
+    joining one takes ``address``), or join the cluster at ``address`` after probing it; quiet logs, no
+    dashboard. Returns False when Ray was already initialised (then it is left as it is). Raises
+    ``RayClusterError`` when the cluster cannot be reached or lacks the CPUs or GPUs the job asks for."""
     require_rl()
     import ray
 
@@ -203,18 +286,20 @@ def init_ray(cfg: PPOTrainConfig, address: str | None = None) -> bool:
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR}
         if address:
-            ray.init(address=address, **kwargs)
+            probe_ray_head(address)
+            try:
+                ray.init(address=address, **kwargs)
+            except ConnectionError as exc:
+                raise RayClusterError(f"address {address}: {exc}") from None
         else:
-            needed = cfg.num_env_runners + (cfg.num_learners if cfg.num_gpus_per_learner == 0 else 0)
-            ray.init(num_cpus=max(os.cpu_count() or 1, needed, 1), **kwargs)
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, required_cpus(cfg), 1), **kwargs)
         started = True
-    gpus_needed = cfg.num_gpus_per_learner * max(cfg.num_learners, 1)
-    gpus = ray.cluster_resources().get("GPU", 0.0)
-    if gpus_needed > gpus:
+    try:
+        check_cluster_resources(cfg)
+    except RayClusterError:
         if started:
             ray.shutdown()
-        raise ValueError(f"num_gpus_per_learner: {cfg.num_gpus_per_learner} GPU(s) x {max(cfg.num_learners, 1)} "
-                         f"learner(s) asked for, the Ray cluster has {gpus:g}")
+        raise
     return started
 
 
@@ -240,12 +325,15 @@ def bound_iii_mean(tasks: Sequence[Task], cfg: PPOTrainConfig) -> float:
 
 @dataclass
 class TrainingState:
-    """What a checkpoint adds to RLlib's own state."""
+    """What a checkpoint adds to RLlib's own state (with the learner count and the batch it was trained
+    with, which a resumed run must keep)."""
 
     iteration: int = 0
     env_steps: int = 0
     train_seconds: float = 0.0
     stage: int = 0
+    num_learners: int | None = None  # None: a checkpoint written before these were recorded
+    train_batch_size: int | None = None
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:
@@ -346,7 +434,8 @@ def train(cfg: PPOTrainConfig, output_dir: str | Path, resume: bool = False, add
             row = _progress_row(result, state, elapsed, bound_for(state.stage if cfg.curriculum else -1),
                                 cfg.curriculum)
             state = TrainingState(row["iteration"], row["env_steps"], row["train_seconds"],
-                                  result["resilibench"]["stage"] if cfg.curriculum else 0)
+                                  result["resilibench"]["stage"] if cfg.curriculum else 0,
+                                  cfg.num_learners, cfg.train_batch_size)
             writer.write(row)
             log(format_progress(row))
             if algo.iteration - last_saved >= cfg.checkpoint_every:
