@@ -252,7 +252,7 @@ def run_selfplay(cfg: SelfPlayConfig | None = None, progress: bool = True) -> Se
     torch.set_num_threads(cfg.torch_threads)
     own_ray = not ray.is_initialized()
     if own_ray:
-        ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, logging_level=logging.ERROR,
+        ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False, logging_level=logging.ERROR,
                  log_to_driver=False)
     try:
         algo = build_algorithm(cfg)

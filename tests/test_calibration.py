@@ -140,7 +140,7 @@ def test_calibrate_errors_exit_2(tmp_path, capsys):
     file.write_text("x")
     cases = [
         (["--perturber", "llm"], "--perturber llm needs --backend"),
-        (["--split", "test", "--task-type", "basic_file_processing"], "at least 5 steps"),
+        (["--split", "test", "--task-type", "simple_data_transformation"], "at least 5 steps"),
         (["--output-dir", str(file)], "exists and is not a directory"),
         (["--metrics", "judge"], "--metrics judge needs --backend"),
         (["--metrics", "rouge"], "invalid choice: 'rouge'"),
