@@ -1,4 +1,4 @@
-"""Self-play on ``adversarial_v0`` with RLlib PPO (new API stack): a flaw injector against an executor.
+"""Self-play on ``adversarial_v1`` (``world="v0"``: ``adversarial_v0``) with RLlib PPO (new API stack): a flaw injector against an executor.
 
 Both agents learn at once, each with its own PPO module, on the native parallel env through RLlib's
 ``ParallelPettingZooEnv``. The executor's full-success rate on clean plans (adversary forced to "no flaw")
@@ -28,7 +28,7 @@ import numpy as np
 from resilibench.envs.adversarial_v0 import ADVERSARY, EXECUTOR, NO_FLAW, AdversarialParallelEnv, parallel_env
 from resilibench.policies.plan_follower import PlanFollower
 
-ENV_NAME = "resilibench_adversarial_v0"
+ENV_NAME = "resilibench_adversarial"
 AGENTS = (ADVERSARY, EXECUTOR)
 
 
@@ -46,6 +46,7 @@ class SelfPlayConfig:
     severity: float = 0.5
     hide_required: bool = True  # the plan is the executor's only guide to the required tools
     matcher: str = "auto"  # tool similarity of the flaws (see adversarial_v0)
+    world: str = "v1"  # the task library and grading of the game
     # Evaluation: episodes on held-out tasks, seeds seed * 1_000_003 + i.
     eval_episodes: int = 200
     # PPO.
@@ -74,7 +75,8 @@ class SelfPlayConfig:
 
     def env_config(self, split: str) -> dict[str, Any]:
         return {"split": split, "task_types": list(self.task_types), "budget": self.budget,
-                "severity": self.severity, "hide_required": self.hide_required, "matcher": self.matcher}
+                "severity": self.severity, "hide_required": self.hide_required, "matcher": self.matcher,
+                "world": self.world}
 
 
 def require_rl() -> None:
@@ -87,7 +89,7 @@ def require_rl() -> None:
 
 
 def make_env(env_config: dict[str, Any]):
-    """The RLlib multi-agent env: ``adversarial_v0``'s parallel env in ``ParallelPettingZooEnv``."""
+    """The RLlib multi-agent env: the adversarial game's parallel env in ``ParallelPettingZooEnv``."""
     from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv
 
     return ParallelPettingZooEnv(parallel_env(**env_config))

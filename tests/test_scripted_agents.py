@@ -132,3 +132,45 @@ def test_plan_follower_without_a_plan_signals_completion():
     jobs = eval_jobs(tasks_of_every_type(1)[:2], ["baseline"], seeds=[0])
     rows = run_eval(PlanFollowingTextAgent(), jobs, progress=False)
     assert all(r["turns"] == 0 and r["completed"] and r["level"] == "failure" for r in rows)
+
+
+# --- text-only baselines -------------------------------------------------------------------------------
+
+
+def baseline_rows(agent, world: str, count: int = 4, seeds=range(3)):
+    tasks = load_tasks(split="test", world=world)
+    tasks = [t for name in TASK_TYPE_NAMES for t in [t for t in tasks if t.task_type == name][:count]]
+    config = make_world_config(None, None, True, None, world)
+    return run_eval(agent, eval_jobs(tasks, ["baseline"], seeds=seeds, config=config), config=config,
+                    progress=False, env_kwargs={"search": "lexical", "matcher": "lexical", "world": world})
+
+
+def full_rate(rows) -> float:
+    return sum(r["level"] == "full_success" for r in rows) / len(rows)
+
+
+def test_name_reading_agent_copies_v0_and_finds_nothing_in_v1():
+    """The copy baseline: on world v0, whose descriptions name their tools in order, reading names off the
+    prompt does well; on world v1 it has nothing to read and scores zero."""
+    from resilibench.agents.text_baselines import NameReadingTextAgent
+
+    agent = NameReadingTextAgent()
+    v0 = baseline_rows(agent, "v0")
+    v1 = baseline_rows(agent, "v1")
+    assert full_rate(v0) > 0.5
+    assert full_rate(v1) == 0.0
+    assert all(r["level"] == "failure" for r in v1)  # "task completed" with nothing done
+
+
+def test_search_agent_finds_tools_from_the_description_alone():
+    from resilibench.agents.text_baselines import SearchTextAgent, clauses, task_text
+
+    prompt = ("Execute a task.\n\nTask: A small job. To begin, load the sales records from data/s.csv. Then "
+              "keep only the rows with a non-zero amount.\n\nInput Data:\n- source: \"data/s.csv\"\n")
+    assert task_text(prompt).startswith("A small job.")
+    assert clauses(task_text(prompt)) == ["A small job", "load the sales records from data/s.csv",
+                                          "keep only the rows with a non-zero amount"]
+    assert SearchTextAgent.searches(prompt) == clauses(task_text(prompt))[1:]
+    rows = baseline_rows(SearchTextAgent(), "v1")
+    assert any(r["level"] == "full_success" for r in rows)  # it does find tools
+    assert full_rate(rows) < full_rate(baseline_rows(OptimalTextAgent(), "v1"))  # and is no oracle
