@@ -253,6 +253,24 @@ def test_tasks_generate_is_byte_identical(tmp_path, capsys):
     assert "5040" in out and "easy 1520, medium 2880, hard 640" in out
 
 
+def test_tasks_stats_and_worlds(tmp_path, capsys):
+    assert main(["tasks", "stats", "--format", "json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["source"]["world"] == "v1" and stats["distinct_tool_lists"] == 5040
+    assert stats["descriptions_naming_a_tool"] == 0 and stats["test_lists_seen_in_train_or_validation"] == 0
+    assert main(["tasks", "stats", "--world", "v0"]) == 0
+    out = capsys.readouterr().out
+    assert "distinct required-tool lists: 41" in out and "descriptions that name a tool: 5040" in out
+    v0 = tmp_path / "v0.jsonl"
+    assert main(["tasks", "generate", "--world", "v0", "--matcher", "lexical", "--output", str(v0)]) == 0
+    assert "tasks of world v0" in capsys.readouterr().out
+    assert read_tasks(v0)[0].metadata["generator_version"] == "1"
+    v0_task = load_tasks(split="test", world="v0")[0]
+    assert main(["tasks", "show", v0_task.instance_id]) == 2  # not in the default world
+    assert "unknown task id" in capsys.readouterr().err
+    assert main(["tasks", "show", "--world", "v0", v0_task.instance_id]) == 0
+
+
 def test_tasks_show_and_list(capsys):
     task = load_tasks(split="test")[0]
     assert main(["tasks", "show", task.instance_id]) == 0
