@@ -1,8 +1,8 @@
-"""Throughput of ResiliBench-v0 against Gymnasium's CartPole-v1, measured in one process.
+"""Throughput of ResiliBench-v1 against Gymnasium's CartPole-v1, measured in one process.
 
 (a) Single env: ``gymnasium.make`` of each env (default wrappers included), driven by the same loop:
     step with the next action of a precomputed action list, reset when the episode ends. CartPole gets
-    uniform random actions in {0, 1}; ResiliBench-v0 gets uniform random actions in [0, 31) (tools and
+    uniform random actions in {0, 1}; ResiliBench-v1 gets uniform random actions in [0, 31) (tools and
     FINISH, masked ones included: the env executes them under the episode rules), so the loop measures
     the env, not a policy. Resets are inside the timed loop for both.
 (b) Vector env: ``gymnasium.make_vec(..., num_envs=1024, vectorization_mode="vector_entry_point")`` of
@@ -10,7 +10,7 @@
     batches (same distributions as above); both autoreset (NEXT_STEP) inside the timed loop. The figure
     is env-steps/s = vector steps x num_envs / seconds. Each env is reset once, so the repeats time the
     steady state.
-(c) For context, ResiliBench-v0 through Gymnasium's ``SyncVectorEnv`` (N single envs in a Python loop).
+(c) For context, ResiliBench-v1 through Gymnasium's ``SyncVectorEnv`` (N single envs in a Python loop).
 
 Each figure is the median of several timed repeats after a warm-up; the repeats of the two envs are
 interleaved and the ratio is the median of the per-repeat ratios, so load changes on a shared machine hit
@@ -29,7 +29,7 @@ import time
 import gymnasium as gym
 import numpy as np
 
-import resilibench  # noqa: F401  (registers ResiliBench-v0)
+import resilibench  # noqa: F401  (registers ResiliBench-v1)
 
 
 class SingleEnvLoop:
@@ -116,24 +116,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(a) single env, gymnasium.make (default wrappers), random actions from a precomputed list, reset on "
           f"episode end; {single_steps} steps x {repeats} interleaved repeats (medians)")
     cartpole, ours, ratio = compare(SingleEnvLoop("CartPole-v1", single_steps),
-                                    SingleEnvLoop("ResiliBench-v0", single_steps), repeats)
+                                    SingleEnvLoop("ResiliBench-v1", single_steps), repeats)
     print(f"    CartPole-v1      {cartpole:12,.0f} steps/s")
-    print(f"    ResiliBench-v0   {ours:12,.0f} steps/s")
+    print(f"    ResiliBench-v1   {ours:12,.0f} steps/s")
     print(f"    ratio ResiliBench/CartPole = {ratio:.2f}  (target >= 0.5)")
 
     n = args.num_envs
     print(f"(b) vector env, make_vec(num_envs={n}, vectorization_mode='vector_entry_point'), random action "
           f"batches, NEXT_STEP autoreset; {vector_steps} steps x {repeats} interleaved repeats (medians)")
     cartpole_vec, ours_vec, ratio_vec = compare(VectorEnvLoop("CartPole-v1", n, vector_steps),
-                                                VectorEnvLoop("ResiliBench-v0", n, vector_steps), repeats)
+                                                VectorEnvLoop("ResiliBench-v1", n, vector_steps), repeats)
     print(f"    CartPoleVectorEnv      {cartpole_vec:14,.0f} env-steps/s")
     print(f"    ResiliBenchVectorEnv   {ours_vec:14,.0f} env-steps/s")
     print(f"    ratio ResiliBench/CartPole = {ratio_vec:.2f}  (target >= 0.5)")
 
     sync_envs, sync_steps = 64, (30 if args.quick else 200)
-    sync = VectorEnvLoop("ResiliBench-v0", sync_envs, sync_steps, mode="sync")
+    sync = VectorEnvLoop("ResiliBench-v1", sync_envs, sync_steps, mode="sync")
     sync_rate = statistics.median(sync.run(sync.actions) for _ in range(repeats))
-    print(f"(c) context: ResiliBench-v0 through SyncVectorEnv (num_envs={sync_envs}): {sync_rate:,.0f} env-steps/s; "
+    print(f"(c) context: ResiliBench-v1 through SyncVectorEnv (num_envs={sync_envs}): {sync_rate:,.0f} env-steps/s; "
           f"the batched env is {ours_vec / sync_rate:.0f}x that")
     return 0
 

@@ -1,8 +1,8 @@
-"""PPO planners on ResiliBench-v0: training throughput, env-runner scaling, and test success vs bound (iii).
+"""PPO planners on ResiliBench-v1: training throughput, env-runner scaling, and test success vs bound (iii).
 
 One command reproduces the figures of docs/ppo.md, in one process with one local Ray instance:
 
-(a) Anchors, measured in the same run: the raw single env (``ResiliBench-v0``, random legal actions, no
+(a) Anchors, measured in the same run: the raw single env (``ResiliBench-v1``, random legal actions, no
     policy) in steps/s, and RLlib PPO on ``CartPole-v1`` (RLlib's default module) with the same env-runner,
     batch and epoch settings as ours, in env steps/s per training iteration.
 (b) Scaling: PPO with the default ``PPOTrainConfig`` at 0 (sampling in the driver), 1 and 2 env runners:
@@ -39,12 +39,12 @@ def load_average() -> str:
 
 
 def raw_env_steps_per_s(seconds: float = 3.0) -> float:
-    """``ResiliBench-v0`` alone: random legal actions (precomputed choices), resets included."""
+    """``ResiliBench-v1`` alone: random legal actions (precomputed choices), resets included."""
     import gymnasium as gym
 
     import resilibench  # noqa: F401
 
-    env = gym.make("ResiliBench-v0", split="train")
+    env = gym.make("ResiliBench-v1", split="train")
     rng = np.random.default_rng(0)
     choices = rng.random(200_000).tolist()
     _, info = env.reset(seed=0)
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n(a) anchors")
     raw = raw_env_steps_per_s()
-    print(f"ResiliBench-v0 alone (random legal actions): {raw:,.0f} steps/s")
+    print(f"ResiliBench-v1 alone (random legal actions): {raw:,.0f} steps/s")
     ray.init(address="local", num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
              logging_level="ERROR")
     try:
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"RLlib PPO on CartPole-v1, 1 env runner: {cart_whole:,.0f} env steps/s per iteration, "
               f"{cart_sampling:,.0f} while sampling")
 
-        print("\n(b) scaling: PPO on ResiliBench-v0 (default config)")
+        print("\n(b) scaling: PPO on ResiliBench-v1 (default config)")
         measured = {}
         for runners in (0, 1, 2):
             config = build_ppo_config(PPOTrainConfig(num_env_runners=runners))

@@ -1,10 +1,10 @@
-"""Throughput of ResiliBenchText-v0 played by the scripted optimal agent, against anchors in one process.
+"""Throughput of ResiliBenchText-v1 played by the scripted optimal agent, against anchors in one process.
 
 The same episodes (tasks x seeds, paired seeds ``task_seed``) are played by:
 
-(a) ``OptimalPlanner`` in ``ResiliBench-v0`` with strict dependencies (the anchor: the same policy and the
+(a) ``OptimalPlanner`` in ``ResiliBench-v1`` with strict dependencies (the anchor: the same policy and the
     same random streams in the planner MDP); figure: env steps/s (tool calls and FINISH);
-(b) ``OptimalTextAgent`` in ``ResiliBenchText-v0``, one env, one message per step: turns/s, where a turn
+(b) ``OptimalTextAgent`` in ``ResiliBenchText-v1``, one env, one message per step: turns/s, where a turn
     is one ``env.step`` (an assistant message: a tool call, or the completion signal), resets included
     (they build the prompt);
 (c) the same agent through the batched harness ``run_eval`` (a pool of envs, one agent call per round,
@@ -37,7 +37,7 @@ from resilibench.policies.bounds import OptimalPlanner  # noqa: E402
 
 
 class PlannerLoop:
-    """``OptimalPlanner`` in ``ResiliBench-v0`` (strict dependencies) over a list of (task, seed) episodes."""
+    """``OptimalPlanner`` in ``ResiliBench-v1`` (strict dependencies) over a list of (task, seed) episodes."""
 
     def __init__(self, tasks, episodes):
         self.env = ResiliBenchEnv(tasks=tasks, split=None, strict_dependencies=True)
@@ -62,7 +62,7 @@ class PlannerLoop:
 
 
 class TextLoop:
-    """``OptimalTextAgent`` in one ``ResiliBenchText-v0`` over the same episodes; turns/s."""
+    """``OptimalTextAgent`` in one ``ResiliBenchText-v1`` over the same episodes; turns/s."""
 
     def __init__(self, tasks, episodes, prompt: str):
         self.env = ResiliBenchTextEnv(tasks=tasks, split=None, prompt=prompt)
@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     for prompt in ("baseline", "optimal"):
         text = TextLoop(tasks, episodes, prompt)
         planner_rate, text_rate, ratio = compare(planner, text, repeats)
-        print(f"(a/b) prompt={prompt}: OptimalPlanner in ResiliBench-v0 {planner_rate:10,.0f} steps/s "
-              f"({planner.steps} steps); OptimalTextAgent in ResiliBenchText-v0 {text_rate:10,.0f} turns/s "
+        print(f"(a/b) prompt={prompt}: OptimalPlanner in ResiliBench-v1 {planner_rate:10,.0f} steps/s "
+              f"({planner.steps} steps); OptimalTextAgent in ResiliBenchText-v1 {text_rate:10,.0f} turns/s "
               f"({text.turns} turns); ratio text/planner = {ratio:.3f}")
 
     harness = HarnessLoop(tasks, episodes)
