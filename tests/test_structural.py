@@ -353,3 +353,37 @@ def test_docs_example_runs_as_printed():
     assert scores == {"chain_precision": 1.0, "chain_recall": 0.75, "chain_f1": 0.857,
                       "reachability_precision": 0.833, "reachability_recall": 0.556, "reachability_f1": 0.667,
                       "mcis_precision": 0.667, "mcis_recall": 0.5, "mcis_f1": 0.571, "kendall_tau": 0.816}
+
+
+def test_mcis_past_its_budget_reports_bounds_not_an_approximation():
+    """A 100-step chain against a shuffled copy needs hundreds of search calls: a small budget gives
+    exact=False with bounds that contain the exact k found without a budget."""
+    rng = random.Random(0)
+    names = [f"t{i}" for i in range(100)]
+    pred, ref = Workflow.chain(rng.sample(names, 100)), Workflow.chain(names)
+    alignment = align(pred, ref)
+    exact = mcis_f1(pred, ref, alignment, budget=None)
+    assert exact.exact and exact.f1_bounds == (exact.f1, exact.f1) and exact.size_upper is None
+    bounded = mcis_f1(pred, ref, alignment, budget=20)
+    assert not bounded.exact
+    assert bounded.size <= exact.size <= bounded.size_upper and bounded.size < bounded.size_upper
+    low, high = bounded.f1_bounds
+    assert low == bounded.f1 <= exact.f1 <= high == bounded.f1_upper
+    assert bounded.f1 == 2 * bounded.size / 200
+    small = Workflow.chain(list("abcde"))  # settled within any budget: exact
+    assert mcis_f1(Workflow.chain(list("acbde")), small, budget=1).exact
+
+
+def test_cyclic_predictions_score_zero_structurally():
+    """A prediction read leniently from a graph with a cycle or a self-loop is not executable: every
+    structural metric is 0, even when the rest of its graph equals the reference."""
+    ref = Workflow.chain(list("abc"))
+    nodes = tuple(Node(t) for t in "abc")
+    cyclic = Workflow.lenient(nodes, [(0, 1), (1, 2), (2, 0)])
+    looped = Workflow.lenient(nodes, [(0, 1), (1, 2), (1, 1)])
+    duplicated = Workflow.lenient(nodes, [(0, 1), (1, 2), (0, 1)])
+    assert cyclic.edges == ref.edges and cyclic.repairs.cycle_edges == ((2, 0),)
+    zeros = dict.fromkeys(structural_scores(ref, ref), 0.0)
+    assert structural_scores(cyclic, ref) == zeros and structural_scores(looped, ref) == zeros
+    assert set(structural_scores(duplicated, ref).values()) == {1.0}  # a repeated edge costs nothing
+    assert structural_scores(ref, cyclic) == zeros  # a cyclic reference likewise
