@@ -41,7 +41,6 @@ import numpy as np
 from resilibench.metrics.alignment import Alignment, NodeEmbedder, align, execution_order
 from resilibench.metrics.workflow import Workflow
 
-
 DEFAULT_MCIS_BUDGET = 100_000  # search calls per MCIS before it reports bounds (seconds, not minutes)
 
 
