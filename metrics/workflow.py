@@ -214,17 +214,25 @@ class Workflow:
     def from_worfbench(cls, answer: str, *, lenient: bool = True) -> Workflow:
         """From WorFBench's answer text: ``Node:`` then numbered steps (``1: text`` or ``1. text``), then
         ``Edge:`` (or ``Edges:``) with pairs ``(START,1) (1,2) ... (n,END)``. Steps are texts; START and
-        END are markers, not steps. An edge naming a step that is not listed raises ValueError."""
+        END are markers, not steps. The steps are the lines numbered 1, 2, ... right after ``Node:``; the
+        first other line ends them (models often add prose with numbered lines of its own). An edge
+        naming a step that is not listed raises ValueError."""
         if not isinstance(answer, str):
             raise ValueError(f"a WorFBench answer must be text, got {type(answer).__name__}")
         marker = re.search(r"^\s*Edges?\s*:", answer, flags=re.M | re.I)
         head, tail = (answer[:marker.start()], answer[marker.end():]) if marker else (answer, "")
-        if not re.search(r"^\s*Nodes?\s*:", head, flags=re.M | re.I):
+        start = re.search(r"^\s*Nodes?\s*:", head, flags=re.M | re.I)
+        if not start:
             raise ValueError("a WorFBench answer starts with 'Node:' and its numbered steps")
-        steps = re.findall(r"^\s*(\d+)\s*[:.]\s*(.+?)\s*$", head, flags=re.M)
-        numbers = [int(n) for n, _ in steps]
-        if numbers != list(range(1, len(numbers) + 1)):
-            raise ValueError(f"WorFBench steps must be numbered 1, 2, ...; got {numbers}")
+        steps: list[str] = []
+        for line in head[start.end():].splitlines():
+            step = re.fullmatch(r"\s*(\d+)\s*[:.]\s*(.+?)\s*", line)
+            if step and int(step.group(1)) == len(steps) + 1:
+                steps.append(step.group(2))
+            elif step and not steps:
+                raise ValueError(f"WorFBench steps must be numbered from 1; got {step.group(1)} first")
+            elif line.strip():
+                break
         edges = []
         for a, b in re.findall(r"\(\s*(\d+|START)\s*,\s*(\d+|END)\s*\)", tail):
             if a == "START" or b == "END":
@@ -232,7 +240,7 @@ class Workflow:
             if not (1 <= int(a) <= len(steps) and 1 <= int(b) <= len(steps)):
                 raise ValueError(f"edge ({a},{b}) names a step outside 1..{len(steps)}")
             edges.append((int(a) - 1, int(b) - 1))
-        nodes = [Node(text=text) for _, text in steps]
+        nodes = [Node(text=text) for text in steps]
         return cls.lenient(nodes, edges) if lenient else cls(tuple(nodes), tuple(edges))
 
     @classmethod

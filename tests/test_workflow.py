@@ -118,7 +118,12 @@ def test_worfbench_answers_read_and_written():
     dup = Workflow.from_worfbench("Node:\n1. a\n2. b\nEdges:\n(START,1)\n(1,2)\n(1,2)\n(2,END)")
     assert dup.edges == ((0, 1),) and dup.repairs.duplicates == ((0, 1),)
     assert Workflow.from_worfbench("Node:\n1: a\n2: b\nEdge: (1,2) (2,1)").repairs.cyclic
-    for bad, message in (("1: a\nEdge: (1,2)", "Node:"), ("Node:\n1: a\n3: b", "numbered"),
+    # Real answers add prose with numbered lines of its own after the steps (7 of WorFBench's golds do).
+    prose = ("Node:\n1: Be aware of the law.\n2: Watch the animal.\nFor this task we proceed as follows:\n\n"
+             "1. **Start** by reading.\n2. **Observe** it.\n\nEdge: (START,1) -> (1,2) -> (2,END)")
+    w = Workflow.from_worfbench(prose)
+    assert [n.text for n in w.nodes] == ["Be aware of the law.", "Watch the animal."] and w.edges == ((0, 1),)
+    for bad, message in (("1: a\nEdge: (1,2)", "Node:"), ("Node:\n2: a\n3: b", "numbered from 1"),
                          ("Node:\n1: a\nEdge: (1,2)", "outside")):
         with pytest.raises(ValueError, match=message):
             Workflow.from_worfbench(bad)
