@@ -103,6 +103,18 @@ def test_metric_choices_match_the_library():
     assert METRIC_CHOICES == METRICS
 
 
+def test_cli_constants_match_the_library():
+    """Kept in step by hand (the CLI does not import the metrics to keep --help fast)."""
+    from resilibench.cli import build_parser
+    from resilibench.cli_metrics import STRING_STEPS
+    from resilibench.metrics import workflow
+    from resilibench.metrics.structural import DEFAULT_MCIS_BUDGET
+
+    assert STRING_STEPS == workflow.STRING_STEPS
+    args = build_parser().parse_args(["metrics", "score", "--pairs", "x"])
+    assert args.mcis_budget == DEFAULT_MCIS_BUDGET
+
+
 WORFBENCH_GOLD = ("Node:\n1: read the input file\n2: parse raw input into a structured format\n3: write the results\n"
                   "Edge: (START,1) (1,2) (2,3) (3,END)")
 
