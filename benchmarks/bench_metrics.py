@@ -6,23 +6,32 @@
    (``reference_workflow``) against random variants: tool steps (exact-name path) and text steps
    (sentence embeddings, cached per text), with brute-force chain F1 on the same pairs as the anchor.
 3. MCIS on 20-step workflows against networkx's maximal-clique enumeration of the same compatibility
-   graph.
+   graph, and on long shuffled chains under the default search budget (exact, or reported bounds).
+4. `resilibench metrics score --input-format worfbench` end to end (a new process reading WorFBench's gold
+   and prediction files, loading the embedding model, writing JSONL) against the anchor of the same
+   command on the same pairs in the native JSON format (`--pairs`); both must give the same scores.
 
 Times are CPU seconds of this process pinned to one core, so other load on a shared machine does not
 inflate them.
 
-    python benchmarks/bench_metrics.py [--tasks 300] [--variants 10] [--sizes 8 10]
+    python benchmarks/bench_metrics.py [--tasks 300] [--variants 10] [--sizes 8 10] [--cli-tasks 100]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import os
 import random
+import resource
+import subprocess
+import sys
+import tempfile
 import time
 from bisect import bisect_left
+from pathlib import Path
 
 import networkx as nx
 import numpy as np
@@ -30,7 +39,7 @@ import numpy as np
 from resilibench.envs.registry import default_registry
 from resilibench.envs.tasks import load_tasks
 from resilibench.metrics.alignment import NodeEmbedder, align, execution_order
-from resilibench.metrics.structural import chain_f1, mcis_f1, structural_scores
+from resilibench.metrics.structural import DEFAULT_MCIS_BUDGET, chain_f1, mcis_f1, structural_scores
 from resilibench.metrics.workflow import Node, Workflow
 from resilibench.policies.bounds import reference_workflow
 
@@ -176,14 +185,63 @@ def bench_mcis_20(count: int = 30) -> None:
     print(f"MCIS on {count} pairs of 20-step workflows (k from {min(sizes)} to {max(sizes)}): mean "
           f"{np.mean(ours) * 1e3:.2f} ms, max {max(ours) * 1e3:.2f} ms; anchor networkx find_cliques mean "
           f"{np.mean(anchor) * 1e3:.2f} ms; ratio anchor/ours {np.mean(anchor) / np.mean(ours):.1f}x")
-    for n in (50, 100):  # a hard case: two unrelated orders of the same steps tangle every conflict
+    for n in (50, 100, 152, 253):  # a hard case: two unrelated orders of the same steps tangle every conflict
         names = [f"tool_{i}" for i in range(n)]
         pred, ref = Workflow.chain(rng.sample(names, n)), Workflow.chain(names)
         alignment = align(pred, ref)
         start = time.process_time()
-        size = mcis_f1(pred, ref, alignment).size
-        print(f"MCIS of a chain of {n} steps and a shuffled copy: k = {size} in "
+        score = mcis_f1(pred, ref, alignment)
+        outcome = f"k = {score.size}" if score.exact else (
+            f"budget of {DEFAULT_MCIS_BUDGET:,} calls spent: k in [{score.size}, {score.size_upper}], "
+            f"F1 in [{score.f1:.3f}, {score.f1_upper:.3f}]")
+        print(f"MCIS of a chain of {n} steps and a shuffled copy: {outcome} in "
               f"{(time.process_time() - start) * 1e3:.1f} ms")
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_cli(arguments: list[str]) -> float:
+    """CPU seconds (user + system) of one `resilibench metrics score` process."""
+    before = children_cpu()
+    subprocess.run([sys.executable, "-m", "resilibench", "metrics", "score", *arguments], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    return children_cpu() - before
+
+
+def bench_worfbench_cli(n_tasks: int, n_variants: int) -> None:
+    """Library references and reworded variants written as WorFBench's files, scored through the CLI."""
+    tasks = load_tasks()
+    tasks = tasks[:: max(1, len(tasks) // n_tasks)][:n_tasks]
+    refs = [reference_workflow(t) for t in tasks]
+    refs = [Workflow(tuple(Node(None, n.text) for n in r.nodes), r.edges) for r in refs]
+    names = list(default_registry().names)
+    rng = random.Random(4)
+    pairs = [(variant(rng, r, names, True), r) for r in refs for _ in range(n_variants)]
+    metrics = ["chain_f1", "mcis_f1", "reachability_f1", "kendall_tau"]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        gold = [{"id": f"q{i}", "conversations": [{"role": "user", "content": "plan the task"},
+                                                  {"role": "assistant", "content": r.to_worfbench()}]}
+                for i, (_, r) in enumerate(pairs)]
+        (folder / "gold.json").write_text(json.dumps(gold))
+        (folder / "pred.json").write_text(json.dumps([{"workflow": p.to_worfbench()} for p, _ in pairs]))
+        (folder / "pairs.jsonl").write_text("".join(json.dumps({"id": f"q{i}", "pred": p.to_dict(), "ref": r.to_dict()})
+                                                    + "\n" for i, (p, r) in enumerate(pairs)))
+        worfbench = run_cli(["--input-format", "worfbench", "--pred", str(folder / "pred.json"), "--ref",
+                             str(folder / "gold.json"), "--metrics", *metrics, "--output", str(folder / "w.jsonl")])
+        native = run_cli(["--pairs", str(folder / "pairs.jsonl"), "--metrics", *metrics,
+                          "--output", str(folder / "n.jsonl")])
+        rows = [[json.loads(line)["scores"] for line in (folder / f).read_text().splitlines()]
+                for f in ("w.jsonl", "n.jsonl")]
+        assert rows[0] == rows[1], "the WorFBench reader and the native reader disagree"
+    sizes = [len(r.nodes) for r in refs]
+    print(f"CLI end to end, {len(pairs)} pairs (WorFBench gold + prediction files, {min(sizes)}-{max(sizes)} text "
+          f"steps, 4 structural metrics, model load included): {worfbench:.1f} CPU s = "
+          f"{len(pairs) / worfbench:,.0f} pairs/s; anchor, the same pairs as native JSONL (--pairs): "
+          f"{native:.1f} CPU s = {len(pairs) / native:,.0f} pairs/s; ratio worfbench/native {worfbench / native:.2f}")
 
 
 def main() -> None:
@@ -191,12 +249,15 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=300, help="reference workflows from the task library")
     parser.add_argument("--variants", type=int, default=10, help="random variants per reference")
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 10], help="antichain sizes")
+    parser.add_argument("--cli-tasks", type=int, default=100,
+                        help="references for the CLI row (times --variants pairs)")
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
     bench_antichains(args.sizes)
     bench_mcis_20()
     bench_library(args.tasks, args.variants)
+    bench_worfbench_cli(args.cli_tasks, args.variants)
 
 
 if __name__ == "__main__":

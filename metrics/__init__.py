@@ -11,14 +11,16 @@ from resilibench.metrics.structural import (
     kendall_tau,
     mcis_f1,
     reachability_f1,
+    structural_details,
     structural_scores,
 )
-from resilibench.metrics.workflow import Node, Workflow
+from resilibench.metrics.workflow import Node, Repairs, Workflow
 
 __all__ = [
     "Alignment",
     "Node",
     "NodeEmbedder",
+    "Repairs",
     "Score",
     "Workflow",
     "align",
@@ -27,5 +29,6 @@ __all__ = [
     "mcis_f1",
     "reachability_f1",
     "similarity_matrix",
+    "structural_details",
     "structural_scores",
 ]

@@ -58,7 +58,7 @@ class WorkflowScorer:
     on first use."""
 
     def __init__(self, metrics: Sequence[str] = DEFAULT_METRICS, *, judge: Any = None, beta: float | None = None,
-                 embedder: Any = None, bert: Any = None):
+                 embedder: Any = None, bert: Any = None, mcis_budget: int | None | str = "default"):
         unknown = [m for m in metrics if m not in METRICS]
         if unknown:
             raise ValueError(f"unknown metric(s) {unknown}; accepted: {', '.join(METRICS)}")
@@ -68,7 +68,10 @@ class WorkflowScorer:
 
         self.metrics = tuple(dict.fromkeys(metrics))
         self.judge = judge
+        from resilibench.metrics.structural import DEFAULT_MCIS_BUDGET
+
         self.beta = DEFAULT_BETA if beta is None else beta
+        self.mcis_budget = DEFAULT_MCIS_BUDGET if mcis_budget == "default" else mcis_budget
         self._embedder, self._bert = embedder, bert
 
     @property
@@ -92,6 +95,8 @@ class WorkflowScorer:
                 embedder = default_embedder()
             out["alignment"] = {"beta": self.beta,
                                 "embedder": embedder.backend if embedder else "auto (not needed so far)"}
+            if "mcis_f1" in self.metrics:
+                out["mcis_budget"] = self.mcis_budget
         if "bertscore" in self.metrics:
             out["bertscore"] = self._bert.settings if self._bert is not None else {
                 "model": "all-MiniLM-L6-v2 (not loaded yet)", "layer": "last", "idf": False, "rescaled": False}
@@ -102,9 +107,11 @@ class WorkflowScorer:
     def score(self, pairs: Sequence[tuple[Workflow, Workflow]], tasks: Sequence[str | None] | None = None
               ) -> list[dict[str, Any]]:
         """For each (pred, ref): ``{"scores": {metric: value or None}, "details": {...}}``; details hold
-        the precision and recall behind F1 scores and the judge's full verdict."""
+        the precision and recall behind F1 scores, ``exact: false`` and ``f1_bounds`` for an MCIS past its
+        budget, the judge's full verdict, and ``repairs``: what a lenient reading removed from the
+        prediction (a cyclic prediction scores 0 on the structural metrics)."""
         from resilibench.metrics.lexical import lexical_scores
-        from resilibench.metrics.structural import structural_scores
+        from resilibench.metrics.structural import structural_details
 
         out: list[dict[str, Any]] = [{"scores": {}, "details": {}} for _ in pairs]
         if any(m in STRUCTURAL for m in self.metrics):
@@ -113,14 +120,21 @@ class WorkflowScorer:
             for row, (pred, ref) in zip(out, pairs, strict=True):
                 # The shared embedder loads only when a step without a tool needs a text comparison.
                 alignment = align(pred, ref, beta=self.beta, embedder=self._embedder) if pred.nodes and ref.nodes else None
-                scores = structural_scores(pred, ref, alignment)
+                details = structural_details(pred, ref, alignment, mcis_budget=self.mcis_budget)
                 for name in STRUCTURAL:
-                    if name in self.metrics:
-                        row["scores"][name] = scores[name]
-                        if name.endswith("_f1"):
-                            stem = name[:-3]
-                            row["details"][name] = {"precision": scores[f"{stem}_precision"],
-                                                    "recall": scores[f"{stem}_recall"]}
+                    if name not in self.metrics:
+                        continue
+                    value = details[name.removesuffix("_f1")]
+                    if name == "kendall_tau":
+                        row["scores"][name] = value
+                        continue
+                    row["scores"][name] = value.f1
+                    row["details"][name] = {"precision": value.precision, "recall": value.recall}
+                    if not value.exact:
+                        row["details"][name] |= {"exact": False, "f1_bounds": list(value.f1_bounds)}
+        for row, (pred, _) in zip(out, pairs, strict=True):
+            if pred.repairs:
+                row["details"]["repairs"] = pred.repairs.to_dict()
         if any(m in LEXICAL for m in self.metrics):
             for row, (pred, ref) in zip(out, pairs, strict=True):
                 scores = lexical_scores(pred, ref)

@@ -7,7 +7,8 @@ steps are *described*, as WorkflowPerturb (app. B.3) compares step descriptions;
 business of the structural metrics. The lines are scored as one segment (n-grams may span two steps).
 
 Both metrics tokenise with sacrebleu's ``13a`` tokenizer (case kept), so BLEU and GLEU see the same
-tokens. Scores are in [0, 1] (sacrebleu's 0-100 BLEU divided by 100).
+tokens. Scores are in [0, 1] (sacrebleu's 0-100 BLEU divided by 100). Two empty texts score 1, an empty
+text against a non-empty one 0: the convention of every workflow metric.
 """
 
 from __future__ import annotations
@@ -58,10 +59,21 @@ def _clip(value: float) -> float:
     return min(1.0, max(0.0, value))  # sacrebleu's 100 can come out as 100.00000000000004
 
 
+def _empty_score(pred: str, ref: str) -> float | None:
+    """1 for two empty texts, 0 for one, None when both have words."""
+    if pred.strip() and ref.strip():
+        return None
+    return float(not pred.strip() and not ref.strip())
+
+
 def bleu(pred: TextLike, ref: TextLike) -> float:
     """Sentence BLEU of the predicted workflow's text against the reference's (sacrebleu defaults:
     4-grams, exponential smoothing, effective order), in [0, 1]."""
-    return _clip(_bleu().sentence_score(workflow_text(pred), [workflow_text(ref)]).score / 100)
+    pred_text, ref_text = workflow_text(pred), workflow_text(ref)
+    empty = _empty_score(pred_text, ref_text)
+    if empty is not None:
+        return empty
+    return _clip(_bleu().sentence_score(pred_text, [ref_text]).score / 100)
 
 
 def corpus_bleu(preds: Sequence[TextLike], refs: Sequence[TextLike]) -> float:
@@ -77,7 +89,11 @@ def gleu(pred: TextLike, ref: TextLike) -> float:
     """Sentence GLEU (Wu et al. 2016, ``nltk.translate.gleu_score``, 1- to 4-grams): the minimum of
     n-gram precision and recall, in [0, 1]."""
     _, gleu_score = _imports()
-    return gleu_score.sentence_gleu([tokens(workflow_text(ref))], tokens(workflow_text(pred)), min_len=1, max_len=4)
+    pred_text, ref_text = workflow_text(pred), workflow_text(ref)
+    empty = _empty_score(pred_text, ref_text)
+    if empty is not None:
+        return empty
+    return gleu_score.sentence_gleu([tokens(ref_text)], tokens(pred_text), min_len=1, max_len=4)
 
 
 def corpus_gleu(preds: Sequence[TextLike], refs: Sequence[TextLike]) -> float:

@@ -5,6 +5,8 @@ one-to-one map pi from aligned predicted steps to aligned reference steps. ``u ~
 path from u to v in the workflow's whole DAG (unaligned steps included). Shared conventions:
 
 - two empty workflows score 1 everywhere; one empty and one not score 0;
+- a cyclic workflow (``Workflow.repairs.cyclic``: read leniently from a graph with a cycle or a
+  self-loop) scores 0 everywhere: no order executes it;
 - F1 is the harmonic mean of precision and recall, 0 when both are 0.
 
 Definitions (proofs and examples in docs/metrics.md):
@@ -14,20 +16,24 @@ Definitions (proofs and examples in docs/metrics.md):
   same order in some topological order of the reference; p = l/|Vp|, r = l/|Vg|. Computed without
   enumerating orders: l = largest set of aligned steps with no pair ordered against the reference's
   reachability = a maximum antichain of a partial order, found by bipartite matching (Dilworth).
-- reachability F1 (RobustFlow eq. 6-7): R_pred = {(pi(u), pi(v)) : u ~> v in the prediction},
-  R_ref = {(x, y) : x ~> y in the reference}, both over aligned steps only; p = |R_pred & R_ref| /
-  |R_pred|, r = |R_pred & R_ref| / |R_ref|, an empty set giving 1 (nothing claimed, nothing missed).
-  With no aligned step (and non-empty workflows) the score is 0.
+- reachability F1 (RobustFlow eq. 6-7, over whole workflows): R(W) = {(u, u)} | {(u, v) : u ~> v}
+  over every step of W (each step reaches itself); the prediction's pairs are carried into reference
+  indices through pi (a pair with an unaligned step is never shared); p = |shared| / |R(pred)|,
+  r = |shared| / |R(ref)|. Neither set is empty, so no convention is needed and workflows sharing one
+  step score about 1/n, not 1.
 - MCIS F1 (WorkflowPerturb B.2): k = the size of the largest set S of aligned pairs on which the
   alignment is an isomorphism of induced subgraphs (for pairs (u, x), (v, y) in S: u -> v is an edge
-  of the prediction iff x -> y is an edge of the reference); p = k/|Vp|, r = k/|Vg|.
+  of the prediction iff x -> y is an edge of the reference); p = k/|Vp|, r = k/|Vg|. Exact within a
+  search budget; past it, ``Score.exact`` is False and k lies in [size, size_upper].
 - Kendall tau: tau-b of the two workflows' reachability orders on the aligned steps (for chains, the
-  plain Kendall tau of WorkflowPerturb B.5).
+  plain Kendall tau of WorkflowPerturb B.5); with no ordered aligned pair in either workflow it is 1
+  only when every step of both workflows is aligned, else 0.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -35,16 +41,34 @@ import numpy as np
 from resilibench.metrics.alignment import Alignment, NodeEmbedder, align, execution_order
 from resilibench.metrics.workflow import Workflow
 
+DEFAULT_MCIS_BUDGET = 100_000  # search calls per MCIS before it reports bounds (seconds, not minutes)
+
+
+class _OutOfBudget(Exception):
+    """Raised inside the MCIS search when its budget of calls is spent."""
+
 
 @dataclass(frozen=True)
 class Score:
     """Precision, recall and F1, plus the matched size behind them (chain length l, MCIS size k, or
-    shared reachability pairs)."""
+    shared reachability pairs).
+
+    ``exact`` is False only for an MCIS whose search ran out of budget: then ``size`` is the largest
+    common subgraph found (a lower bound, and what precision, recall and F1 are computed from), and
+    ``size_upper`` and ``f1_upper`` are upper bounds on the exact k and F1."""
 
     precision: float
     recall: float
     f1: float
     size: int = 0
+    exact: bool = True
+    size_upper: int | None = None
+    f1_upper: float | None = None
+
+    @property
+    def f1_bounds(self) -> tuple[float, float]:
+        """(lowest, highest) F1 the exact answer can have: (f1, f1) when exact."""
+        return (self.f1, self.f1) if self.exact else (self.f1, self.f1_upper)
 
     @classmethod
     def from_counts(cls, shared: int, n_pred: int, n_ref: int) -> Score:
@@ -62,6 +86,7 @@ class _Graph:
     edge: np.ndarray
     reach: np.ndarray
     rank: tuple[int, ...]  # position of each node in the execution order
+    ordered_pairs: int  # number of (u, v) with u ~> v
 
 
 @lru_cache(maxsize=8192)
@@ -89,7 +114,7 @@ def _graph(workflow: Workflow) -> _Graph:
         rank[node] = position
     for array in (edge, reach):
         array.setflags(write=False)
-    return _Graph(edge, reach, tuple(rank))
+    return _Graph(edge, reach, tuple(rank), int(np.count_nonzero(reach)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,14 +128,17 @@ class _View:
     edge_ref: np.ndarray
     reach_pred: np.ndarray
     reach_ref: np.ndarray
+    ordered_pred: int  # u ~> v pairs in the whole prediction
+    ordered_ref: int
+    cyclic: bool
 
     @property
     def aligned(self) -> int:
         return len(self.edge_pred)
 
     def fixed(self) -> Score | None:
-        """The score of the degenerate cases: 1 for two empty workflows, 0 when one is empty."""
-        if self.n_pred and self.n_ref:
+        """The score of the degenerate cases: 1 for two empty workflows, 0 when one is empty or cyclic."""
+        if self.n_pred and self.n_ref and not self.cyclic:
             return None
         return Score(1.0, 1.0, 1.0) if not self.n_pred and not self.n_ref else Score(0.0, 0.0, 0.0)
 
@@ -128,7 +156,8 @@ def _view(pred: Workflow, ref: Workflow, alignment: Alignment | None) -> _View:
     ps = np.array([p for p, _, _ in ordered], dtype=np.int64)
     rs = np.array([r for _, r, _ in ordered], dtype=np.int64)
     pp, rr = (ps[:, None], ps), (rs[:, None], rs)
-    return _View(len(pred.nodes), len(ref.nodes), gp.edge[pp], gr.edge[rr], gp.reach[pp], gr.reach[rr])
+    return _View(len(pred.nodes), len(ref.nodes), gp.edge[pp], gr.edge[rr], gp.reach[pp], gr.reach[rr],
+                 gp.ordered_pairs, gr.ordered_pairs, pred.repairs.cyclic or ref.repairs.cyclic)
 
 
 def _max_bipartite_matching(adjacency: list[list[int]], n_right: int) -> int:
@@ -166,13 +195,13 @@ def _chain(view: _View) -> Score:
 
 
 def _reachability(view: _View) -> Score:
+    """Pairs of the reflexive-transitive closures: each aligned step shares its own pair, and aligned
+    (u, v) is shared when u ~> v in both workflows."""
     fixed = view.fixed()
     if fixed is not None:
         return fixed
-    if not view.aligned:
-        return Score(0.0, 0.0, 0.0)
-    shared = int(np.count_nonzero(view.reach_pred & view.reach_ref))
-    return Score.from_counts(shared, int(np.count_nonzero(view.reach_pred)), int(np.count_nonzero(view.reach_ref)))
+    shared = view.aligned + int(np.count_nonzero(view.reach_pred & view.reach_ref))
+    return Score.from_counts(shared, view.n_pred + view.ordered_pred, view.n_ref + view.ordered_ref)
 
 
 def _bits(x: int):
@@ -183,7 +212,7 @@ def _bits(x: int):
         x ^= low
 
 
-def _max_independent_set(vertices: int, neighbours: list[int]) -> int:
+def _max_independent_set(vertices: int, neighbours: list[int], budget: list[int]) -> int:
     """Size of a maximum independent set of the graph induced by the bitset ``vertices``.
 
     Branch and reduce: a vertex of degree <= 1 is always in some maximum set (take it); a vertex of degree
@@ -191,7 +220,11 @@ def _max_independent_set(vertices: int, neighbours: list[int]) -> int:
     become one vertex adjacent to N(u) | N(w), and the answer grows by 1); components are solved apart;
     otherwise branch on a vertex of maximum degree (leave it out, or take it and drop its neighbours).
     ``neighbours`` is copied before the first fold, so sibling branches never see each other's folds.
+    Each call spends one unit of ``budget[0]``; at zero the search stops with ``_OutOfBudget``.
     """
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _OutOfBudget
     taken, owned, progress = 0, False, True
     while progress and vertices:
         progress = False
@@ -226,19 +259,37 @@ def _max_independent_set(vertices: int, neighbours: list[int]) -> int:
         component |= grown
         frontier |= grown
     if component != vertices:
-        return (taken + _max_independent_set(component, neighbours)
-                + _max_independent_set(vertices & ~component, neighbours))
+        return (taken + _max_independent_set(component, neighbours, budget)
+                + _max_independent_set(vertices & ~component, neighbours, budget))
     v = max(_bits(vertices), key=lambda x: (neighbours[x] & vertices).bit_count())
-    return taken + max(_max_independent_set(vertices & ~(1 << v), neighbours),
-                       1 + _max_independent_set(vertices & ~(neighbours[v] | 1 << v), neighbours))
+    return taken + max(_max_independent_set(vertices & ~(1 << v), neighbours, budget),
+                       1 + _max_independent_set(vertices & ~(neighbours[v] | 1 << v), neighbours, budget))
 
 
-def _mcis(view: _View) -> Score:
+def _independent_set_bounds(conflict: np.ndarray) -> tuple[int, int]:
+    """(lower, upper) bounds on the maximum independent set of a conflict graph: a greedy set (take a
+    vertex of least remaining degree, drop its neighbours) and n minus a maximum matching (each matched
+    edge keeps at least one of its ends out of any independent set)."""
+    import networkx as nx
+
+    adjacency = [set(np.flatnonzero(row).tolist()) for row in conflict]
+    remaining, lower = set(range(len(adjacency))), 0
+    while remaining:
+        v = min(remaining, key=lambda x: (len(adjacency[x] & remaining), x))
+        remaining -= adjacency[v] | {v}
+        lower += 1
+    graph = nx.Graph()
+    graph.add_edges_from((int(a), int(b)) for a, b in zip(*np.nonzero(np.triu(conflict, k=1)), strict=True))
+    return lower, len(adjacency) - len(nx.max_weight_matching(graph, maxcardinality=True))
+
+
+def _mcis(view: _View, budget: int | None = DEFAULT_MCIS_BUDGET) -> Score:
     """k = the largest set of aligned pairs on which the induced edges of both workflows agree.
 
     Two pairs conflict when the edges between them differ; k is a maximum independent set of this
     conflict graph (a maximum clique of the compatible pairs). Every conflict involves an edge of one of
-    the workflows, so the conflict graph is sparse and the reductions above do most of the work.
+    the workflows, so the conflict graph is sparse and the reductions above do most of the work. When
+    ``budget`` search calls do not settle it (None: no limit), the score reports bounds instead.
     """
     fixed = view.fixed()
     if fixed is not None:
@@ -249,7 +300,15 @@ def _mcis(view: _View) -> Score:
     if conflict.any():
         weights = [1 << j for j in range(size)]
         neighbours = [sum(w for w, c in zip(weights, row, strict=True) if c) for row in conflict.tolist()]
-        size = _max_independent_set((1 << size) - 1, neighbours)
+        try:
+            size = _max_independent_set((1 << size) - 1, neighbours, [budget if budget is not None else sys.maxsize])
+        except _OutOfBudget:
+            lower, upper = _independent_set_bounds(conflict)
+            found = Score.from_counts(lower, view.n_pred, view.n_ref)
+            if lower == upper:
+                return found
+            return replace(found, exact=False, size_upper=upper,
+                           f1_upper=Score.from_counts(upper, view.n_pred, view.n_ref).f1)
     return Score.from_counts(size, view.n_pred, view.n_ref)
 
 
@@ -259,11 +318,9 @@ def _kendall(view: _View) -> float:
     fixed = view.fixed()
     if fixed is not None:
         return fixed.f1
-    if not view.aligned:
-        return 0.0
     ordered_p, ordered_g = int(np.count_nonzero(view.reach_pred)), int(np.count_nonzero(view.reach_ref))
-    if not ordered_p and not ordered_g:
-        return 1.0
+    if not ordered_p and not ordered_g:  # no evidence either way: agreement only if nothing is left out
+        return float(view.aligned == view.n_pred == view.n_ref)
     if not ordered_p or not ordered_g:
         return 0.0
     alike = np.count_nonzero(view.reach_pred & view.reach_ref)
@@ -277,14 +334,18 @@ def chain_f1(pred: Workflow, ref: Workflow, alignment: Alignment | None = None) 
 
 
 def reachability_f1(pred: Workflow, ref: Workflow, alignment: Alignment | None = None) -> Score:
-    """RobustFlow's graph F1: reachability pairs of the two DAGs on the aligned steps, compared through
-    the alignment. Paths through unaligned steps count (``u ~> v`` in the whole workflow)."""
+    """RobustFlow's graph F1 over whole workflows: pairs of the reflexive-transitive closures (each step
+    reaches itself; paths through unaligned steps count), the prediction's carried through the
+    alignment."""
     return _reachability(_view(pred, ref, alignment))
 
 
-def mcis_f1(pred: Workflow, ref: Workflow, alignment: Alignment | None = None) -> Score:
-    """Graph F1 by maximum common induced subgraph (WorkflowPerturb): p = k/|Vp|, r = k/|Vg|."""
-    return _mcis(_view(pred, ref, alignment))
+def mcis_f1(pred: Workflow, ref: Workflow, alignment: Alignment | None = None,
+            budget: int | None = DEFAULT_MCIS_BUDGET) -> Score:
+    """Graph F1 by maximum common induced subgraph (WorkflowPerturb): p = k/|Vp|, r = k/|Vg|. Exact
+    unless the search needs more than ``budget`` calls (None: no limit); then ``exact`` is False and
+    the score carries bounds (``Score.f1_bounds``)."""
+    return _mcis(_view(pred, ref, alignment), budget)
 
 
 def kendall_tau(pred: Workflow, ref: Workflow, alignment: Alignment | None = None) -> float:
@@ -292,22 +353,34 @@ def kendall_tau(pred: Workflow, ref: Workflow, alignment: Alignment | None = Non
 
     A pair of aligned steps is ordered (+1/-1) in a workflow when a path joins them, tied (0) otherwise;
     tau = sum(s_pred * s_ref) / sqrt(#ordered in pred * #ordered in ref). For chains this is Kendall's
-    tau. Degenerate cases: no aligned step: 1 if both workflows are empty, else 0; no ordered pair in
-    either workflow (e.g. a single aligned step): 1; ordered pairs in only one of them: 0.
+    tau. Degenerate cases: no ordered aligned pair in either workflow (no aligned step, one aligned
+    step, antichains): 1 when every step of both workflows is aligned (two empty workflows included),
+    else 0; ordered pairs in only one of them: 0.
     """
     return _kendall(_view(pred, ref, alignment))
 
 
-def structural_scores(pred: Workflow, ref: Workflow, alignment: Alignment | None = None,
-                      embedder: NodeEmbedder | None = None) -> dict[str, float]:
-    """Every structural metric from one alignment: ``{name}_precision/_recall/_f1`` for chain,
-    reachability and mcis, and ``kendall_tau``."""
+def structural_details(pred: Workflow, ref: Workflow, alignment: Alignment | None = None,
+                       embedder: NodeEmbedder | None = None,
+                       mcis_budget: int | None = DEFAULT_MCIS_BUDGET) -> dict[str, Score | float]:
+    """Every structural metric from one alignment: ``chain``, ``reachability`` and ``mcis`` as
+    ``Score`` objects, and ``kendall_tau``."""
     if alignment is None and pred.nodes and ref.nodes:
         alignment = align(pred, ref, embedder=embedder)
     view = _view(pred, ref, alignment)
+    return {"chain": _chain(view), "reachability": _reachability(view), "mcis": _mcis(view, mcis_budget),
+            "kendall_tau": _kendall(view)}
+
+
+def structural_scores(pred: Workflow, ref: Workflow, alignment: Alignment | None = None,
+                      embedder: NodeEmbedder | None = None,
+                      mcis_budget: int | None = DEFAULT_MCIS_BUDGET) -> dict[str, float]:
+    """``structural_details`` flattened: ``{name}_precision/_recall/_f1`` for chain, reachability and
+    mcis, and ``kendall_tau`` (an MCIS past its budget gives its lower bound here; see the details)."""
     out: dict[str, float] = {}
-    for name, metric in (("chain", _chain), ("reachability", _reachability), ("mcis", _mcis)):
-        score = metric(view)
-        out |= {f"{name}_precision": score.precision, f"{name}_recall": score.recall, f"{name}_f1": score.f1}
-    out["kendall_tau"] = _kendall(view)
+    for name, value in structural_details(pred, ref, alignment, embedder, mcis_budget).items():
+        if isinstance(value, Score):
+            out |= {f"{name}_precision": value.precision, f"{name}_recall": value.recall, f"{name}_f1": value.f1}
+        else:
+            out[name] = value
     return out

@@ -31,6 +31,9 @@ from resilibench.cli import (
 # Kept in step with metrics.calibration (not imported here, so `resilibench --help` stays fast).
 METRIC_CHOICES = ("chain_f1", "mcis_f1", "reachability_f1", "kendall_tau", "bleu", "gleu", "bertscore", "judge")
 PERTURBERS = ("rules", "llm")
+# Bumped when a metric's definition changes, so a calibration never mixes rows scored under two of them
+# (2: reachability over reflexive closures, Kendall tau without a degenerate 1, one empty convention).
+METRIC_DEFINITIONS = 2
 
 
 # --- shared -------------------------------------------------------------------------------------------
@@ -77,7 +80,7 @@ def _scorer(metrics: Sequence[str], backend: Any, args: argparse.Namespace):
     from resilibench.metrics.judge import Judge
 
     judge = Judge(backend, attempts=args.attempts, generation=_generation(args, 768)) if "judge" in metrics else None
-    return WorkflowScorer(metrics, judge=judge)
+    return WorkflowScorer(metrics, judge=judge, mcis_budget=args.mcis_budget)
 
 
 def _add_metric_options(parser: argparse.ArgumentParser) -> None:
@@ -90,28 +93,90 @@ def _add_metric_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=positive_int, metavar="N",
                         help="longest LLM answer (default 768 for the judge, 1024 for --perturber llm)")
     parser.add_argument("--batch-size", type=positive_int, default=64, metavar="N",
-                        help="pairs per scoring batch and per LLM call (default 64)")
+                        help="pairs per scoring batch and per LLM call (default 64; scores do not depend on it)")
+    parser.add_argument("--mcis-budget", type=positive_int, default=100_000, metavar="N",
+                        help="search calls per MCIS before it reports bounds instead of the exact value "
+                             "(default 100000: seconds on 300-step workflows)")
 
 
 # --- score --------------------------------------------------------------------------------------------
 
+INPUT_FORMATS = ("resilibench", "worfbench", "robustflow")
+STRING_STEPS = ("tool", "text")  # kept in step with metrics.workflow.STRING_STEPS
 
-def _read_workflow(path: str, option: str):
+
+def _workflow(value: Any, args: argparse.Namespace, role: str):
+    """One workflow in the --input-format, read leniently: a malformed prediction is repaired and scored
+    (a cyclic one scores 0 structurally); a reference must be a DAG."""
     from resilibench.metrics.workflow import Workflow
 
+    if args.input_format == "worfbench":
+        workflow = Workflow.from_worfbench(value)
+    elif args.input_format == "robustflow":
+        workflow = Workflow.from_graph(value)
+    else:
+        workflow = Workflow.from_dict(value, string_steps=args.string_steps, lenient=True)
+    if role == "ref" and workflow.repairs.cyclic:
+        cycle = workflow.repairs.self_loops + workflow.repairs.cycle_edges
+        raise ValueError(f"the reference has a cycle (edges {', '.join(map(str, cycle))}); references must be DAGs")
+    return workflow
+
+
+def _documents(path: str, option: str, fmt: str) -> list[tuple[str | None, Any]]:
+    """The workflows a --pred/--ref file holds, as (id or None, raw value): a JSON list holds several
+    (paired by position); WorFBench files may also be one answer as plain text, a gold file
+    (``conversations``, the answer last) or a prediction file (``workflow``)."""
     file = Path(path)
     if not file.is_file():
         raise CliError(f"{option}: file {path} does not exist")
     try:
-        return Workflow.from_json(file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
         raise CliError(f"{option} {path}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if fmt == "worfbench":
+            return [(None, text)]
+        raise CliError(f"{option} {path}: workflow is not valid JSON: {exc}") from None
+    items = data if isinstance(data, list) else [data]
+    out = []
+    for item in items:
+        item_id = str(item["id"]) if isinstance(item, dict) and "id" in item else None
+        if fmt == "worfbench" and isinstance(item, dict):
+            if "workflow" in item:
+                item = item["workflow"]
+            elif isinstance(item.get("conversations"), list) and item["conversations"]:
+                last = item["conversations"][-1]
+                item = last.get("content") if isinstance(last, dict) else last
+        out.append((item_id, item))
+    return out
 
 
-def _read_pairs(path: str) -> list[tuple[str, Any, Any, str | None]]:
+def _read_files(args: argparse.Namespace) -> list[tuple[str, Any, Any, str | None]]:
+    """(id, pred, ref, task) from --pred FILE and --ref FILE."""
+    preds = _documents(args.pred, "--pred", args.input_format)
+    refs = _documents(args.ref, "--ref", args.input_format)
+    if len(preds) != len(refs):
+        raise CliError(f"--pred {args.pred} holds {len(preds)} workflows and --ref {args.ref} {len(refs)}; "
+                       "they are paired by position")
+    pairs = []
+    for number, ((pred_id, pred), (ref_id, ref)) in enumerate(zip(preds, refs, strict=True), 1):
+        where = "" if len(preds) == 1 else f" (workflow {number})"
+        values = []
+        for option, path, value in (("--pred", args.pred, pred), ("--ref", args.ref, ref)):
+            try:
+                values.append(_workflow(value, args, option[2:]))
+            except ValueError as exc:
+                raise CliError(f"{option} {path}{where}: {exc}") from None
+        pair_id = ref_id or pred_id or ("pair" if len(preds) == 1 else str(number))
+        pairs.append((pair_id, *values, None))
+    return pairs
+
+
+def _read_pairs(args: argparse.Namespace) -> list[tuple[str, Any, Any, str | None]]:
     """(id, pred, ref, task) per line of a JSONL file of {"pred": workflow, "ref": workflow}."""
-    from resilibench.metrics.workflow import Workflow
-
+    path = args.pairs
     file = Path(path)
     if not file.is_file():
         raise CliError(f"--pairs: file {path} does not exist")
@@ -128,7 +193,7 @@ def _read_pairs(path: str) -> list[tuple[str, Any, Any, str | None]]:
             raise CliError(f"{where}: each line must be an object with 'pred' and 'ref' workflows "
                            "(and optional 'id' and 'task')")
         try:
-            pred, ref = Workflow.from_dict(row["pred"]), Workflow.from_dict(row["ref"])
+            pred, ref = _workflow(row["pred"], args, "pred"), _workflow(row["ref"], args, "ref")
         except ValueError as exc:
             raise CliError(f"{where}: {exc}") from None
         task = row.get("task")
@@ -138,6 +203,19 @@ def _read_pairs(path: str) -> list[tuple[str, Any, Any, str | None]]:
     return pairs
 
 
+def _report_caveats(rows: list[dict[str, Any]]) -> None:
+    """Say on stderr which predictions were repaired and which MCIS scores are bounds, not values."""
+    repaired = [r["id"] for r in rows if "repairs" in r["details"]]
+    cyclic = [r["id"] for r in rows if {"self_loops", "cycle_edges"} & set(r["details"].get("repairs", {}))]
+    bounded = [r["id"] for r in rows if r["details"].get("mcis_f1", {}).get("exact") is False]
+    if repaired:
+        print(f"note: {len(repaired)} prediction(s) repaired (details.repairs in --format json); cyclic, scored 0 "
+              f"structurally: {', '.join(cyclic) or 'none'}", file=sys.stderr)
+    if bounded:
+        print(f"note: mcis_f1 of {len(bounded)} pair(s) is a lower bound, the search ran past --mcis-budget: "
+              f"{', '.join(bounded)} (f1_bounds in --format json)", file=sys.stderr)
+
+
 def cmd_score(args: argparse.Namespace) -> int:
     from resilibench.metrics.calibration import iter_chunks
     from resilibench.results import dumps_row, write_text_atomic
@@ -145,10 +223,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.pairs and (args.pred or args.ref) or not args.pairs and not (args.pred and args.ref):
         raise CliError("give either --pred FILE and --ref FILE, or --pairs FILE")
     output_file(args.output)
-    if args.pairs:
-        pairs = _read_pairs(args.pairs)
-    else:
-        pairs = [("pair", _read_workflow(args.pred, "--pred"), _read_workflow(args.ref, "--ref"), None)]
+    if args.string_steps and args.input_format != "resilibench":
+        raise CliError(f"--string-steps applies to --input-format resilibench; {args.input_format} steps are texts")
+    pairs = _read_pairs(args) if args.pairs else _read_files(args)
     metrics = _metrics(args)
     scorer = _scorer(metrics, _backend(args.backend) if args.backend else None, args)
     rows: list[dict[str, Any]] = []
@@ -170,6 +247,7 @@ def cmd_score(args: argparse.Namespace) -> int:
             values = [r["scores"][m] for r in rows if r["scores"][m] is not None]
             means.append(sum(values) / len(values) if values else None)
         print(format_table(("id", *metrics), [*table, ("mean", *means)]))
+    _report_caveats(rows)
     if args.output:
         print(f"wrote {len(rows)} rows to {args.output}", file=sys.stderr)
     return 0
@@ -213,7 +291,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     plan = plan_calibration(goldens, seed=args.seed, method=args.perturber)
     settings = {"metrics": metrics, "seed": args.seed, "min_nodes": args.min_nodes, "text_only": args.text_only,
                 "perturber": args.perturber, "backend": args.backend, "attempts": args.attempts,
-                "max_new_tokens": args.max_new_tokens}
+                "max_new_tokens": args.max_new_tokens, "mcis_budget": args.mcis_budget,
+                "definitions": METRIC_DEFINITIONS}
     job = _Calibration(
         plan=plan, metrics=metrics, directory=directory,
         run_config={"world": config.to_dict(), "tasks": source, "split": args.split, "task_types": task_types,
@@ -336,12 +415,21 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
     actions = metrics.add_subparsers(dest="metrics_command", metavar="ACTION", required=True, parser_class=Parser)
 
     score = actions.add_parser("score", help="every metric for a (pred, ref) pair or a JSONL file of pairs")
-    score.add_argument("--pred", metavar="FILE", help="predicted workflow (JSON: {\"nodes\": [...], \"edges\": [...]})")
-    score.add_argument("--ref", metavar="FILE", help="reference workflow (JSON)")
+    score.add_argument("--pred", metavar="FILE", help="predicted workflow(s) in --input-format (a JSON list: several, "
+                       "paired with --ref by position)")
+    score.add_argument("--ref", metavar="FILE", help="reference workflow(s) in --input-format")
     score.add_argument("--pairs", metavar="FILE", help="JSONL, one {\"pred\": ..., \"ref\": ...} object a line "
                        "(optional \"id\", and \"task\" text for the judge)")
+    score.add_argument("--input-format", choices=INPUT_FORMATS, default="resilibench",
+                       help="resilibench (default): {\"nodes\": [{\"tool\":..., \"text\":...}], \"edges\": [[i, j]]}; "
+                            "worfbench: the answer text 'Node: 1: ... Edge: (START,1) (1,2) ...' (also WorFBench's "
+                            "gold and prediction JSON files); robustflow: {\"nodes\": [\"START\", text, ..., \"END\"], "
+                            "\"edges\": [[i, j]]}")
+    score.add_argument("--string-steps", choices=STRING_STEPS,
+                       help="read a step given as a plain JSON string as a tool name or as a step text "
+                            "(compared by meaning); required when the input has such steps")
     _add_metric_options(score)
-    score.add_argument("--format", choices=("table", "json"), default="table")
+    score.add_argument("--format", choices=("table", "json"), default="table", help="what is printed (default table)")
     score.add_argument("--output", metavar="FILE", help="also write one JSON row per pair to FILE (JSONL)")
     score.set_defaults(func=cmd_score)
 

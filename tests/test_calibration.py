@@ -131,6 +131,10 @@ def test_calibrate_interrupt_resume_and_outputs(tmp_path, capsys):
     assert main(["metrics", "calibrate", "--task-type", "complex_validation_pipeline", "--limit", "6", "--metrics",
                  "bleu", "--output-dir", str(directory)]) == 2
     assert "a different config (calibration." in capsys.readouterr().err and read_jsonl(results).rows == after
+    # Scores do not depend on --batch-size (a resume may change it); they do on the MCIS budget: refused.
+    assert main([*_calibrate(directory), "--batch-size", "5"]) == 0 and read_jsonl(results).rows == after
+    assert main([*_calibrate(directory), "--mcis-budget", "5"]) == 2
+    assert "calibration.mcis_budget" in capsys.readouterr().err and read_jsonl(results).rows == after
     assert main([*_calibrate(directory), "--limit", "3", "--no-resume"]) == 0
     assert len(_rows(results)) == json.loads((directory / "summary.json").read_text())["counts"]["distinct_pairs"]
 

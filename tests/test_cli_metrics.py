@@ -65,14 +65,22 @@ def test_score_with_the_judge_through_a_transformers_backend(tmp_path, capsys):
 
 def test_score_errors_exit_2(tmp_path, capsys):
     good = write(tmp_path / "good.json", REF.to_json())
-    cyclic = write(tmp_path / "cyclic.json", json.dumps({"nodes": ["a", "b"], "edges": [[0, 1], [1, 0]]}))
+    cyclic = write(tmp_path / "cyclic.json", json.dumps({"nodes": [{"tool": "a"}, {"tool": "b"}],
+                                                          "edges": [[0, 1], [1, 0]]}))
+    strings = write(tmp_path / "strings.json", json.dumps({"nodes": ["read the input file"]}))
     cases = [
         ([], "give either --pred FILE and --ref FILE, or --pairs FILE"),
         (["--pred", good], "give either --pred FILE and --ref FILE"),
         (["--pred", good, "--ref", good, "--pairs", good], "give either"),
         (["--pred", str(tmp_path / "missing.json"), "--ref", good], "--pred: file"),
         (["--pred", write(tmp_path / "bad.json", "{not json"), "--ref", good], "not valid JSON"),
-        (["--pred", good, "--ref", cyclic], "cycle"),
+        (["--pred", good, "--ref", cyclic], "--ref " + cyclic + ": the reference has a cycle (edges (1, 0))"),
+        (["--pred", strings, "--ref", good], "node 0 is a plain string"),
+        (["--pred", good, "--ref", good, "--input-format", "worfbench", "--string-steps", "text"],
+         "--string-steps applies to --input-format resilibench"),
+        (["--pred", good, "--ref", write(tmp_path / "two.json", json.dumps([REF.to_dict()] * 2))],
+         "holds 1 workflows and --ref"),
+        (["--pred", write(tmp_path / "a.txt", "1: a"), "--ref", good, "--input-format", "worfbench"], "'Node:'"),
         (["--pairs", write(tmp_path / "p1.jsonl", '{"pred": {"nodes": ["a"]}}\n')], "p1.jsonl:1: each line must"),
         (["--pairs", write(tmp_path / "p2.jsonl", '\n{"pred": 1, "ref": 2}\n')], "p2.jsonl:2: workflow JSON must"),
         (["--pairs", write(tmp_path / "p3.jsonl", "\n")], "no pairs in the file"),
@@ -93,3 +101,85 @@ def test_metric_choices_match_the_library():
     from resilibench.metrics.calibration import METRICS
 
     assert METRIC_CHOICES == METRICS
+
+
+def test_cli_constants_match_the_library():
+    """Kept in step by hand (the CLI does not import the metrics to keep --help fast)."""
+    from resilibench.cli import build_parser
+    from resilibench.cli_metrics import STRING_STEPS
+    from resilibench.metrics import workflow
+    from resilibench.metrics.structural import DEFAULT_MCIS_BUDGET
+
+    assert STRING_STEPS == workflow.STRING_STEPS
+    args = build_parser().parse_args(["metrics", "score", "--pairs", "x"])
+    assert args.mcis_budget == DEFAULT_MCIS_BUDGET
+
+
+WORFBENCH_GOLD = ("Node:\n1: read the input file\n2: parse raw input into a structured format\n3: write the results\n"
+                  "Edge: (START,1) (1,2) (2,3) (3,END)")
+
+
+def test_score_worfbench_files_gold_and_predictions(tmp_path, capsys):
+    """WorFBench's own files: a gold file (answer last in ``conversations``) and a prediction file
+    (``workflow``), paired by position; one prediction is reworded, one cyclic, one has a duplicate edge."""
+    gold = [{"id": f"os_{i}", "conversations": [{"role": "user", "content": "task"},
+                                                 {"role": "assistant", "content": WORFBENCH_GOLD}]} for i in range(4)]
+    preds = [{"workflow": WORFBENCH_GOLD},
+             {"workflow": WORFBENCH_GOLD.replace("parse raw input into a structured format",
+                                                 "turn the raw input into structured data")},
+             {"workflow": WORFBENCH_GOLD.replace("(2,3)", "(2,3) (3,1)")},
+             {"workflow": WORFBENCH_GOLD.replace("(1,2)", "(1,2) (1,2)")}]
+    ref, pred = write(tmp_path / "gold.json", json.dumps(gold)), write(tmp_path / "pred.json", json.dumps(preds))
+    assert main(["metrics", "score", "--input-format", "worfbench", "--pred", pred, "--ref", ref,
+                 "--metrics", "chain_f1", "reachability_f1", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert [r["id"] for r in rows] == ["os_0", "os_1", "os_2", "os_3"]
+    assert [r["scores"]["chain_f1"] for r in rows] == [1.0, 1.0, 0.0, 1.0]  # reworded step aligned by meaning
+    assert rows[2]["details"]["repairs"] == {"cycle_edges": [[2, 0]]}
+    assert rows[3]["details"]["repairs"] == {"duplicates": [[0, 1]]} and rows[3]["scores"]["reachability_f1"] == 1.0
+    assert "cyclic, scored 0 structurally: os_2" in captured.err
+    answer = write(tmp_path / "answer.txt", WORFBENCH_GOLD)  # one answer as plain text
+    assert main(["metrics", "score", "--input-format", "worfbench", "--pred", answer, "--ref", answer,
+                 "--metrics", "mcis_f1"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].split() == ["mcis_f1", "1.0000"]
+
+
+def test_score_robustflow_graphs(tmp_path, capsys):
+    ref = {"nodes": ["START", "read the input file", "parse the input", "write the results", "END"],
+           "edges": [[0, 1], [1, 2], [2, 3], [3, 4]]}
+    pred = {"nodes": ["START", "read the input file", "write the results", "END"], "edges": [[0, 1], [1, 2], [2, 3]]}
+    pairs = write(tmp_path / "pairs.jsonl", json.dumps({"pred": pred, "ref": ref}) + "\n")
+    assert main(["metrics", "score", "--input-format", "robustflow", "--pairs", pairs,
+                 "--metrics", "reachability_f1", "--format", "json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["scores"]["reachability_f1"] == pytest.approx(2 / 3)  # RobustFlow's own scorer: 0.75 (START/END)
+
+
+def test_plain_string_steps_are_read_as_the_user_says(tmp_path, capsys):
+    """Regression: plain-string steps were silently tool names, so a reworded prediction scored 0.0."""
+    ref = write(tmp_path / "r.json", json.dumps({"nodes": ["read the input file", "write the results"],
+                                                 "edges": [[0, 1]]}))
+    pred = write(tmp_path / "p.json", json.dumps({"nodes": ["load the input file", "write the results"],
+                                                  "edges": [[0, 1]]}))
+    base = ["metrics", "score", "--pred", pred, "--ref", ref, "--metrics", "chain_f1", "--format", "json"]
+    assert main(base + ["--string-steps", "text"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["scores"]["chain_f1"] == 1.0
+    assert main(base + ["--string-steps", "tool"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["scores"]["chain_f1"] == 0.5
+
+
+def test_mcis_budget_is_reported_not_hidden(tmp_path, capsys):
+    import random
+
+    names = [f"t{i}" for i in range(100)]
+    ref = Workflow.chain(names)
+    pred = Workflow.chain(random.Random(0).sample(names, 100))
+    p, r = write(tmp_path / "p.json", pred.to_json()), write(tmp_path / "r.json", ref.to_json())
+    assert main(["metrics", "score", "--pred", p, "--ref", r, "--metrics", "mcis_f1", "--mcis-budget", "20",
+                 "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    (row,) = json.loads(captured.out)
+    low, high = row["details"]["mcis_f1"]["f1_bounds"]
+    assert row["details"]["mcis_f1"]["exact"] is False and low == row["scores"]["mcis_f1"] < high
+    assert "mcis_f1 of 1 pair(s) is a lower bound" in captured.err

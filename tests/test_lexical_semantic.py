@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from resilibench.metrics.lexical import bleu, corpus_bleu, corpus_gleu, gleu, lexical_scores, workflow_text
-from resilibench.metrics.semantic import BertScorer, bertscore
+from resilibench.metrics.semantic import BertScore, BertScorer, bertscore
 from resilibench.metrics.workflow import Node, Workflow
 
 READ = "read and retrieve data from files"
@@ -88,3 +88,35 @@ def test_bertscore_idf_weighting_and_layer_choice(scorer):
     assert weighted.score([cand], [ref])[0].recall != pytest.approx(scorer.score([cand], [ref])[0].recall)
     with pytest.raises(ValueError, match="layer must be in 1..6"):
         BertScorer(layer=7)
+
+
+def test_empty_workflows_follow_the_structural_convention(scorer):
+    """Regression: two empty workflows scored 1 structurally but 0 under BLEU, GLEU and BERTScore."""
+    from resilibench.metrics.structural import structural_scores
+
+    empty = Workflow(())
+    assert set(structural_scores(empty, empty).values()) == {1.0}
+    assert bleu(empty, empty) == gleu(empty, empty) == 1.0
+    assert bertscore(empty, empty, scorer) == bertscore("  ", "", scorer) == BertScore(1.0, 1.0, 1.0)
+    assert bleu(empty, GOLDEN) == gleu(GOLDEN, empty) == 0.0
+    assert bertscore(empty, GOLDEN, scorer).f1 == bertscore(GOLDEN, empty, scorer).f1 == 0.0
+
+
+def test_bertscore_does_not_depend_on_chunks_or_batch_mates():
+    """Regression (item 20 of the hardening issue): padded batches moved embeddings by ~3e-7, so a
+    pair's score depended on --batch-size and on which texts were encoded with it, which a resumed
+    calibration changes. Scoring all pairs at once, in chunks, or one by one in reverse order with
+    fresh scorers now gives the same numbers bit for bit."""
+    from resilibench.metrics.calibration import WorkflowScorer, iter_chunks
+
+    texts = [READ, PARSE, WRITE, READ + " and " + WRITE, "x", "validate every record", PARSE + " twice",
+             "\n".join([READ, PARSE, WRITE]), "read the rows", "parse rows"]
+    refs = [WRITE, READ, PARSE, READ, READ, PARSE, WRITE, READ, PARSE, WRITE]
+    pairs = [(Workflow((Node(text=t),)), Workflow((Node(text=r),))) for t, r in zip(texts, refs, strict=True)]
+    runs = []
+    for size in (1, 3, 64):
+        scorer = WorkflowScorer(["bertscore"], bert=BertScorer())
+        runs.append([row["scores"]["bertscore"] for chunk in iter_chunks(pairs, size) for row in scorer.score(chunk)])
+    assert runs[0] == runs[1] == runs[2]
+    alone = [BertScorer().score([t], [r])[0].f1 for t, r in reversed(list(zip(texts, refs, strict=True)))]
+    assert alone[::-1] == runs[0]

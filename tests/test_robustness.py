@@ -15,9 +15,9 @@ BA = Workflow.chain([B, A])
 
 def clusters() -> list[Cluster]:
     # Cluster 1: an identical variant (F = 1) and one missing its last step (chain F1 = 2*1*(2/3)/(1+2/3)
-    # = 0.8; the reachability pair A ~> B survives, graph F1 = 1).
-    # Cluster 2: one variant with the order reversed (chain l = 1: F1 = 0.5; the one reachability pair
-    # is reversed: graph F1 = 0).
+    # = 0.8; graph F1: the variant's 3 reachability pairs {AA, BB, AB} are among the reference's 6, F1 = 2/3).
+    # Cluster 2: one variant with the order reversed (chain l = 1: F1 = 0.5; graph F1: AA and BB shared,
+    # the one ordered pair reversed: 2 of 3 on each side, F1 = 2/3).
     return [Cluster(ABC, (ABC, AB), ("light", "heavy"), "c1"), Cluster(AB, (BA,), ("heavy",), "c2")]
 
 
@@ -32,10 +32,10 @@ def test_node_risk_exact():
 
 def test_graph_risk_exact():
     report = robustness_risk(clusters(), "graph")
-    assert report.per_cluster == pytest.approx({"c1": 0.0, "c2": 1.0})
-    assert report.risk == pytest.approx(0.5)
-    assert report.by_intensity == pytest.approx({"light": 0.0, "heavy": 0.5})
-    assert report.to_dict()["by_intensity"] == pytest.approx({"light": 0.0, "heavy": 0.5})
+    assert report.per_cluster == pytest.approx({"c1": (0.0 + 1 / 3) / 2, "c2": 1 / 3})
+    assert report.risk == pytest.approx(0.25)
+    assert report.by_intensity == pytest.approx({"light": 0.0, "heavy": 1 / 3})
+    assert report.to_dict()["by_intensity"] == pytest.approx({"light": 0.0, "heavy": 1 / 3})
 
 
 def test_custom_similarity_and_unlabelled_clusters():

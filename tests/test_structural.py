@@ -125,9 +125,12 @@ def oracle_mcis(pred: Workflow, ref: Workflow, mapping: dict[int, int]) -> int:
 
 
 def oracle_reachability(pred: Workflow, ref: Workflow, mapping: dict[int, int]) -> tuple[int, int, int]:
+    """Reflexive-transitive closures of the whole workflows as sets; predicted pairs renamed through the
+    mapping (an unaligned step keeps a name no reference pair has)."""
     cp, cg = closure(pred), closure(ref)
-    r_pred = {(mapping[u], mapping[v]) for u in mapping for v in cp[u] if v in mapping}
-    r_ref = {(x, y) for x in mapping.values() for y in cg[x] if y in mapping.values()}
+    name = {u: mapping.get(u, ("unaligned", u)) for u in range(len(pred.nodes))}
+    r_pred = {(name[u], name[v]) for u in cp for v in cp[u] | {u}}
+    r_ref = {(x, y) for x in cg for y in cg[x] | {x}}
     return len(r_pred & r_ref), len(r_pred), len(r_ref)
 
 
@@ -142,7 +145,7 @@ def oracle_tau(pred: Workflow, ref: Workflow, mapping: dict[int, int]) -> float:
     sg = [sign(cg, r1, r2) for (_, r1), (_, r2) in pairs]
     np_, ng = sum(map(abs, sp)), sum(map(abs, sg))
     if not np_ and not ng:
-        return 1.0
+        return float(len(mapping) == len(pred.nodes) == len(ref.nodes))
     if not np_ or not ng:
         return 0.0
     return sum(a * b for a, b in zip(sp, sg, strict=True)) / math.sqrt(np_ * ng)
@@ -176,13 +179,8 @@ def test_metrics_match_brute_force_oracles():
         assert mcis_f1(pred, ref, alignment).size == oracle_mcis(pred, ref, mapping), (pred, ref)
         reach = reachability_f1(pred, ref, alignment)
         shared, n_pred, n_ref = oracle_reachability(pred, ref, mapping)
-        if mapping:
-            assert reach.size == shared
-            assert reach.precision == (shared / n_pred if n_pred else 1.0)
-            assert reach.recall == (shared / n_ref if n_ref else 1.0)
-        else:
-            assert reach == Score(0.0, 0.0, 0.0)
-        assert kendall_tau(pred, ref, alignment) == pytest.approx(oracle_tau(pred, ref, mapping) if mapping else 0.0)
+        assert (reach.size, reach.precision, reach.recall) == (shared, shared / n_pred, shared / n_ref)
+        assert kendall_tau(pred, ref, alignment) == pytest.approx(oracle_tau(pred, ref, mapping))
         checked += 1
         wide += not ref.edges and len(ref.nodes) >= 4
     assert checked > 2400 and wide > 100
@@ -242,9 +240,23 @@ def test_empty_and_single_node_workflows():
     assert structural_scores(other, one) == zeros
     two = Workflow.chain(["a", "b"])
     assert chain_f1(one, two) == Score(1.0, 0.5, 2 / 3, 1)
-    assert reachability_f1(one, two) == Score(1.0, 1.0, 1.0, 0)  # one aligned step: no pair to disagree on
+    assert reachability_f1(one, two) == Score(1.0, 1 / 3, 0.5, 1)  # {aa} against {aa, bb, ab}
     assert mcis_f1(one, two).f1 == pytest.approx(2 / 3)
-    assert kendall_tau(one, two) == 1.0
+    assert kendall_tau(one, two) == 0.0  # no ordered pair to compare, and b is left out
+
+
+def test_unrelated_workflows_sharing_one_step_cannot_score_one():
+    """Regression: with at most one aligned step, reachability F1 and Kendall tau were 1.0 by convention."""
+    rng = random.Random(5)
+    for n in range(2, 9):
+        for density in (0.0, 0.5, 1.0):
+            ref = random_dag(rng, n, density, "a" + LETTERS[1:].upper())
+            pred = random_dag(rng, n, density, "a" + LETTERS[1:])  # shares only step "a" (if drawn)
+            scores = structural_scores(pred, ref)
+            assert scores["reachability_f1"] <= 2 / (n + 1) and scores["kendall_tau"] == 0.0, (pred, ref)
+    antichain = Workflow(tuple(Node(t) for t in "abcde"))
+    assert structural_scores(antichain, antichain)["kendall_tau"] == 1.0  # identical antichains still agree
+    assert structural_scores(Workflow(tuple(Node(t) for t in "axyzw")), antichain)["reachability_f1"] == 0.2
 
 
 def test_worked_examples():
@@ -252,13 +264,14 @@ def test_worked_examples():
     swapped = Workflow.chain(list("abdce"))
     s = structural_scores(swapped, ref)
     assert s["chain_f1"] == 0.8  # l = 4 (a, b, c, e or a, b, d, e)
-    assert s["reachability_f1"] == 0.9  # 10 pairs each, 9 shared
+    assert s["reachability_f1"] == 14 / 15  # 5 + 10 pairs each (steps reach themselves), 14 shared
     assert s["mcis_f1"] == 0.6  # {a, b} + {e}: b-c, c-d, d-e edges differ; best is 3 steps
     assert s["kendall_tau"] == 0.8  # one discordant pair of 10
     missing = Workflow.chain(list("abde"))  # c dropped, order kept
     s = structural_scores(missing, ref)
     assert s["chain_precision"] == 1.0 and s["chain_recall"] == 0.8
-    assert s["reachability_f1"] == 1.0  # b ~> d through c in the reference still counts
+    assert s["reachability_precision"] == 1.0  # b ~> d through c in the reference still counts
+    assert s["reachability_recall"] == 10 / 15  # c's own pair and its four paths are missed
     assert s["kendall_tau"] == 1.0
     reversed_chain = Workflow.chain(list("edcba"))
     assert structural_scores(reversed_chain, ref)["kendall_tau"] == -1.0
@@ -311,17 +324,18 @@ def test_documented_differences_from_worfbench():
     antichain7 = Workflow(tuple(Node(t) for t in "abcdefg"))
     assert chain_f1(Workflow.chain(list("abcdefg")), antichain7).f1 == 1.0  # WorFBench: 0.43
     antichain8 = Workflow(tuple(Node(t) for t in "abcdefgh"))
-    assert chain_f1(Workflow.chain(list("hgfedcba")), antichain8).f1 == 1.0  # WorFBench: 0.125
+    assert chain_f1(Workflow.chain(list("hgfedcba")), antichain8).f1 == 1.0  # WorFBench: 0.111
     assert chain_f1(Workflow.chain(["x", "y"]), Workflow.chain(["a", "b"])).size == 0  # WorFBench: l = 1
     chain = Workflow.chain(list("abcde"))
     renumbered = Workflow(tuple(Node(t) for t in "edcba"), ((4, 3), (3, 2), (2, 1), (1, 0)))
-    assert set(structural_scores(renumbered, chain).values()) == {1.0}  # WorFBench graph F1: 0.2
+    assert set(structural_scores(renumbered, chain).values()) == {1.0}  # WorFBench graph F1: 0.143
     extra_edge = Workflow(tuple(Node(t) for t in "abc"), ((0, 1), (1, 2), (0, 2)))
     reference = Workflow.chain(list("abc"))
     assert mcis_f1(extra_edge, reference).f1 == pytest.approx(2 / 3)  # WorFBench (largest component): 1.0
     assert reachability_f1(extra_edge, reference).f1 == 1.0
-    # Reachability through an omitted step still counts (a literal edge projection would give 0).
-    assert reachability_f1(Workflow.chain(["a", "c"]), reference).f1 == 1.0
+    # Reachability through an omitted step still counts; the omitted step's pairs are missed.
+    # (RobustFlow's released scorer, with START and END as steps: 0.75.)
+    assert reachability_f1(Workflow.chain(["a", "c"]), reference) == Score(1.0, 0.5, 2 / 3, 3)
     # A longest path over pairwise-compatible steps would say 3 here; the exact l is 2.
     assert chain_f1(Workflow.chain(list("cba")), Workflow(tuple(Node(t) for t in "abc"), ((0, 2),))).size == 2
 
@@ -337,5 +351,39 @@ def test_docs_example_runs_as_printed():
     assert alignment.pairs == ((0, 0, 1.0), (1, 2, 1.0), (2, 1, 1.0))
     scores = {k: round(v, 3) for k, v in structural_scores(prediction, reference, alignment).items()}
     assert scores == {"chain_precision": 1.0, "chain_recall": 0.75, "chain_f1": 0.857,
-                      "reachability_precision": 0.667, "reachability_recall": 1.0, "reachability_f1": 0.8,
+                      "reachability_precision": 0.833, "reachability_recall": 0.556, "reachability_f1": 0.667,
                       "mcis_precision": 0.667, "mcis_recall": 0.5, "mcis_f1": 0.571, "kendall_tau": 0.816}
+
+
+def test_mcis_past_its_budget_reports_bounds_not_an_approximation():
+    """A 100-step chain against a shuffled copy needs hundreds of search calls: a small budget gives
+    exact=False with bounds that contain the exact k found without a budget."""
+    rng = random.Random(0)
+    names = [f"t{i}" for i in range(100)]
+    pred, ref = Workflow.chain(rng.sample(names, 100)), Workflow.chain(names)
+    alignment = align(pred, ref)
+    exact = mcis_f1(pred, ref, alignment, budget=None)
+    assert exact.exact and exact.f1_bounds == (exact.f1, exact.f1) and exact.size_upper is None
+    bounded = mcis_f1(pred, ref, alignment, budget=20)
+    assert not bounded.exact
+    assert bounded.size <= exact.size <= bounded.size_upper and bounded.size < bounded.size_upper
+    low, high = bounded.f1_bounds
+    assert low == bounded.f1 <= exact.f1 <= high == bounded.f1_upper
+    assert bounded.f1 == 2 * bounded.size / 200
+    small = Workflow.chain(list("abcde"))  # settled within any budget: exact
+    assert mcis_f1(Workflow.chain(list("acbde")), small, budget=1).exact
+
+
+def test_cyclic_predictions_score_zero_structurally():
+    """A prediction read leniently from a graph with a cycle or a self-loop is not executable: every
+    structural metric is 0, even when the rest of its graph equals the reference."""
+    ref = Workflow.chain(list("abc"))
+    nodes = tuple(Node(t) for t in "abc")
+    cyclic = Workflow.lenient(nodes, [(0, 1), (1, 2), (2, 0)])
+    looped = Workflow.lenient(nodes, [(0, 1), (1, 2), (1, 1)])
+    duplicated = Workflow.lenient(nodes, [(0, 1), (1, 2), (0, 1)])
+    assert cyclic.edges == ref.edges and cyclic.repairs.cycle_edges == ((2, 0),)
+    zeros = dict.fromkeys(structural_scores(ref, ref), 0.0)
+    assert structural_scores(cyclic, ref) == zeros and structural_scores(looped, ref) == zeros
+    assert set(structural_scores(duplicated, ref).values()) == {1.0}  # a repeated edge costs nothing
+    assert structural_scores(ref, cyclic) == zeros  # a cyclic reference likewise
