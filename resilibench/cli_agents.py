@@ -18,6 +18,7 @@ from typing import Any
 from resilibench.cli import (
     SPLIT_CHOICES,
     CliError,
+    check_bound_turn_limit,
     dedupe,
     load_library,
     load_world_config,
@@ -79,6 +80,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     flaw_types = dedupe(args.flaw_types or FLAW_TYPES) if "flawed" in prompts else []
     task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
     selected = select_tasks(tasks, args.split, task_types, args.task_id, limit=args.limit)
+    check_bound_turn_limit(config, selected)
     try:
         jobs = eval_jobs(selected, prompts, seeds, flaw_types, config=config)
     except ValueError as exc:

@@ -19,6 +19,7 @@ from typing import Any
 from resilibench.cli import (
     SPLIT_CHOICES,
     CliError,
+    check_bound_turn_limit,
     format_table,
     load_library,
     load_world_config,
@@ -145,6 +146,7 @@ def cmd_breaker(args: argparse.Namespace) -> int:
     config = make_world_config(load_world_config(args.config, need_bounds=True, world=args.world), None, True, None)
     library, source = load_library(args.tasks, args.world)
     tasks = select_tasks(library, args.split, args.task_type, limit=args.limit) if "flaw" in runs else []
+    check_bound_turn_limit(config, tasks)
     generation = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
     identity = to_jsonable(
         {

@@ -14,6 +14,7 @@ from resilibench.cli import (
     SPLIT_CHOICES,
     CliError,
     Parser,
+    check_bound_turn_limit,
     dedupe,
     format_table,
     interleave_task_types,
@@ -277,6 +278,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     tasks, source = load_library(args.tasks, args.world)
     task_types = dedupe(args.task_type) if args.task_type else None
     selected = select_tasks(tasks, args.split, task_types)
+    check_bound_turn_limit(config, selected)
     metrics = _metrics(args)
     _check_backend_spec(args.backend)
     if args.perturber == "llm" and not args.backend:

@@ -17,6 +17,7 @@ from resilibench.cli import (
     SPLIT_CHOICES,
     CliError,
     Parser,
+    check_bound_turn_limit,
     dedupe,
     format_table,
     interleave_task_types,
@@ -64,6 +65,7 @@ def cmd_clusters(args: argparse.Namespace) -> int:
     tasks, source = load_library(args.tasks, args.world)
     task_types = dedupe(args.task_type) if args.task_type else None
     selected = _per_type(select_tasks(tasks, args.split, task_types), args.per_type)
+    check_bound_turn_limit(config, selected)
     if args.limit is not None:
         selected = interleave_task_types(selected)[:args.limit]
     directory = Path(args.output_dir)

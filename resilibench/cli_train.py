@@ -22,6 +22,7 @@ from resilibench.cli import (
     Parser,
     _execute_run,
     _RunPlan,
+    check_bound_turn_limit,
     dedupe,
     format_table,
     load_library,
@@ -155,6 +156,7 @@ def cmd_eval_policy(args: argparse.Namespace) -> int:
     seeds = dedupe(args.seeds)
     task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
     selected = select_tasks(tasks, args.split, task_types, limit=args.limit)
+    check_bound_turn_limit(config, selected)
     directory = Path(args.output_dir)
     if directory.exists() and not directory.is_dir():
         raise CliError(f"--output-dir: {directory} exists and is not a directory")

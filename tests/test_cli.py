@@ -407,3 +407,14 @@ def test_a_nul_padded_tail_is_repaired_with_nothing_left_to_run(first_run, tmp_p
     assert "truncated" in capsys.readouterr().err
     assert _run(tmp_path) == 0
     assert "truncated" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["eval", "--agent", "scripted:optimal", "--output-dir"],
+                                     ["metrics", "calibrate", "--output-dir"],
+                                     ["robust", "clusters", "--output-dir"]])
+def test_every_command_with_bounds_refuses_a_turn_limit_beyond_the_spare_tools(tmp_path, capsys, command):
+    config = tmp_path / "world.json"
+    config.write_text(json.dumps({"rules": {"turn_limit": 19}}))
+    status = main([*command, str(tmp_path / "out"), "--config", str(config), "--split", "test"])
+    err = capsys.readouterr().err
+    assert status == 2 and "bound (iii) needs 19 spare tools" in err, err
