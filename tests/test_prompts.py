@@ -64,6 +64,7 @@ def test_plans_render_and_parse_back(style):
 
 
 def test_mcp_task_form_carries_reasons_dependencies_alternatives_and_the_exact_probability():
+    """Reasons and confidences come from the plan as shown, so a flawed plan reads like an optimal one."""
     plan = with_arguments(TASK, reference_workflow(TASK))
     text = render_plan(plan, "mcp_task", task=TASK, matcher="lexical")
     for tag in ("mcp_task", "workflow_intelligence", "execution_plan", "failure_handling", "execution_tracking"):
@@ -75,8 +76,10 @@ def test_mcp_task_form_carries_reasons_dependencies_alternatives_and_the_exact_p
         block = text.split(f"\n{i + 1}. Execute {tool}\n", 1)[1].split("\n", 8)[:8]
         alternatives = next(x for x in block if "Alternatives:" in x).split(": ", 1)[1].split(", ")
         assert tool not in alternatives and not set(alternatives) & set(plan.tools)
-        if tool in TASK.required_tools:
-            assert "a tool the task requires" in next(x for x in block if "Reason:" in x)
+        reason = next(x for x in block if "Reason:" in x)  # the plan's own edges, not the task's tools
+        dependents = [f"step {b + 1} ({plan.tools[b]})" for a, b in plan.edges if a == i]
+        assert reason.endswith("prerequisite of " + ", ".join(dependents) if dependents else "ends the plan")
+        assert "   - Confidence: 0.80" in block  # a call's chance once its prerequisites succeeded
 
 
 @pytest.mark.parametrize("style", PLAN_STYLES)
