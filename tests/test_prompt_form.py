@@ -312,3 +312,31 @@ def test_a_surface_classifier_cannot_tell_flawed_from_optimal(prompts, style, cl
     accuracy = held_out_accuracy(pairs, style, classifier)
     assert accuracy < CHANCE_LIMIT, f"{style}: flawed prompts told apart by form with accuracy {accuracy:.3f}"
     assert held_out_accuracy(_planted(pairs, style), style, classifier) > 0.9  # it would see a tell
+
+
+def report() -> None:
+    """Print, per plan style, the forms only flawed prompts take, the held-out accuracy of both
+    classifiers (overall and by flaw type) and each feature's mean over optimal and flawed prompts."""
+    built = build_prompts()
+    for style in PLAN_STYLES:
+        optimal, flawed = built[style]
+        seen, shown = _value_sets(optimal, style), _value_sets(flawed, style)
+        print(f"{style}: {len(optimal)} optimal, {len(flawed)} flawed prompts of {len(TASKS)} tasks")
+        for field in sorted(shown):
+            extra = sorted(shown[field] - seen[field])
+            print(f"  {field}: {len(seen[field])} forms in optimal prompts; only in flawed: {len(extra)} {extra[:4]}")
+        pairs = _balanced(built, style)
+        for classifier in (_logistic_regression, _stump):
+            by_type = {flaw: held_out_accuracy([q for i in range(0, len(pairs), 2) for q in pairs[i:i + 2]
+                                                if pairs[i + 1][1].injection.flaw_type == flaw], style, classifier)
+                       for flaw in FLAW_TYPES}
+            print(f"  {classifier.__name__.strip('_')}: {held_out_accuracy(pairs, style, classifier):.3f} held out; "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in by_type.items()))
+        rows = [(surface_features(p.text, style), flawed) for _, p, flawed in pairs]
+        for name in sorted(rows[0][0]):
+            means = [np.mean([r[name] for r, f in rows if f == label]) for label in (False, True)]
+            print(f"    {name}: optimal {means[0]:.4f}, flawed {means[1]:.4f}")
+
+
+if __name__ == "__main__":
+    report()
