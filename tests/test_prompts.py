@@ -129,3 +129,16 @@ def test_bad_requests_are_refused_clearly():
     with pytest.raises(ValueError, match="plan line"):
         parse_plan("1. tool: ok\nnot a step")
     assert set(PROMPT_VARIANTS) == {"baseline", "cot", "optimal", "flawed"}
+
+
+def test_a_flawed_plan_claims_the_confidence_of_an_optimal_one_under_any_rules():
+    """Unmet dependencies once showed as 'Confidence: 0.40' (0.00 with strict dependencies), which no
+    optimal plan shows: every step now states the failure model's base rate."""
+    strict = WorldConfig().replace(rules={"strict_dependencies": True})
+    for config in (WorldConfig(), strict):
+        for flaw in ("order", "tool_misuse", "missing_step", "semantic_drift"):
+            prompt = build_prompt(TASK, "flawed", flaw_type=flaw, severity=1.0, plan_style="mcp_task", config=config,
+                                  matcher="lexical")
+            assert set(re.findall(r"Confidence: (\S+)", prompt.text)) == {"0.80"}
+    cautious = WorldConfig().replace(failure={"base_success": 0.65})
+    assert "Confidence: 0.65" in build_prompt(TASK, "optimal", plan_style="mcp_task", config=cautious).text
