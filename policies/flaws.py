@@ -256,13 +256,18 @@ def applicable_positions(workflow: Workflow, flaw_type: str, method: str,
 
 @dataclass(frozen=True)
 class _Context:
-    """What a method reads besides the plan: the seeded generator, the registry, the tool similarity and
-    the argument values for steps a flaw adds (``inject_flaw``'s ``hints``)."""
+    """What a method reads besides the plan: the seeded generator, the registry, the tool similarity, the
+    argument values for steps a flaw adds (``inject_flaw``'s ``hints``) and the tools of the unflawed plan."""
 
     rng: np.random.Generator
     registry: ToolRegistry
     matcher: str
     hints: dict[str, Any]
+    original: frozenset[int]
+
+    def taken(self, workflow: Workflow) -> set[int]:
+        """Tools a replacement may not be: those of the unflawed plan or of ``workflow``."""
+        return set(self.original) | {t for t in _tool_ids(workflow, self.registry) if t is not None}
 
     def pick(self, options: list) -> Any:
         return options[int(self.rng.integers(len(options)))]
@@ -301,15 +306,14 @@ def _replace_tool(w: Workflow, i: int, new: int, ctx: _Context, reason: str) -> 
 
 
 def _similar_tool(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
-    tools = _tool_ids(w, ctx.registry)
-    options = similar_tools(tools[i], {t for t in tools if t is not None}, ctx.registry, ctx.matcher)
+    options = similar_tools(_tool_ids(w, ctx.registry)[i], ctx.taken(w), ctx.registry, ctx.matcher)
     new = ctx.pick(options[:SIMILAR_CANDIDATES])
     return _replace_tool(w, i, new, ctx, f"replaced by the similar tool {ctx.registry.names[new]}")
 
 
 def _category_mismatch(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
-    tools = _tool_ids(w, ctx.registry)
-    new = ctx.pick(_other_category_tools(tools[i], {t for t in tools if t is not None}, ctx.registry))
+    tool = _tool_ids(w, ctx.registry)[i]
+    new = ctx.pick(_other_category_tools(tool, ctx.taken(w), ctx.registry))
     return _replace_tool(w, i, new, ctx, f"replaced by {ctx.registry.names[new]} from another category")
 
 
@@ -393,12 +397,9 @@ def _drift(w: Workflow, positions: list[int], ctx: _Context, rename: bool) -> tu
     registry = ctx.registry
     changes = []
     previous = None
-    original = {t for t in _tool_ids(w, registry) if t is not None}
     for i in positions:
-        tools = _tool_ids(w, registry)
-        own = tools[i]
-        anchor = own if previous is None else previous
-        new = similar_tools(anchor, original | {t for t in tools if t is not None}, registry, ctx.matcher)[0]
+        anchor = _tool_ids(w, registry)[i] if previous is None else previous
+        new = similar_tools(anchor, ctx.taken(w), registry, ctx.matcher)[0]
         node = w.nodes[i]
         if rename:
             after = ctx.tool_node(w, new, replaced=node)
@@ -476,7 +477,8 @@ def inject_flaw(
         raise FlawNotApplicable(f"flaw {flaw_type}/{method} does not apply at position {position}; "
                                 f"applicable positions: {eligible}")
     rng = _rng(seed, flaw_type, method)
-    ctx = _Context(rng, registry, matcher, dict(hints or {}))
+    ctx = _Context(rng, registry, matcher, dict(hints or {}),
+                   frozenset(t for t in _tool_ids(workflow, registry) if t is not None))
     order = [int(i) for i in rng.permutation(eligible)]
     if position is not None:
         order.remove(position)
