@@ -34,7 +34,7 @@ CHANCE_LIMIT = 0.6
 
 
 def _sample():
-    """A seeded sample of the library (whatever ``load_tasks`` ships), every task type included."""
+    """A seeded sample of the library, whatever ``load_tasks`` ships (v0 or v1)."""
     tasks = load_tasks(split=None)
     picks = np.random.default_rng(11).choice(len(tasks), size=min(N_TASKS, len(tasks)), replace=False)
     return [tasks[i] for i in sorted(picks)]
