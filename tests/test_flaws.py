@@ -266,7 +266,7 @@ def test_a_wrong_type_argument_is_a_value_the_plan_or_task_uses_elsewhere():
 def test_a_replacement_is_never_a_tool_the_plan_had(method):
     """Several replacements in one plan: a later one must not bring back a tool an earlier one took out
     (the plan would then hold a genuine step out of place, not a misused tool)."""
-    for task in {t.required_tools: t for t in load_tasks(split=None)}.values():
+    for task in list({t.required_tools: t for t in load_tasks(split=None)}.values())[:120]:
         plan = with_arguments(task, reference_workflow(task))
         for seed in range(3):
             injection = inject_flaw(plan, "tool_misuse", method=method, severity=1.0, seed=seed, matcher="lexical")
