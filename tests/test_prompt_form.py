@@ -191,10 +191,15 @@ _PUNCTUATION = {"commas": ",", "colons": ":", "semicolons": ";", "quotes": '"', 
 
 
 def skeleton(text: str, style: str) -> list[str]:
-    """The plan's lines with their content abstracted (``_form``; arguments as ``<args>``): its form."""
+    """The plan's lines with their content abstracted (``_form``): arguments as ``<args>`` and the
+    plan's edges (prerequisites, dependents) as ``<edges>``, since which steps have some follows from
+    the plan's graph and its step count (the first step never has prerequisites)."""
     lines = []
     for line in _split(text, style)[0]:
         line = re.sub(r"(args=|Arguments: )\{.*\}", r"\1<args>", line)
+        if style == "numbered":
+            line = re.sub(r" \(after [\d, ]+\)$", "", line) + " <edges>"
+        line = re.sub(r"(?<=Requires: ).*|(?<=operation; ).*", "<edges>", line)
         lines.append(_form(line.split(": ", 1)[0]) + (": " + _form(line.split(": ", 1)[1]) if ": " in line else ""))
     return lines
 
@@ -202,20 +207,19 @@ def skeleton(text: str, style: str) -> list[str]:
 def surface_features(text: str, style: str) -> dict[str, float]:
     """Surface features of a prompt's plan: lengths and punctuation of its form (``skeleton``), rates per
     step of lines and fields, and (mcp_task) the confidence statistics, the reasons' parts and the
-    predicted success. Content-defined features are left out: the step count and every total that grows
-    with it, and the arguments themselves (their number and length; parameter flaws drop or retype one,
-    and which steps a plan has decides the rest)."""
+    predicted success. Content-defined features are left out: the step count and everything that grows
+    with it (totals, line breaks, which steps have prerequisites), and the arguments (whether a step has
+    some follows from its tool; their number and length from the flaw or the steps the plan has)."""
     steps = _steps(text, style)
     n = max(1, len(steps))
     lines = skeleton(text, style)
-    form = "\n".join(lines)
+    form = "".join(lines)
     chars = max(1, len(form))
     features = {
         "lines per step": len(lines) / n,
         "characters per step": len(form) / n,
         "mean line length": float(np.mean([len(line) for line in lines])),
         "longest line": float(max(len(line) for line in lines)),
-        "share of steps with arguments": sum(s["arguments"] is not None for s in steps) / n,
         "digits per character": sum(c.isdigit() for c in form) / chars,
     }
     features |= {f"{name} per character": form.count(mark) / chars for name, mark in _PUNCTUATION.items()}
@@ -228,11 +232,10 @@ def surface_features(text: str, style: str) -> dict[str, float]:
             "confidence max": max(confidences, default=-1.0),
             "confidence range": max(confidences) - min(confidences) if confidences else -1.0,
             "distinct confidences": float(len(set(confidences))),
-            "reason length": float(np.mean([len(r) for r in reasons])),
             "reason parts": float(np.mean([r.count(";") + 1 for r in reasons])),
             "predicted success": float(re.search(r"Predicted success probability: ([\d.]+)", text).group(1)),
         }
-        for field in ("Purpose", "Reason", "Arguments", "Requires", "Alternatives", "Expected", "Confidence"):
+        for field in ("Purpose", "Reason", "Requires", "Alternatives", "Expected", "Confidence"):
             features[f"share of steps with {field}"] = sum(field in s["fields"] for s in steps) / n
     return features
 
