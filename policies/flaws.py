@@ -14,6 +14,7 @@ computed once per process.
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
 from collections.abc import Callable, Iterable
@@ -126,14 +127,6 @@ def _plan_hints(workflow: Workflow) -> dict[str, Any]:
         for name, value in node.arguments.items():
             hints.setdefault(name, value)
     return hints
-
-
-def _tool_node(workflow: Workflow, tool: int, registry: ToolRegistry, hints: dict[str, Any] | None = None) -> Node:
-    """A step calling ``tool``; it carries valid arguments when the plan carries arguments."""
-    spec = registry.tools[tool]
-    carries = any(n.params for n in workflow.nodes)
-    arguments = valid_arguments(spec, {**_plan_hints(workflow), **(hints or {})}) if carries else None
-    return Node.make(spec.name, OPERATION_PHRASES[spec.operation], arguments)
 
 
 def _with_node(workflow: Workflow, index: int, node: Node) -> Workflow:
@@ -260,93 +253,122 @@ def applicable_positions(workflow: Workflow, flaw_type: str, method: str,
 
 # --- the methods ----------------------------------------------------------------------------------------
 
-# A method: (workflow, position in the current workflow, rng, registry, matcher) -> (new workflow, changes)
-Applier = Callable[[Workflow, int, np.random.Generator, ToolRegistry, str], tuple[Workflow, list[dict]]]
+
+@dataclass(frozen=True)
+class _Context:
+    """What a method reads besides the plan: the seeded generator, the registry, the tool similarity, the
+    argument values for steps a flaw adds (``inject_flaw``'s ``hints``) and the tools of the unflawed plan."""
+
+    rng: np.random.Generator
+    registry: ToolRegistry
+    matcher: str
+    hints: dict[str, Any]
+    original: frozenset[int]
+
+    def taken(self, workflow: Workflow) -> set[int]:
+        """Tools a replacement may not be: those of the unflawed plan or of ``workflow``."""
+        return set(self.original) | {t for t in _tool_ids(workflow, self.registry) if t is not None}
+
+    def pick(self, options: list) -> Any:
+        return options[int(self.rng.integers(len(options)))]
+
+    def tool_node(self, workflow: Workflow, tool: int, replaced: Node | None = None) -> Node:
+        """A step calling ``tool`` built like a genuine one: the operation's phrase as its text and, when
+        the plan carries arguments, valid ones from the hints (then the replaced step's, then the plan's)."""
+        spec = self.registry.tools[tool]
+        carries = any(n.params for n in workflow.nodes)
+        values = {**_plan_hints(workflow), **(replaced.arguments if replaced else {}), **self.hints}
+        return Node.make(spec.name, OPERATION_PHRASES[spec.operation], valid_arguments(spec, values) if carries else None)
 
 
-def _adjacent_swap(w: Workflow, i: int, rng, registry, matcher) -> tuple[Workflow, list[dict]]:
+# A method: (workflow, position in the current workflow, context) -> (new workflow, changes)
+Applier = Callable[[Workflow, int, _Context], tuple[Workflow, list[dict]]]
+
+
+def _adjacent_swap(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
     a, b = w.nodes[i], w.nodes[i + 1]
     out = _move(w, i + 1, i)
     return out, [_change(i, a, b, f"swapped steps {i + 1} and {i + 2}"),
                  _change(i + 1, b, a, f"swapped steps {i + 1} and {i + 2}")]
 
 
-def _dependency_violation(w: Workflow, i: int, rng, registry, matcher) -> tuple[Workflow, list[dict]]:
-    target = _prerequisite(w, i, registry)
+def _dependency_violation(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
+    target = _prerequisite(w, i, ctx.registry)
     node = w.nodes[i]
     return _move(w, i, target), [_change(target, w.nodes[target], node,
                                          f"moved step {i + 1} ({node.tool}) before its prerequisite "
                                          f"{w.nodes[target].tool}")]
 
 
-def _replace_tool(w: Workflow, i: int, new: int, registry, reason: str) -> tuple[Workflow, list[dict]]:
-    node = _tool_node(w, new, registry, w.nodes[i].arguments)
+def _replace_tool(w: Workflow, i: int, new: int, ctx: _Context, reason: str) -> tuple[Workflow, list[dict]]:
+    node = ctx.tool_node(w, new, replaced=w.nodes[i])
     return _with_node(w, i, node), [_change(i, w.nodes[i], node, reason)]
 
 
-def _similar_tool(w: Workflow, i: int, rng, registry, matcher) -> tuple[Workflow, list[dict]]:
-    tools = _tool_ids(w, registry)
-    options = similar_tools(tools[i], {t for t in tools if t is not None}, registry, matcher)[:SIMILAR_CANDIDATES]
-    new = options[int(rng.integers(len(options)))]
-    return _replace_tool(w, i, new, registry, f"replaced by the similar tool {registry.names[new]}")
+def _similar_tool(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
+    options = similar_tools(_tool_ids(w, ctx.registry)[i], ctx.taken(w), ctx.registry, ctx.matcher)
+    new = ctx.pick(options[:SIMILAR_CANDIDATES])
+    return _replace_tool(w, i, new, ctx, f"replaced by the similar tool {ctx.registry.names[new]}")
 
 
-def _category_mismatch(w: Workflow, i: int, rng, registry, matcher) -> tuple[Workflow, list[dict]]:
-    tools = _tool_ids(w, registry)
-    options = _other_category_tools(tools[i], {t for t in tools if t is not None}, registry)
-    new = options[int(rng.integers(len(options)))]
-    return _replace_tool(w, i, new, registry, f"replaced by {registry.names[new]} from another category")
+def _category_mismatch(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
+    tool = _tool_ids(w, ctx.registry)[i]
+    new = ctx.pick(_other_category_tools(tool, ctx.taken(w), ctx.registry))
+    return _replace_tool(w, i, new, ctx, f"replaced by {ctx.registry.names[new]} from another category")
 
 
-def _missing_required(w: Workflow, i: int, rng, registry, matcher) -> tuple[Workflow, list[dict]]:
-    names = _required_params(w, i, registry)
-    name = names[int(rng.integers(len(names)))]
+def _missing_required(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
+    name = ctx.pick(_required_params(w, i, ctx.registry))
     node = w.nodes[i]
     arguments = {k: v for k, v in node.arguments.items() if k != name}
     new = Node.make(node.tool, node.text, arguments)
     return _with_node(w, i, new), [_change(i, node, new, f"dropped the required parameter '{name}'")]
 
 
-def _wrong_type(w: Workflow, i: int, rng, registry, matcher) -> tuple[Workflow, list[dict]]:
-    names = _required_params(w, i, registry)
-    name = names[int(rng.integers(len(names)))]
+def _wrong_type(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
+    """A required argument takes a value of the wrong type: one the plan or the hints hold for another
+    parameter (a mix-up, in the plan's own vocabulary), else ``WRONG_TYPE_VALUES``."""
+    name = ctx.pick(_required_params(w, i, ctx.registry))
     node = w.nodes[i]
-    expected = next(p.type for p in registry[node.tool].parameters if p.name == name)
-    new = Node.make(node.tool, node.text, {**node.arguments, name: WRONG_TYPE_VALUES[expected]})
+    tool = ctx.registry[node.tool]
+    expected = next(p.type for p in tool.parameters if p.name == name)
+    known = {json.dumps(v, sort_keys=True) for v in [*_plan_hints(w).values(), *ctx.hints.values()]}
+    wrong = [json.loads(v) for v in sorted(known)
+             if tool.check_arguments({**node.arguments, name: json.loads(v)}) is not None]
+    value = ctx.pick(wrong) if wrong else WRONG_TYPE_VALUES[expected]
+    new = Node.make(node.tool, node.text, {**node.arguments, name: value})
     return _with_node(w, i, new), [_change(i, node, new, f"parameter '{name}' given a value that is not {expected}")]
 
 
 def _removal(reason: str) -> Applier:
-    def apply(w: Workflow, i: int, rng, registry, matcher) -> tuple[Workflow, list[dict]]:
+    def apply(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
         return _remove(w, i), [_change(i, w.nodes[i], None, reason.format(step=i + 1, tool=w.nodes[i].tool))]
     return apply
 
 
-def _duplicate_step(w: Workflow, i: int, rng, registry, matcher) -> tuple[Workflow, list[dict]]:
+def _duplicate_step(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
     node = w.nodes[i]
     return _insert(w, i + 1, node), [_change(i + 1, None, node, f"step {i + 1} ({node.tool}) repeated")]
 
 
-def _unneeded_insertion(w: Workflow, i: int, rng, registry, matcher) -> tuple[Workflow, list[dict]]:
-    options = _unneeded_tools({t for t in _tool_ids(w, registry) if t is not None}, registry)
-    node = _tool_node(w, options[int(rng.integers(len(options)))], registry)
+def _unneeded_insertion(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
+    options = _unneeded_tools({t for t in _tool_ids(w, ctx.registry) if t is not None}, ctx.registry)
+    node = ctx.tool_node(w, ctx.pick(options))
     return _insert(w, i, node), [_change(i, None, node, f"inserted {node.tool}, which the task does not need")]
 
 
-def _format_mismatch(w: Workflow, i: int, rng, registry, matcher) -> tuple[Workflow, list[dict]]:
+def _format_mismatch(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
     node = w.nodes[i]
     produced = w.nodes[i - 1].arguments.get("output_format", node.arguments["input_format"])
-    options = [f for f in FORMATS if f != produced and f != node.arguments["input_format"]]
-    fmt = options[int(rng.integers(len(options)))]
+    fmt = ctx.pick([f for f in FORMATS if f != produced and f != node.arguments["input_format"]])
     new = Node.make(node.tool, node.text, {**node.arguments, "input_format": fmt})
     reason = f"step {i + 1} expects {fmt} input but step {i} produces {produced}"
     return _with_node(w, i, new), [_change(i, node, new, reason)]
 
 
-def _unrelated_insertion(w: Workflow, i: int, rng, registry, matcher) -> tuple[Workflow, list[dict]]:
-    options = _unrelated_tools({t for t in _tool_ids(w, registry) if t is not None}, registry, matcher)
-    options = options[:SIMILAR_CANDIDATES]
-    node = _tool_node(w, options[int(rng.integers(len(options)))], registry)
+def _unrelated_insertion(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
+    options = _unrelated_tools({t for t in _tool_ids(w, ctx.registry) if t is not None}, ctx.registry, ctx.matcher)
+    node = ctx.tool_node(w, ctx.pick(options[:SIMILAR_CANDIDATES]))
     reason = f"inserted the unrelated {node.tool} between steps {i} and {i + 1}, breaking their data flow"
     return _insert(w, i, node, break_flow=True), [_change(i, None, node, reason)]
 
@@ -367,23 +389,20 @@ APPLIERS: dict[str, Applier] = {
 }
 
 
-def _drift(w: Workflow, positions: list[int], registry: ToolRegistry, matcher: str,
-           rename: bool) -> tuple[Workflow, list[dict]]:
+def _drift(w: Workflow, positions: list[int], ctx: _Context, rename: bool) -> tuple[Workflow, list[dict]]:
     """Progressive drift over ``positions`` (in order): step i becomes the tool most similar to the
     previous step's replacement (the first: to its own tool) among the tools in neither the original nor
     the current plan, T_i = argmax_t S(t, T_{i-1}) (1 - F(t, T^orig)). ``rename``: swap the tools; otherwise only
     the step texts drift to the replacements' operations while the tools stay."""
+    registry = ctx.registry
     changes = []
     previous = None
-    original = {t for t in _tool_ids(w, registry) if t is not None}
     for i in positions:
-        tools = _tool_ids(w, registry)
-        own = tools[i]
-        anchor = own if previous is None else previous
-        new = similar_tools(anchor, original | {t for t in tools if t is not None}, registry, matcher)[0]
+        anchor = _tool_ids(w, registry)[i] if previous is None else previous
+        new = similar_tools(anchor, ctx.taken(w), registry, ctx.matcher)[0]
         node = w.nodes[i]
         if rename:
-            after = _tool_node(w, new, registry, node.arguments)
+            after = ctx.tool_node(w, new, replaced=node)
             reason = f"drifted to {registry.names[new]} (nearest to {registry.names[anchor]})"
         else:
             after = Node(node.tool, OPERATION_PHRASES[registry.tools[new].operation], node.params)
@@ -418,6 +437,7 @@ def inject_flaw(
     position: int | None = None,
     registry: ToolRegistry | None = None,
     matcher: str = "auto",
+    hints: dict[str, Any] | None = None,
 ) -> FlawInjection:
     """Inject one flaw type into ``workflow``.
 
@@ -426,7 +446,10 @@ def inject_flaw(
     (an adversary's choice); it must be one of ``applicable_positions``. Raises ``FlawNotApplicable`` when
     nothing is eligible, ``ValueError`` for an unknown type or method or a severity out of range.
     ``matcher`` picks the tool similarity (``tool_similarity``); 'auto' depends on the installed extras,
-    so pass 'semantic' or 'lexical' to reproduce an injection on any install."""
+    so pass 'semantic' or 'lexical' to reproduce an injection on any install. ``hints``: argument values
+    (by parameter name) for the steps a flaw adds or swaps in and for wrong-type values, e.g. the task's
+    (``policies.prompts.task_hints``), so that those steps carry what a genuine step of the tool carries;
+    by default the values the plan already holds."""
     _check_method(flaw_type, method)
     if matcher not in MATCHERS:
         raise ValueError(f"matcher must be one of {MATCHERS}, got {matcher!r}")
@@ -454,6 +477,8 @@ def inject_flaw(
         raise FlawNotApplicable(f"flaw {flaw_type}/{method} does not apply at position {position}; "
                                 f"applicable positions: {eligible}")
     rng = _rng(seed, flaw_type, method)
+    ctx = _Context(rng, registry, matcher, dict(hints or {}),
+                   frozenset(t for t in _tool_ids(workflow, registry) if t is not None))
     order = [int(i) for i in rng.permutation(eligible)]
     if position is not None:
         order.remove(position)
@@ -462,9 +487,9 @@ def inject_flaw(
     if method in ("progressive_replacement", "description_drift"):
         start = order[0]
         run = [i for i in eligible if i >= start] + [i for i in eligible if i < start]
-        flawed, changes = _drift(workflow, run[:count], registry, matcher, rename=method == "progressive_replacement")
+        flawed, changes = _drift(workflow, run[:count], ctx, rename=method == "progressive_replacement")
     else:
-        flawed, changes = _apply_each(workflow, order[:count], method, rng, registry, matcher)
+        flawed, changes = _apply_each(workflow, order[:count], method, ctx)
     return FlawInjection(workflow, flawed, flaw_type, method, float(severity), seed, tuple(changes))
 
 
@@ -474,11 +499,11 @@ _EFFECTS = {"adjacent_swap": "swap", "dependency_violation": "move", "middle_rem
             "unrelated_insertion": "insert"}
 
 
-def _apply_each(workflow: Workflow, positions: list[int], method: str, rng: np.random.Generator,
-                registry: ToolRegistry, matcher: str) -> tuple[Workflow, list[dict]]:
+def _apply_each(workflow: Workflow, positions: list[int], method: str, ctx: _Context) -> tuple[Workflow, list[dict]]:
     """Apply a method at each chosen original position, in order, following each original step to its
     current index (earlier changes move steps). A position no longer eligible is skipped, and so is a change
     that could undo an earlier one: a swap of a step already swapped, a move of a moved step's prerequisite."""
+    registry = ctx.registry
     ids: list[int | None] = list(range(len(workflow.nodes)))  # original index of each current step (None: new)
     moved: set[int] = set()
     moved_tools: set[str] = set()
@@ -487,13 +512,13 @@ def _apply_each(workflow: Workflow, positions: list[int], method: str, rng: np.r
     effect = _EFFECTS.get(method, "replace")
     for original in positions:
         current = ids.index(original) if original < len(workflow.nodes) else len(ids)
-        if current not in _eligible(w, method, registry, matcher):
+        if current not in _eligible(w, method, registry, ctx.matcher):
             continue
         if effect == "swap" and {ids[current], ids[current + 1]} & moved:
             continue
         if effect == "move" and w.nodes[current].tool in {d for t in moved_tools for d in registry[t].dependencies}:
             continue  # moving the prerequisite of a moved step could put it back in order
-        w, made = APPLIERS[method](w, current, rng, registry, matcher)
+        w, made = APPLIERS[method](w, current, ctx)
         changes.extend(made)
         if effect == "swap":
             moved |= {ids[current], ids[current + 1]}

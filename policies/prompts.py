@@ -19,7 +19,6 @@ from typing import Any
 
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.registry import RETURN_VALUES, ToolRegistry, default_registry
-from resilibench.envs.simulator import success_probability
 from resilibench.envs.tasks import Task
 from resilibench.metrics.workflow import Node, Workflow
 from resilibench.policies.bounds import reference_workflow
@@ -30,6 +29,9 @@ PROMPT_VARIANTS = ("baseline", "cot", "optimal", "flawed")
 PLAN_STYLES = ("numbered", "mcp_task")
 PLAN_HEADING = "## Workflow Execution Plan"
 N_ALTERNATIVES = 2
+# The kind of step a tool's role makes (the first part of an mcp_task step's reason).
+ROLE_STEPS = {"source": "data loading", "processor": "processing", "aggregator": "aggregation", "output": "output",
+              "utility": "support", None: "processing"}
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def render_plan(
         lines.append(f"Predicted success probability: {success_probability:.4f}")
     lines.append(f"Steps: {len(workflow.nodes)}")
     lines += ["</workflow_intelligence>", "<execution_plan>"]
-    lines += _mcp_steps(workflow, task, registry, config, matcher)
+    lines += _mcp_steps(workflow, registry, config, matcher)
     lines += [
         "</execution_plan>",
         "<failure_handling>",
@@ -130,57 +132,48 @@ def render_plan(
     return "\n".join(lines)
 
 
-def _mcp_steps(workflow: Workflow, task: Task | None, registry: ToolRegistry, config: WorldConfig,
-               matcher: str) -> list[str]:
-    """One block per step: purpose, reason, arguments, prerequisites, alternatives, expected outcome and the
-    step's success probability when every earlier step has succeeded."""
+def _mcp_steps(workflow: Workflow, registry: ToolRegistry, config: WorldConfig, matcher: str) -> list[str]:
+    """One block per step: purpose, reason, arguments, prerequisites, alternatives, expected outcome and
+    confidence. Every annotation comes from the plan as shown and the step's tool, never from checking the
+    plan against the task or the tools' dependencies, so a flawed plan is annotated as its author would
+    annotate it, exactly like an optimal one (docs/prompts.md, "Flawed prompts")."""
     preds: dict[int, list[int]] = {i: [] for i in range(len(workflow.nodes))}
+    succs: dict[int, list[int]] = {i: [] for i in range(len(workflow.nodes))}
     for a, b in workflow.edges:
         preds[b].append(a)
+        succs[a].append(b)
     tools = [n.tool if n.tool in registry else None for n in workflow.nodes]
     in_plan = {registry.id_of(t) for t in tools if t is not None}
-    required = set(task.required_tools) if task is not None else set()
     lines = []
     for i, node in enumerate(workflow.nodes):
         lines.append(f"{i + 1}. Execute {node.tool}" if node.tool else f"{i + 1}. Step")
         if node.text:
             lines.append(f"   - Purpose: {node.text}")
         if tools[i] is not None:
-            lines.append(f"   - Reason: {_reason(i, workflow, tools, required, registry)}")
+            lines.append(f"   - Reason: {_reason(i, workflow, sorted(succs[i]), registry)}")
         if node.params:
             lines.append(f"   - Arguments: {json.dumps(node.arguments, sort_keys=True)}")
-        after = ", ".join(f"step {p + 1} ({workflow.nodes[p].tool or workflow.nodes[p].text})" for p in sorted(preds[i]))
-        lines.append(f"   - Requires: {after or 'none'}")
+        lines.append(f"   - Requires: {_steps_named(workflow, sorted(preds[i])) or 'none'}")
         if tools[i] is not None:
             tool = registry.id_of(tools[i])
             alternatives = similar_tools(tool, in_plan, registry, matcher)[:N_ALTERNATIVES]
             lines.append(f"   - Alternatives: {', '.join(registry.names[t] for t in alternatives)}")
             name, _, description = RETURN_VALUES[registry.tools[tool].operation]
             lines.append(f"   - Expected: {name} ({description.lower()})")
-            earlier = {registry.id_of(t) for t in tools[:i] if t is not None}
-            missing = sum(1 for d in registry.dependency_ids[tool] if d not in earlier)
-            fm = config.failure
-            p = 0.0 if missing and config.rules.strict_dependencies else success_probability(
-                fm.base_success, missing, 0, 0, fm)
-            lines.append(f"   - Confidence: {p:.2f}")
+            lines.append(f"   - Confidence: {config.failure.base_success:.2f}")
     return lines
 
 
-def _reason(i: int, workflow: Workflow, tools: list[str | None], required: set[str], registry: ToolRegistry) -> str:
-    spec = registry[tools[i]]
-    parts = []
-    if i == 0 and spec.role == "source":
-        parts.append("initial data loading step")
-    elif i == len(tools) - 1 and spec.role == "output":
-        parts.append("final output step")
-    parts.append(f"performs the {spec.operation} operation")
-    if tools[i] in required:
-        parts.append("a tool the task requires")
-    dependents = [j for j in range(i + 1, len(tools)) if tools[j] is not None and tools[i] in registry[tools[j]].dependencies]
-    if dependents:
-        parts.append("prerequisite of " + ", ".join(f"step {j + 1} ({tools[j]})" for j in dependents))
-    text = "; ".join(parts)
-    return text[0].upper() + text[1:]
+def _steps_named(workflow: Workflow, indices: list[int]) -> str:
+    return ", ".join(f"step {j + 1} ({workflow.nodes[j].tool or workflow.nodes[j].text})" for j in indices)
+
+
+def _reason(i: int, workflow: Workflow, dependents: list[int], registry: ToolRegistry) -> str:
+    """Why step ``i`` is there, in three parts whatever the plan: the kind of step its tool's role makes
+    it, its operation, and the later steps of the plan that require it (or that it ends the plan)."""
+    spec = registry[workflow.nodes[i].tool]
+    then = "prerequisite of " + _steps_named(workflow, dependents) if dependents else "ends the plan"
+    return f"{ROLE_STEPS[spec.role].capitalize()} step; performs the {spec.operation} operation; {then}"
 
 
 _NUMBERED_LINE = re.compile(r"^\s*\d+\.\s")
@@ -331,7 +324,7 @@ def build_prompt(
         plan = source
         if variant == "flawed":
             injection = inject_flaw(source, flaw_type, severity=severity, seed=seed, registry=registry,
-                                    matcher=matcher)
+                                    matcher=matcher, hints=task_hints(task))
             plan = injection.workflow
         probability = workflow_success(task, source, config) if plan_style == "mcp_task" else None
         parts.append(render_plan(plan, plan_style, task=task, registry=registry, success_probability=probability,

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from resilibench.envs.registry import default_registry
+from resilibench.envs.registry import OPERATION_PHRASES, default_registry
 from resilibench.envs.tasks import load_tasks
 from resilibench.metrics.workflow import Node, Workflow
 from resilibench.policies.bounds import reference_workflow
@@ -20,7 +20,7 @@ from resilibench.policies.flaws import (
     tool_similarity,
 )
 from resilibench.policies.plan_follower import workflow_success
-from resilibench.policies.prompts import with_arguments
+from resilibench.policies.prompts import task_hints, with_arguments
 
 REGISTRY = default_registry()
 # The task of the library with the longest reference workflow: every method applies to its plan.
@@ -228,3 +228,46 @@ def test_insertions_keep_a_plan_numbered_against_its_edges_acyclic():
         for seed in range(4):
             flawed = inject_flaw(backwards, flaw, method=method, severity=1.0, seed=seed, matcher="lexical").workflow
             assert len(flawed.nodes) > len(backwards.nodes)  # Workflow() itself rejects cycles
+
+
+ADDING = [("tool_misuse", "similar_tool"), ("tool_misuse", "category_mismatch"), ("redundant", "unneeded_insertion"),
+          ("logic_discontinuity", "unrelated_insertion"), ("semantic_drift", "progressive_replacement")]
+
+
+@pytest.mark.parametrize(("flaw", "method"), ADDING, ids=[m for _, m in ADDING])
+def test_steps_a_flaw_adds_look_like_genuine_steps_of_their_tool(flaw, method):
+    """Given the task's values as hints, a step swapped or inserted carries exactly the text and arguments a
+    genuine step of its tool carries (``with_arguments``), so it cannot be told apart by form."""
+    hints = task_hints(TASK)
+    for seed in range(4):
+        for change in inject(flaw, method, severity=1.0, seed=seed, hints=hints).changes:
+            after = change["after"]
+            genuine = with_arguments(TASK, Workflow((Node(after["tool"], OPERATION_PHRASES[
+                REGISTRY[after["tool"]].operation]),))).nodes[0]
+            assert after == {"tool": genuine.tool, "text": genuine.text, "arguments": genuine.arguments}
+
+
+def test_a_wrong_type_argument_is_a_value_the_plan_or_task_uses_elsewhere():
+    hints = task_hints(TASK)
+    vocabulary = {json.dumps(v, sort_keys=True) for v in hints.values()}
+    vocabulary |= {p for node in PLAN.nodes for _, p in node.params}
+    changed = 0
+    for seed in range(6):
+        for change in inject("parameter", "wrong_type", severity=1.0, seed=seed, hints=hints).changes:
+            before, after = change["before"]["arguments"], change["after"]["arguments"]
+            (name,) = [k for k in after if after[k] != before[k]]
+            assert json.dumps(after[name], sort_keys=True) in vocabulary
+            assert REGISTRY[change["after"]["tool"]].check_arguments(after) is not None
+            changed += 1
+    assert changed >= 6
+
+
+@pytest.mark.parametrize("method", ["similar_tool", "category_mismatch"])
+def test_a_replacement_is_never_a_tool_the_plan_had(method):
+    """Several replacements in one plan: a later one must not bring back a tool an earlier one took out
+    (the plan would then hold a genuine step out of place, not a misused tool)."""
+    for task in list({t.required_tools: t for t in load_tasks(split=None)}.values())[:120]:
+        plan = with_arguments(task, reference_workflow(task))
+        for seed in range(3):
+            injection = inject_flaw(plan, "tool_misuse", method=method, severity=1.0, seed=seed, matcher="lexical")
+            assert not {c["after"]["tool"] for c in injection.changes} & set(plan.tools), (task.instance_id, seed)

@@ -64,6 +64,7 @@ def test_plans_render_and_parse_back(style):
 
 
 def test_mcp_task_form_carries_reasons_dependencies_alternatives_and_the_exact_probability():
+    """Reasons and confidences come from the plan as shown, so a flawed plan reads like an optimal one."""
     plan = with_arguments(TASK, reference_workflow(TASK))
     text = render_plan(plan, "mcp_task", task=TASK, matcher="lexical")
     for tag in ("mcp_task", "workflow_intelligence", "execution_plan", "failure_handling", "execution_tracking"):
@@ -75,8 +76,10 @@ def test_mcp_task_form_carries_reasons_dependencies_alternatives_and_the_exact_p
         block = text.split(f"\n{i + 1}. Execute {tool}\n", 1)[1].split("\n", 8)[:8]
         alternatives = next(x for x in block if "Alternatives:" in x).split(": ", 1)[1].split(", ")
         assert tool not in alternatives and not set(alternatives) & set(plan.tools)
-        if tool in TASK.required_tools:
-            assert "a tool the task requires" in next(x for x in block if "Reason:" in x)
+        reason = next(x for x in block if "Reason:" in x)  # the plan's own edges, not the task's tools
+        dependents = [f"step {b + 1} ({plan.tools[b]})" for a, b in plan.edges if a == i]
+        assert reason.endswith("prerequisite of " + ", ".join(dependents) if dependents else "ends the plan")
+        assert "   - Confidence: 0.80" in block  # a call's chance once its prerequisites succeeded
 
 
 @pytest.mark.parametrize("style", PLAN_STYLES)
@@ -126,3 +129,16 @@ def test_bad_requests_are_refused_clearly():
     with pytest.raises(ValueError, match="plan line"):
         parse_plan("1. tool: ok\nnot a step")
     assert set(PROMPT_VARIANTS) == {"baseline", "cot", "optimal", "flawed"}
+
+
+def test_a_flawed_plan_claims_the_confidence_of_an_optimal_one_under_any_rules():
+    """Unmet dependencies once showed as 'Confidence: 0.40' (0.00 with strict dependencies), which no
+    optimal plan shows: every step now states the failure model's base rate."""
+    strict = WorldConfig().replace(rules={"strict_dependencies": True})
+    for config in (WorldConfig(), strict):
+        for flaw in ("order", "tool_misuse", "missing_step", "semantic_drift"):
+            prompt = build_prompt(TASK, "flawed", flaw_type=flaw, severity=1.0, plan_style="mcp_task", config=config,
+                                  matcher="lexical")
+            assert set(re.findall(r"Confidence: (\S+)", prompt.text)) == {"0.80"}
+    cautious = WorldConfig().replace(failure={"base_success": 0.65})
+    assert "Confidence: 0.65" in build_prompt(TASK, "optimal", plan_style="mcp_task", config=cautious).text
