@@ -419,10 +419,12 @@ class FlawTaxonomy:
     def inject(self, proposal: Mapping[str, Any], seed: int) -> Any:
         """The ``FlawInjection`` of a proposal (FlawNotApplicable / ValueError when it cannot be made)."""
         from resilibench.policies.flaws import inject_flaw
+        from resilibench.policies.prompts import task_hints
 
-        plan = self.base_prompt(self.by_id[proposal["task_id"]]).plan
-        return inject_flaw(plan, proposal["flaw_type"], severity=proposal["severity"], seed=seed,
-                           position=proposal["position"], method=proposal.get("method"), matcher=self.matcher)
+        task = self.by_id[proposal["task_id"]]
+        return inject_flaw(self.base_prompt(task).plan, proposal["flaw_type"], severity=proposal["severity"],
+                           seed=seed, position=proposal["position"], method=proposal.get("method"),
+                           matcher=self.matcher, hints=task_hints(task))
 
     def flawed_prompt(self, task: Any, injection: Any) -> Any:
         """The optimal prompt with its plan replaced by the flawed one, as the ``flawed`` variant shows it."""

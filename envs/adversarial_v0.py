@@ -32,7 +32,7 @@ from resilibench.policies.flaws import (
     inject_flaw,
 )
 from resilibench.policies.plan_follower import PlanFollower
-from resilibench.policies.prompts import with_arguments
+from resilibench.policies.prompts import task_hints, with_arguments
 
 ADVERSARY, EXECUTOR = "adversary", "executor"
 NO_FLAW = 0
@@ -432,7 +432,8 @@ class raw_env(AECEnv):
             if applied:
                 try:
                     injection = inject_flaw(self.plan, flaw_type, method=method, severity=self.severity,
-                                            seed=seed, position=position, matcher=self.matcher)
+                                            seed=seed, position=position, matcher=self.matcher,
+                                            hints=task_hints(self.task))
                 except FlawNotApplicable:  # applicable_positions said yes: a disagreement, not a user error
                     raise RuntimeError(f"flaw {flaw_type}/{method} at {position} was marked applicable "
                                        "but could not be injected") from None
