@@ -3,9 +3,11 @@
 A cluster holds a task's original description and its variants; every variant asks for the same
 workflow. Five perturbation types, in the order of the robustness table's columns:
 
-- ``paraphrase``: the form changes (openings imperative <-> declarative, connectors between steps,
-  sentence split and merge, how a step names its tool, verb and noun synonyms from the rewording bank
-  of ``resilibench.metrics.perturb``); meaning, step order and tool names stay, length within 20%.
+- ``paraphrase``: the form changes (openings imperative <-> declarative, the style of the step list
+  (connective sentences, one "The job must a; then b; and finally c." sentence, a numbered list), the
+  connectives, sentence merges, each step's wording (another clause of the v1 phrase bank for the same
+  step, or bank synonyms); for world v0 text also ", then " splits and how a step names its tool);
+  meaning, literals, step order and step count stay, length within 20%.
 - ``requirements``: feasibility-preserving constraints appended to the original text, built from the
   task and its reference workflow (a step cap no lower than the reference's length, the task's retry
   cap, its timeout, the output format, ...), so the reference workflow still satisfies all of them.
@@ -446,16 +448,15 @@ def _clause_bank() -> tuple[tuple[str, int, re.Pattern[str], frozenset[str]], ..
 
 
 def reword_clause(clause: str, rng: np.random.Generator, registry: ToolRegistry) -> str:
-    """Another wording of one step: a different clause of the phrase bank for the same step (when the
-    clause is a bank clause of exactly one tool and the other keeps every protected value), else the
+    """Another wording of one step: a different clause of the phrase bank for the same step with the same
+    slots, filled with the same values (when the clause is a bank clause of exactly one tool), else the
     clause with bank synonyms outside its protected spans."""
     matches = [(tool, i, m.groupdict(), slots) for tool, i, pattern, slots in _clause_bank()
                if (m := pattern.fullmatch(clause))]
     if len({tool for tool, *_ in matches}) == 1:
-        tool, index, values, _ = matches[0]
-        keep = {s for s, v in values.items() if protected_spans(v, registry)}
-        options = [t for j, t in enumerate(phrases.STEP_CLAUSES[tool]) if j != index
-                   and keep <= set(re.findall(r"\{(\w+)\}", t)) <= set(values)]
+        tool, index, values, slots = matches[0]
+        options = [t for j, t in enumerate(phrases.STEP_CLAUSES[tool])
+                   if j != index and set(re.findall(r"\{(\w+)\}", t)) == slots]
         if options:
             return _pick(options, rng).format(**values)
     spans = protected_spans(clause, registry)

@@ -241,13 +241,14 @@ def test_v1_clause_rewording_uses_the_bank_and_keeps_values():
     rng = np.random.default_rng(1)
     clause = "load the sales records from data/sales_records_0001.csv"
     reworded = {reword_clause(clause, rng, registry) for _ in range(20)}
-    # the other reader clauses that keep the path: "open ... and read the ... it holds", "get the contents of"
-    assert reworded == {"open data/sales_records_0001.csv and read the sales records it holds",
-                        "get the contents of data/sales_records_0001.csv"}
-    # a schema value with a protected token ("v2") is kept: only clauses with {schema} qualify
+    # the other reader clause with the same slots (dataset and source), filled with the same values
+    assert reworded == {"open data/sales_records_0001.csv and read the sales records it holds"}
     validator = "check every record against the v2 order schema and reject violations"
     assert {reword_clause(validator, rng, registry) for _ in range(10)} == {
         "make sure that each row satisfies the v2 order rules"}
+    # a clause of no bank entry gets synonyms outside its protected spans
+    free = reword_clause("read and filter the data at data/x_1.csv", rng, registry)
+    assert free != "read and filter the data at data/x_1.csv" and free.endswith(" data/x_1.csv")
 
 
 def one_step_fewer(text: str) -> str:
