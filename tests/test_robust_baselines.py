@@ -4,6 +4,7 @@ world-v0 workflow, finds nothing in world v1) and looking up the task type's mos
 from __future__ import annotations
 
 import json
+from functools import cache
 
 import pytest
 
@@ -21,6 +22,7 @@ from resilibench.robust_train.generator import canonical_form, parse_workflow
 TYPES = ("paraphrase", "requirements", "noise_heavy")
 
 
+@cache
 def clusters(world: str, split: str, count: int):
     tasks = interleave_task_types(load_tasks(split=split, world=world))[:count]
     return list(build_clusters(tasks, types=TYPES, seed=0))
@@ -41,7 +43,7 @@ def test_name_copy_rebuilds_v0_and_finds_nothing_in_v1():
     records = clusters("v1", "test", 10)
     answers = name_copy_answers(records)
     assert {a for by_variant in answers.values() for a in by_variant.values()} == {""}
-    table = baseline_tables(clusters("v1", "train", 10), records)["names"]
+    table = baseline_tables(clusters("v1", "train", 40), records)["names"]
     assert all(row["valid"] == row["exec"] == 0.0 for row in table.rows.values())
     records_v0 = clusters("v0", "test", 10)
     table_v0 = baseline_tables(clusters("v0", "train", 10), records_v0)["names"]
