@@ -323,16 +323,21 @@ def _agree(m: re.Match[str]) -> str:
     return (article.capitalize() if m.group(1)[0].isupper() else article) + " " + m.group(2)
 
 
-def paraphrase(text: str, rng: np.random.Generator) -> str:
-    """A rewording of ``text`` that keeps its meaning: bank words replaced by a synonym, then a frame;
-    never the text itself (a non-trivial frame is used when no word of the bank occurs)."""
+def reword(text: str, rng: np.random.Generator) -> str:
+    """``text`` with every bank word or phrase replaced by a synonym (articles agreeing), no frame."""
 
     def substitute(m: re.Match[str]) -> str:
         word = m.group(0)
         choice = SYNONYMS[word.lower()][int(rng.integers(len(SYNONYMS[word.lower()])))]
         return choice[0].upper() + choice[1:] if word[0].isupper() else choice
 
-    body = _ARTICLE.sub(_agree, _PATTERN.sub(substitute, text.strip()))
+    return _ARTICLE.sub(_agree, _PATTERN.sub(substitute, text))
+
+
+def paraphrase(text: str, rng: np.random.Generator) -> str:
+    """A rewording of ``text`` that keeps its meaning: bank words replaced by a synonym, then a frame;
+    never the text itself (a non-trivial frame is used when no word of the bank occurs)."""
+    body = reword(text.strip(), rng)
     frames = FRAMES if body != text.strip() else FRAMES[1:]
     frame = frames[int(rng.integers(len(frames)))]
     if frame != "{}" and body[:1].isupper() and not body[:2].isupper():

@@ -10,10 +10,17 @@ its ratio to the optimal workflow's, the share of valid answers and the share eq
 reference (optimal) workflow.
 
 Answers are written to a JSONL file as they come and reused on a rerun.
+
+Two trivial baselines answer without a model, so that a generator's rows can be read against them:
+``name_copy_answers`` writes the tools an instruction names (any spelling) as a chain, which rebuilt
+every world-v0 workflow and finds nothing in world v1's descriptions; ``lookup_answers`` answers every
+instruction of a task type with the type's most frequent training workflow, whatever the text says.
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +28,7 @@ from statistics import fmean
 from typing import Any
 
 from resilibench.agents.base import Backend, GenerationConfig
+from resilibench.metrics.workflow import Node, Workflow
 from resilibench.robust_train.clusters import ClusterRecord
 from resilibench.robust_train.generator import (
     GeneratorFormat,
@@ -28,6 +36,7 @@ from resilibench.robust_train.generator import (
     canonical_form,
     execution_score,
     parse_workflow,
+    workflow_text,
 )
 
 COLUMNS = ("node", "graph", "exec", "exec_ratio", "valid", "optimal")
@@ -75,6 +84,47 @@ def generate_answers(backend: Backend, records: Sequence[ClusterRecord], fmt: Ge
                 writer.write({"cluster_id": record.cluster_id, "answers": answers[record.cluster_id]})
             bar.update(len(batch))
     return answers
+
+
+def named_chain(text: str) -> Workflow | None:
+    """The tools ``text`` names (names or aliases, any case, with spaces or hyphens for underscores) as a
+    chain in the order named; None when it names none."""
+    from resilibench.envs.registry import default_registry
+    from resilibench.envs.task_generator import named_tools
+
+    registry = default_registry()
+    tools = [registry.names[registry.id_of(re.sub(r"[\s-]+", "_", name.lower()))] for name in named_tools(text)]
+    if not tools:
+        return None
+    return Workflow(tuple(Node(t) for t in tools), tuple((i, i + 1) for i in range(len(tools) - 1)))
+
+
+def name_copy_answers(records: Sequence[ClusterRecord]) -> dict[str, dict[str, str]]:
+    """The name-copying baseline's answers (``named_chain`` of every variant; "" when none is named)."""
+    return {r.cluster_id: {v.variant_id: workflow_text(w) if (w := named_chain(v.text)) else "" for v in r.variants}
+            for r in records}
+
+
+def lookup_answers(train: Sequence[ClusterRecord], records: Sequence[ClusterRecord]) -> dict[str, dict[str, str]]:
+    """The lookup baseline's answers: for every variant, the most frequent reference workflow (by
+    ``canonical_form``; the first seen wins a tie) of the record's task type among ``train``."""
+    counts: dict[str, Counter[str]] = {}
+    workflows: dict[str, Workflow] = {}
+    for r in train:
+        key = canonical_form(r.reference)
+        counts.setdefault(r.task.task_type, Counter())[key] += 1
+        workflows.setdefault(key, r.reference)
+    best = {kind: workflow_text(workflows[c.most_common(1)[0][0]]) for kind, c in counts.items()}
+    missing = sorted({r.task.task_type for r in records} - set(best))
+    if missing:
+        raise ValueError(f"train: no task of type(s) {missing} to look a workflow up from")
+    return {r.cluster_id: {v.variant_id: best[r.task.task_type] for v in r.variants} for r in records}
+
+
+def baseline_tables(train: Sequence[ClusterRecord], records: Sequence[ClusterRecord]) -> dict[str, RobustnessTable]:
+    """The robustness tables of the two baselines on ``records``: "names" and "lookup"."""
+    return {"names": robustness_table(records, name_copy_answers(records)),
+            "lookup": robustness_table(records, lookup_answers(train, records))}
 
 
 def robustness_table(records: Sequence[ClusterRecord], answers: dict[str, dict[str, str]]) -> RobustnessTable:

@@ -3,9 +3,11 @@
 A cluster holds a task's original description and its variants; every variant asks for the same
 workflow. Five perturbation types, in the order of the robustness table's columns:
 
-- ``paraphrase``: the form changes (openings imperative <-> declarative, connectors between steps,
-  sentence split and merge, how a step names its tool, verb and noun synonyms from the rewording bank
-  of ``resilibench.metrics.perturb``); meaning, step order and tool names stay, length within 20%.
+- ``paraphrase``: the form changes (openings imperative <-> declarative, the style of the step list
+  (connective sentences, one "The job must a; then b; and finally c." sentence, a numbered list), the
+  connectives, sentence merges, each step's wording (another clause of the v1 phrase bank for the same
+  step, or bank synonyms); for world v0 text also ", then " splits and how a step names its tool);
+  meaning, literals, step order and step count stay, length within 20%.
 - ``requirements``: feasibility-preserving constraints appended to the original text, built from the
   task and its reference workflow (a step cap no lower than the reference's length, the task's retry
   cap, its timeout, the output format, ...), so the reference workflow still satisfies all of them.
@@ -37,9 +39,10 @@ import numpy as np
 
 from resilibench.agents.base import Backend, GenerationConfig, Message, ask_until_valid
 from resilibench.agents.base import extract_answer as answer_block
+from resilibench.envs import task_phrases as phrases
 from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
 from resilibench.envs.tasks import Task
-from resilibench.metrics.perturb import SYNONYMS, paraphrase
+from resilibench.metrics.perturb import SYNONYMS, paraphrase, reword
 from resilibench.metrics.workflow import Workflow
 
 ORIGINAL = "original"
@@ -117,6 +120,7 @@ _QUOTED = re.compile(r"`[^`\n]+`|\"[^\"\n]+\"|(?<![\w'])'[^'\n]+'(?![\w'])")
 _TOKEN = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_./:\-]*[A-Za-z0-9_])?")
 _UPPER = re.compile(r"\b[A-Z][A-Z0-9]+\b")
 _TRAILING = ".,;:!?)]}"
+_ITEM_NUMBER = re.compile(r"^\d+(?=\. )", re.MULTILINE)  # a numbered list's item numbers are form, not literals
 
 
 def _tool_regex(registry: ToolRegistry, group: str = "") -> str:
@@ -134,14 +138,15 @@ def _tool_pattern(registry: ToolRegistry) -> re.Pattern[str]:
 def protected_spans(text: str, registry: ToolRegistry | None = None) -> list[tuple[int, int]]:
     """Sorted, disjoint (start, end) spans no perturbation may touch: tool names and aliases, URLs,
     quoted or backticked literals, paths and identifiers (tokens with _, /, . or digits, numbers among
-    them) and upper-case names (XML, JSON, API)."""
+    them, but not the item numbers of a numbered list) and upper-case names (XML, JSON, API)."""
     registry = registry or default_registry()
     spans = [m.span() for m in _tool_pattern(registry).finditer(text)]
     for m in _URL.finditer(text):
         url = m.group(0).rstrip(_TRAILING)
         spans.append((m.start(), m.start() + len(url)))
     spans += [m.span() for m in _QUOTED.finditer(text)]
-    spans += [m.span() for m in _TOKEN.finditer(text) if re.search(r"[_/.\d]", m.group(0))]
+    items = {m.start() for m in _ITEM_NUMBER.finditer(text)}
+    spans += [m.span() for m in _TOKEN.finditer(text) if re.search(r"[_/.\d]", m.group(0)) and m.start() not in items]
     spans += [m.span() for m in _UPPER.finditer(text)]
     merged: list[tuple[int, int]] = []
     for start, end in sorted(spans):
@@ -204,7 +209,8 @@ def check_variant(original: str, text: str, perturbation: str, reference: Workfl
     """Raise VariantError unless ``text`` is a valid ``perturbation`` of ``original``: non-empty,
     different, every protected span of the original present byte-for-byte and in order, the same tool
     mentions in the same order (none added or dropped); a paraphrase within 20% of the original's
-    length; a requirement variant longer than the original and with any step cap ("at most N steps")
+    length and, when both texts have a step list (``find_step_list``), as many steps as the original
+    (v1 descriptions name no tool, so this is what keeps a paraphrase's steps); a requirement variant longer than the original and with any step cap ("at most N steps")
     no lower than the reference workflow's length."""
     check_type(perturbation)
     registry = registry or default_registry()
@@ -216,6 +222,10 @@ def check_variant(original: str, text: str, perturbation: str, reference: Workfl
     if problem:
         raise VariantError(problem)
     if perturbation == "paraphrase":
+        expected, got = step_count(original), step_count(text)
+        if expected is not None and got is not None and got != expected:
+            raise VariantError(f"The rewrite lists {got} steps; the original has {expected}: keep every step, "
+                               "add none, merge none.")
         ratio = len(text) / max(1, len(original))
         if abs(ratio - 1) > LENGTH_TOLERANCE:
             raise VariantError(f"The paraphrase has {len(text)} characters, {ratio:.0%} of the original's "
@@ -323,6 +333,140 @@ def inject_noise(text: str, rate: float, rng: np.random.Generator, registry: Too
     return _join(gaps, words), ops
 
 
+# --- step lists of world v1 descriptions --------------------------------------------------------------
+
+# World v1 writes a task's steps in one of three styles (``envs.task_generator``): sentences opened by
+# connectives ("First, ... Then ... Finally, ..."), one sentence "The job must a; then b; and finally c."
+# or a numbered list under a header. The banks below hold the generator's wordings and more; a
+# paraphrase may re-render a step list in another style or with other connectives, and the parser reads
+# all of them, so that ``check_variant`` can compare step counts.
+FIRST_WORDS = (*phrases.FIRST_WORDS, "To start,", "First of all,")
+MIDDLE_WORDS = (*phrases.SENTENCE_CONNECTORS, "Afterwards,", "Subsequently,", "Following that,")
+LAST_WORDS = (*phrases.LAST_WORDS, "Lastly,", "As a last step,")
+MUST_LEADS = ("The job must", "The job has to", "The job needs to", "The work must")
+MUST_LINKS = ("then", "next", "after that")
+MUST_ENDS = ("and finally", "and lastly", "and last of all")
+LIST_HEADERS = ("Steps:", "Do the following:", "The steps, in order:", "Work through these steps:")
+STYLES = ("sentences", "must", "numbered")
+
+
+def _alternation(words: Sequence[str]) -> str:
+    return "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+
+
+_SENTENCE = r"(?P<word>{})\s+(?P<clause>[^\n]+?)\.(?=\s|$)"
+_FIRST = re.compile(r"(?:^|(?<=[.:]\s))" + _SENTENCE.format(_alternation(FIRST_WORDS)))
+_NEXT = re.compile(r"\s+" + _SENTENCE.format(_alternation(MIDDLE_WORDS + LAST_WORDS)))
+_MUST = re.compile(r"(?:^|(?<=\s))The (?:job|work) (?:must|has to|needs to|should|is required to) "
+                   r"(?P<body>[^\n]+?)\.(?=\s|$)")
+_MUST_SPLIT = re.compile(r"; (?:" + _alternation(MUST_ENDS) + "|" + _alternation(MUST_LINKS) + r") ")
+_NUMBERED = re.compile(r"(?:^|(?<=\s))(?:" + _alternation(LIST_HEADERS) + r")(?P<items>(?:\n\d+\. [^\n]*\.)+)(?=\n|$)")
+_ITEM = re.compile(r"\n\d+\. ([^\n]*)\.")
+
+
+@dataclass(frozen=True)
+class StepList:
+    """The step list found in a description: its span, style and clauses (lower-case first letter, no
+    full stop)."""
+
+    start: int
+    end: int
+    style: str
+    clauses: tuple[str, ...]
+
+
+def _lower_first(clause: str) -> str:
+    return clause[:1].lower() + clause[1:] if clause[:2] != clause[:2].upper() else clause
+
+
+def find_step_list(text: str) -> StepList | None:
+    """The step list of a v1-style description in any of the three styles, or None (a v0 description,
+    a single step, free text)."""
+    m = _NUMBERED.search(text)
+    if m:
+        return StepList(m.start(), m.end(), "numbered",
+                        tuple(_lower_first(c) for c in _ITEM.findall(m.group("items"))))
+    m = _MUST.search(text)
+    if m and _MUST_SPLIT.search(m.group("body")):
+        return StepList(m.start(), m.end(), "must", tuple(_MUST_SPLIT.split(m.group("body"))))
+    for first in _FIRST.finditer(text):
+        clauses, end = [first.group("clause")], first.end()
+        while (m := _NEXT.match(text, end)) is not None:
+            clauses.append(m.group("clause"))
+            end = m.end()
+            if m.group("word") in LAST_WORDS:
+                return StepList(first.start(), end, "sentences", tuple(clauses))
+    return None
+
+
+def step_count(text: str) -> int | None:
+    """How many steps the description's step list has (semicolon-joined steps inside one item count
+    apart), or None when it has no recognisable step list."""
+    steps = find_step_list(text)
+    if steps is None:
+        return None
+    return sum(len(_MUST_SPLIT.split(c)) for c in steps.clauses)
+
+
+def _pick(options: Sequence[str], rng: np.random.Generator) -> str:
+    return options[int(rng.integers(len(options)))]
+
+
+def render_steps(clauses: Sequence[str], style: str, rng: np.random.Generator) -> str:
+    """Clauses written as a step list of ``style`` with connectives drawn from the banks."""
+    if style == "numbered":
+        return _pick(LIST_HEADERS, rng) + "".join(f"\n{i}. {c[:1].upper()}{c[1:]}." for i, c in enumerate(clauses, 1))
+    if style == "must":
+        links = [f"; {_pick(MUST_LINKS, rng)} {c}" for c in clauses[1:-1]]
+        return (f"{_pick(MUST_LEADS, rng)} {clauses[0]}{''.join(links)}; {_pick(MUST_ENDS, rng)} {clauses[-1]}.")
+    words = [_pick(FIRST_WORDS, rng), *(_pick(MIDDLE_WORDS, rng) for _ in clauses[1:-1]), _pick(LAST_WORDS, rng)]
+    return " ".join(f"{w} {c}." for w, c in zip(words, clauses, strict=True))
+
+
+def _replace_steps(text: str, steps: StepList, style: str, clauses: Sequence[str], rng: np.random.Generator) -> str:
+    """``text`` with its step list rendered anew; a numbered list stands on its own lines."""
+    before, after = text[:steps.start].rstrip(), text[steps.end:].lstrip()
+    sep = "\n" if style == "numbered" else " "
+    body = render_steps(clauses, style, rng)
+    return (before + sep if before else "") + body + (sep + after if after else "")
+
+
+@cache
+def _clause_bank() -> tuple[tuple[str, int, re.Pattern[str], frozenset[str]], ...]:
+    """Every step clause of the v1 phrase bank as (tool, template index, pattern, slots)."""
+    bank = []
+    for tool, templates in phrases.STEP_CLAUSES.items():
+        for i, template in enumerate(templates):
+            pattern, slots = "", []
+            for literal, slot in re.findall(r"([^{]*)(?:\{(\w+)\})?", template):
+                pattern += re.escape(literal)
+                if slot:
+                    pattern += f"(?P={slot})" if slot in slots else f"(?P<{slot}>.+?)"
+                    slots.append(slot)
+            bank.append((tool, i, re.compile(pattern), frozenset(slots)))
+    return tuple(bank)
+
+
+def reword_clause(clause: str, rng: np.random.Generator, registry: ToolRegistry) -> str:
+    """Another wording of one step: a different clause of the phrase bank for the same step with the same
+    slots, filled with the same values (when the clause is a bank clause of exactly one tool), else the
+    clause with bank synonyms outside its protected spans."""
+    matches = [(tool, i, m.groupdict(), slots) for tool, i, pattern, slots in _clause_bank()
+               if (m := pattern.fullmatch(clause))]
+    if len({tool for tool, *_ in matches}) == 1:
+        tool, index, values, slots = matches[0]
+        options = [t for j, t in enumerate(phrases.STEP_CLAUSES[tool])
+                   if j != index and set(re.findall(r"\{(\w+)\}", t)) == slots]
+        if options:
+            return _pick(options, rng).format(**values)
+    spans = protected_spans(clause, registry)
+    out, position = "", 0
+    for a, b in [*spans, (len(clause), len(clause))]:
+        out += reword(clause[position:a], rng) + clause[a:b]
+        position = b
+    return out
+
+
 # --- paraphrase rules ---------------------------------------------------------------------------------
 
 _CONNECTORS = ("then", "after that", "next", "and then", "afterwards")
@@ -338,6 +482,11 @@ _OPENINGS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
     (re.compile(r"^Starting from (the .+?), "), ("Begin with {}: ", "Take {} as the starting point: ",
                                                   "With {} as input, ")),
     (re.compile(r"^A short job on (.+?): "), ("Here is a short job on {}: ", "This short job works on {}: ")),
+    (re.compile(r"^The (\w+) team needs "), ("The {} team requires ", "What the {} team needs is ")),
+    (re.compile(r"^The (\w+) team wants "), ("The {} team would like ", "What the {} team wants is ")),
+    (re.compile(r"^We need "), ("What is needed is ", "There is a need for ")),
+    (re.compile(r"^A small job on "), ("Here is a small job on ", "This is a small job on ")),
+    (re.compile(r"^One small change is needed\. "), ("A small change is required. ", "Only one change is needed. ")),
 )
 
 
@@ -347,7 +496,8 @@ def _imperative_verbs() -> frozenset[str]:
     task library's templates."""
     verbs = {p.split()[0] for p in OPERATION_PHRASES.values()}
     return frozenset(verbs | {"load", "run", "build", "integrate", "exchange", "synchronise", "synchronize",
-                              "perform", "compute", "use", "create", "make", "process", "clean"})
+                              "perform", "compute", "use", "create", "make", "process", "clean", "handle",
+                              "prepare", "put", "connect", "produce", "turn", "carry"})
 
 
 @cache
@@ -358,18 +508,55 @@ def _step_pattern(registry: ToolRegistry) -> re.Pattern[str]:
 
 
 def _steps(text: str, rng: np.random.Generator, registry: ToolRegistry) -> str:
-    """Rephrase how each step names its tool (voice), some with reworded operation phrases."""
+    """Reword the steps: v0 steps ("<phrase> with <tool>") change how they name their tool (voice), some
+    with reworded operation phrases; v1 steps (a step list, else each sentence) get about half of their
+    clauses reworded (``reword_clause``)."""
 
     def step(m: re.Match[str]) -> str:
         form = _TOOL_FORMS[int(rng.integers(len(_TOOL_FORMS)))]
         reworded = paraphrase(m.group("phrase"), rng) if "{reworded}" in form else ""
         return form.format(phrase=m.group("phrase"), tool=m.group("tool"), reworded=reworded)
 
-    return _step_pattern(registry).sub(step, text)
+    text = _step_pattern(registry).sub(step, text)
+    steps = find_step_list(text)
+    if steps is not None:
+        clauses = [reword_clause(c, rng, registry) if rng.random() < 0.5 else c for c in steps.clauses]
+        if clauses != list(steps.clauses):
+            return _replace_steps(text, steps, steps.style, clauses, rng) if steps.style != "sentences" else (
+                text[:steps.start] + _reword_sentences(text[steps.start:steps.end], steps, clauses) + text[steps.end:])
+        return text
+
+    def sentence(m: re.Match[str]) -> str:
+        clause = _lower_first(m.group(2))
+        if not any(p.fullmatch(clause) for *_, p, _ in _clause_bank()):
+            return m.group(0)
+        new = reword_clause(clause, rng, registry)
+        return m.group(1) + (new[:1].upper() + new[1:] if m.group(2)[:1].isupper() else new) + "."
+
+    return re.sub(r"(^|(?<=\s))((?:[^\n.]|\.(?!\s|$))*?[^\n\s.])\.(?=\s|$)", sentence, text)
+
+
+def _reword_sentences(block: str, steps: StepList, clauses: Sequence[str]) -> str:
+    """A sentence-style step list with its clauses replaced in place (connectives kept)."""
+    for old, new in zip(steps.clauses, clauses, strict=True):
+        block = block.replace(f" {old}.", f" {new}.", 1)
+    return block
 
 
 def _connectors(text: str, rng: np.random.Generator, registry: ToolRegistry) -> str:
-    return re.sub(r", then ", lambda _: f", {_CONNECTORS[int(rng.integers(len(_CONNECTORS)))]} ", text)
+    """Other connectors between steps: v0's ", then " and the connectives of a v1 step list."""
+    text = re.sub(r", then ", lambda _: f", {_CONNECTORS[int(rng.integers(len(_CONNECTORS)))]} ", text)
+    steps = find_step_list(text)
+    return text if steps is None else _replace_steps(text, steps, steps.style, steps.clauses, rng)
+
+
+def _restyle(text: str, rng: np.random.Generator, registry: ToolRegistry) -> str:
+    """A v1 step list written in another of the three styles (sentences, one "must" sentence, a list)."""
+    steps = find_step_list(text)
+    if steps is None:
+        return text
+    style = _pick([s for s in STYLES if s != steps.style], rng)
+    return _replace_steps(text, steps, style, steps.clauses, rng)
 
 
 def _split(text: str, rng: np.random.Generator, registry: ToolRegistry) -> str:
@@ -387,7 +574,7 @@ def _merge(text: str, rng: np.random.Generator, registry: ToolRegistry) -> str:
             return m.group(0)
         return "; " + m.group(1).lower() + " "
 
-    return re.sub(r"(?<=\w)\. ([A-Z][a-z]+) ", merge, text)
+    return re.sub(r"(?<=[^\W\d])\. ([A-Z][a-z]+) ", merge, text)
 
 
 def _modal(text: str, rng: np.random.Generator, registry: ToolRegistry) -> str:
@@ -410,8 +597,8 @@ def _opening(text: str, rng: np.random.Generator, registry: ToolRegistry) -> str
 
 # Applied in this order; each candidate applies a random non-empty subset.
 PARAPHRASE_RULES: tuple[tuple[str, Callable[[str, np.random.Generator, ToolRegistry], str]], ...] = (
-    ("opening", _opening), ("modal", _modal), ("merge", _merge), ("split", _split), ("connectors", _connectors),
-    ("steps", _steps))
+    ("opening", _opening), ("restyle", _restyle), ("connectors", _connectors), ("steps", _steps),
+    ("modal", _modal), ("merge", _merge), ("split", _split))
 PARAPHRASE_CANDIDATES = 12
 FALLBACK_FRAME = "The task is as follows: {}"
 
@@ -459,9 +646,9 @@ REQUIREMENT_TEMPLATES: dict[str, tuple[str, ...]] = {
     "output_format": ("Deliver the final result in {} format.", "The output must be written as {}."),
     "batch_size": ("Process the input in batches of {} records.",),
     "encoding": ("Treat the input as {} text.",),
-    "tools_only": ("Use only the tools named above and the tools they depend on.",
-                   "Do not call tools other than the ones named above and their prerequisites."),
-    "order": ("Call the named tools in the order given.", "Keep the order of the steps as listed."),
+    "tools_only": ("Use only the tools that the steps above need and the tools they depend on.",
+                   "Do not call tools beyond those the steps above require and their prerequisites."),
+    "order": ("Carry out the steps in the order given.", "Keep the order of the steps as listed."),
     "report": ("If a step cannot be completed, say which one and stop.",),
 }
 REQUIREMENT_LEADS = ("", "Requirements: ", "Constraints: ", "In addition: ")
@@ -542,8 +729,8 @@ SYSTEM_PROMPTS = {
         "You tighten instructions for a system that turns them into tool workflows. Keep the original "
         "instruction word for word at the start and append two to four short constraints that a correct "
         "solution still meets, for example a cap on the number of steps (never below the number of steps the "
-        "solution needs), a cap on retries, a time limit, the output format, or using only the named tools and "
-        "their prerequisites. Nothing may contradict the instruction or change the order of its steps. "
+        "solution needs), a cap on retries, a time limit, the output format, or using only the tools the steps "
+        "need and their prerequisites. Nothing may contradict the instruction or change the order of its steps. "
         f"{_KEEP} {_FORMAT}"),
 }
 

@@ -31,6 +31,7 @@ from typing import Any
 from resilibench.robust_train.clusters import ClusterRecord
 from resilibench.robust_train.evaluation import (
     RobustnessTable,
+    baseline_tables,
     format_tables,
     generate_answers,
     robustness_table,
@@ -240,7 +241,8 @@ def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[list[Cluste
 def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *, progress: bool = True,
              log: Callable[[str], None] = print) -> dict[str, RobustnessTable]:
     """Base generator from scratch -> instruction-augmented SFT -> ScPO, with the robustness table on the
-    test clusters after each stage. Every stage resumes from ``output_dir``."""
+    test clusters after each stage, beside the two trivial baselines ("names", "lookup" from the train
+    clusters; ``robust_train.evaluation``). Every stage resumes from ``output_dir``."""
     from resilibench.results import run_metadata, write_json_atomic
     from resilibench.robust_train.instructions import PERTURBATION_TYPES
 
@@ -277,6 +279,7 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
         stage(f"evaluating {name} on {len(test)} test clusters")
         tables[name] = evaluate_generator(model, test, output_dir / "eval" / name, fmt,
                                           max_new_tokens=settings.max_new_tokens, progress=progress)
+    tables = {**baseline_tables(train + pretrain, test), **tables}
     stage("done")
     text = format_tables(tables, ("original", *PERTURBATION_TYPES))
     (output_dir / "table.txt").write_text(text + "\n")

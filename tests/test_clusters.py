@@ -71,7 +71,7 @@ def test_llm_variants_are_batched_across_tasks():
         text = conversation[1]["content"].split("Instruction:\n", 1)[1].split("\n\nLiterals", 1)[0]
         if conversation[0]["content"].startswith("You tighten"):
             return f"<answer>{text}</answer>"  # nothing added: refused every time
-        return "<answer>" + text.replace(" with ", " using ") + "</answer>"
+        return f"<answer>In short: {text}</answer>"  # a valid paraphrase in either world
 
     backend = ScriptedBackend(answer)
     built = list(build_clusters(TASKS[:4], types=("paraphrase", "requirements", "noise_light"),

@@ -16,21 +16,28 @@ from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401  (fixture)
 from helpers import ScriptedBackend
 from resilibench.agents.base import GenerationConfig
 from resilibench.cli import interleave_task_types
+from resilibench.envs.registry import default_registry
+from resilibench.envs.task_generator import named_tools
 from resilibench.envs.tasks import load_tasks
 from resilibench.policies.bounds import reference_workflow
 from resilibench.robust_train.instructions import (
     NOISE_RATES,
     PERTURBATION_TYPES,
+    STYLES,
     InstructionPerturber,
     InstructionRequest,
     VariantError,
     augment_requirements,
     check_variant,
     extract_answer,
+    find_step_list,
     inject_noise,
     paraphrase_instruction,
     protected_texts,
+    render_steps,
+    reword_clause,
     rule_variant,
+    step_count,
     tool_mentions,
     unprotected_words,
     variant_rng,
@@ -38,11 +45,20 @@ from resilibench.robust_train.instructions import (
 
 LIBRARY = load_tasks()
 SAMPLE = LIBRARY[::25]  # about 200 tasks of every type and template
+SAMPLE_V0 = load_tasks(world="v0")[::25]  # world v0: descriptions that name their tools in order
 
 
 @pytest.fixture(scope="module")
 def pairs():
-    """Two train tasks of each type with their reference workflows."""
+    """Two world-v0 train tasks of each type with their reference workflows (the tests using them are
+    about tool names in the text, which only v0 descriptions have)."""
+    tasks = interleave_task_types(load_tasks(split="train", world="v0"))[:10]
+    return [(t, reference_workflow(t)) for t in tasks]
+
+
+@pytest.fixture(scope="module")
+def pairs_v1():
+    """Two world-v1 train tasks of each type with their reference workflows."""
     tasks = interleave_task_types(load_tasks(split="train"))[:10]
     return [(t, reference_workflow(t)) for t in tasks]
 
@@ -133,7 +149,9 @@ def test_noise_rates_fall_in_range_and_track_the_edits():
     assert np.corrcoef(rates, order)[0, 1] > 0.8
 
 
-def test_same_seed_same_variants_other_seed_different(pairs):
+@pytest.mark.parametrize("world", ["pairs", "pairs_v1"])
+def test_same_seed_same_variants_other_seed_different(world, request):
+    pairs = request.getfixturevalue(world)
     for task, reference in pairs:
         for kind in PERTURBATION_TYPES:
             a = rule_variant(task, reference, kind, variant_rng(0, task.instance_id, kind, 0))
@@ -148,7 +166,9 @@ def test_same_seed_same_variants_other_seed_different(pairs):
     assert all(count >= len(pairs) // 2 for count in differ.values()), differ
 
 
-def test_requirements_keep_the_reference_feasible_and_the_tool_order(pairs):
+@pytest.mark.parametrize("world", ["pairs", "pairs_v1"])
+def test_requirements_keep_the_reference_feasible_and_the_tool_order(world, request):
+    pairs = request.getfixturevalue(world)
     for task, reference in pairs:
         for seed in range(4):
             text, added = augment_requirements(task, reference, variant_rng(seed, task.instance_id, "requirements", 0))
@@ -165,16 +185,109 @@ def test_requirements_keep_the_reference_feasible_and_the_tool_order(pairs):
                 if req["kind"] == "time_limit":
                     assert req["value"] == task.constraints["timeout"]
             check_variant(task.description, text, "requirements", reference)
+            assert named_tools(text) == named_tools(task.description)  # none added, none at all on v1
 
 
 def test_paraphrases_keep_tools_order_and_length():
     kinds_of_rule = set()
-    for task in SAMPLE:
+    for task in SAMPLE_V0:
         text, rules = paraphrase_instruction(task.description, variant_rng(0, task.instance_id, "paraphrase", 0))
         check_variant(task.description, text, "paraphrase")  # spans in order, same tools, length within 20%
         assert text != task.description
         kinds_of_rule.update(rules)
     assert {"opening", "connectors", "split", "steps"} <= kinds_of_rule
+
+
+def test_v1_step_lists_parse_in_every_style_and_render_back():
+    styles = set()
+    for task in LIBRARY:
+        steps = find_step_list(task.description)
+        if len(task.required_tools) == 1:
+            assert steps is None
+            continue
+        assert steps is not None, task.description
+        styles.add(steps.style)
+        assert step_count(task.description) == len(steps.clauses) == len(task.required_tools)
+    assert styles == set(STYLES)
+    rng = np.random.default_rng(0)
+    for task in SAMPLE:
+        steps = find_step_list(task.description)
+        if steps is None:
+            continue
+        for style in STYLES:
+            rendered = render_steps(steps.clauses, style, rng)
+            again = find_step_list(rendered)
+            assert again is not None and again.style == style and again.clauses == steps.clauses, rendered
+
+
+def test_v1_paraphrases_keep_literals_steps_and_length():
+    kinds_of_rule, styles, changed_clauses = set(), set(), 0
+    for task in SAMPLE:
+        text, rules = paraphrase_instruction(task.description, variant_rng(0, task.instance_id, "paraphrase", 0))
+        check_variant(task.description, text, "paraphrase")  # literals in order, steps kept, length within 20%
+        assert text != task.description and named_tools(text) == []
+        assert in_order(protected_texts(task.description), text)
+        if step_count(text) is not None:
+            assert step_count(text) == len(task.required_tools)
+            styles.add(find_step_list(text).style)
+            changed_clauses += find_step_list(text).clauses != find_step_list(task.description).clauses
+        kinds_of_rule.update(rules)
+    assert {"opening", "restyle", "connectors", "steps", "modal", "merge"} <= kinds_of_rule
+    assert styles == set(STYLES) and changed_clauses >= len(SAMPLE) // 4
+
+
+def test_v1_clause_rewording_uses_the_bank_and_keeps_values():
+    registry = default_registry()
+    rng = np.random.default_rng(1)
+    clause = "load the sales records from data/sales_records_0001.csv"
+    reworded = {reword_clause(clause, rng, registry) for _ in range(20)}
+    # the other reader clause with the same slots (dataset and source), filled with the same values
+    assert reworded == {"open data/sales_records_0001.csv and read the sales records it holds"}
+    validator = "check every record against the v2 order schema and reject violations"
+    assert {reword_clause(validator, rng, registry) for _ in range(10)} == {
+        "make sure that each row satisfies the v2 order rules"}
+    # a clause of no bank entry gets synonyms outside its protected spans
+    free = reword_clause("read and filter the data at data/x_1.csv", rng, registry)
+    assert free != "read and filter the data at data/x_1.csv" and free.endswith(" data/x_1.csv")
+
+
+def one_step_fewer(text: str) -> str:
+    """``text`` with the last two steps of its step list merged into one, as a numbered list."""
+    steps = find_step_list(text)
+    clauses = [*steps.clauses[:-2], f"{steps.clauses[-2]} and {steps.clauses[-1]}"]
+    return text[:steps.start] + render_steps(clauses, "numbered", np.random.default_rng(0)) + text[steps.end:]
+
+
+def test_v1_check_variant_counts_steps(pairs_v1):
+    task = next(t for t, _ in pairs_v1 if len(t.required_tools) > 2)
+    d = task.description
+    n = len(task.required_tools)
+    with pytest.raises(VariantError, match=f"lists {n - 1} steps; the original has {n}"):
+        check_variant(d, one_step_fewer(d), "paraphrase")
+    steps = find_step_list(d)
+    for style in STYLES:  # every style, same steps: valid (item numbers are not literals)
+        restyled = d[:steps.start] + render_steps(steps.clauses, style, np.random.default_rng(1)) + d[steps.end:]
+        if restyled != d:
+            check_variant(d, restyled, "paraphrase")
+    with pytest.raises(VariantError, match="added"):
+        check_variant(d, d.replace(" the ", " the file_operations_reader ", 1), "paraphrase")
+
+
+def test_llm_v1_dropped_step_is_sent_back(pairs_v1):
+    def answer(conversation):
+        text = instruction_of(conversation)
+        if find_step_list(text) is None:
+            return f"<answer>Please do this: {text}</answer>"
+        return f"<answer>{one_step_fewer(text)}</answer>"
+
+    variants = InstructionPerturber(ScriptedBackend(answer), attempts=2).perturb(requests_for(pairs_v1, "paraphrase"))
+    assert {v.source for v in variants} == {"rules", "llm"}
+    for (task, _), v in zip(pairs_v1, variants, strict=True):
+        if len(task.required_tools) > 1:
+            assert v.source == "rules" and all("steps; the original has" in e for e in v.notes["errors"])
+        else:
+            assert v.source == "llm" and v.text.startswith("Please do this: ")
+        check_variant(task.description, v.text, "paraphrase")
 
 
 def test_check_variant_names_what_is_wrong(pairs):

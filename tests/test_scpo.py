@@ -213,7 +213,8 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
         max_new_tokens=16)
     logs: list[str] = []
     tables = run_demo(tmp_path, settings, progress=False, log=logs.append)
-    assert list(tables) == ["base", "sft", "scpo1"]
+    assert list(tables) == ["names", "lookup", "base", "sft", "scpo1"]
+    assert all(row["valid"] == 0.0 for row in tables["names"].rows.values())  # v1 text names no tool
     assert all(set(t.rows) == {"original", "paraphrase", "requirements", "noise_light", "noise_moderate",
                                "noise_heavy"} and t.counts["original"] == 2 for t in tables.values())
     table_text = (tmp_path / "table.txt").read_text()
