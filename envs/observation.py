@@ -3,12 +3,21 @@
 Layout of the flat float32 vector (N = 30 tools):
     [0, 4N)        tool status one-hot, tool-major: NOT_ATTEMPTED, SUCCESS, FAILED, DEPENDENCY_FAILED
     [4N, 5N)       required-tool mask
-    [5N, 6N)       next-required tool one-hot (all zero once every required tool has succeeded)
+    [5N, 6N)       features="full": next-required tool one-hot (all zero once every required tool has
+                   succeeded); features="no_dependency_hints": the required order, (k + 1) / n for the
+                   k-th of n required tools, fixed for the episode
     6N             progress (share of required tools that succeeded)
     6N + 1         step fraction (turns used / turn limit)
     6N + 2         failed calls so far N_h / turn limit
     6N + 3         consecutive failures / their limit
     [6N + 4, +20)  task features (``task_features``)
+
+``features`` (``OBSERVATION_FEATURES``) chooses what the observation hands a policy about dependencies.
+"full" (the default) also gives the next required tool and two dependency features of the task (share of
+required tools with dependencies, dependencies outside the required list): the inputs of the
+dependency-aware heuristic. "no_dependency_hints" keeps the task itself (which tools, in which order) and
+the outcomes of calls, and leaves out what is derived from them: the next required tool (a policy must
+track it from the statuses and the order) and both dependency features (zero). Same layout and size.
 """
 
 from __future__ import annotations
@@ -20,6 +29,15 @@ from resilibench.envs.tasks import COMPLEXITIES, TASK_TYPE_NAMES, Task
 
 N_STATUS = 4
 N_TASK_FEATURES = 20
+OBSERVATION_FEATURES = ("full", "no_dependency_hints")
+DEPENDENCY_TASK_FEATURES = (15, 19)  # the task features about dependencies (zero without hints)
+
+
+def check_features(features: str) -> str:
+    """``features`` if it is one of ``OBSERVATION_FEATURES``; ValueError naming the field otherwise."""
+    if features not in OBSERVATION_FEATURES:
+        raise ValueError(f"features must be one of {OBSERVATION_FEATURES}, got {features!r}")
+    return features
 
 
 class ObservationLayout:
@@ -75,16 +93,22 @@ def counter_tables(rules) -> tuple[list[float], list[float], list[float]]:
     return tuple(np.asarray(x, dtype=np.float64).tolist() for x in counter_features(counts, counts, counts, rules))
 
 
-def initial_observation(task: Task, registry: ToolRegistry, layout: ObservationLayout) -> np.ndarray:
-    """Observation at the start of an episode of ``task``."""
+def initial_observation(task: Task, registry: ToolRegistry, layout: ObservationLayout,
+                        features: str = "full") -> np.ndarray:
+    """Observation at the start of an episode of ``task`` (``features``: see the module docstring)."""
     obs = np.zeros(layout.size, dtype=np.float32)
     obs[layout.status : layout.required : N_STATUS] = 1.0  # every tool NOT_ATTEMPTED
     required = task.required_ids(registry)
     for t in required:
         obs[layout.required + t] = 1.0
-    if required:
-        obs[layout.next_required + required[0]] = 1.0
-    else:
+    if not required:
         obs[layout.progress] = 1.0
     obs[layout.task :] = task_features(task, registry)
+    if check_features(features) == "full":
+        if required:
+            obs[layout.next_required + required[0]] = 1.0
+    else:
+        for k, t in enumerate(required):
+            obs[layout.next_required + t] = (k + 1) / len(required)
+        obs[[layout.task + i for i in DEPENDENCY_TASK_FEATURES]] = 0.0
     return obs

@@ -10,7 +10,13 @@ import numpy as np
 from gymnasium import spaces
 
 from resilibench.envs.config import WorldConfig
-from resilibench.envs.observation import N_STATUS, ObservationLayout, counter_tables, initial_observation
+from resilibench.envs.observation import (
+    N_STATUS,
+    ObservationLayout,
+    check_features,
+    counter_tables,
+    initial_observation,
+)
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import REWARD_MODES, ShapedRewarder
 from resilibench.envs.simulator import SUCCESS, Episode, episode_seed
@@ -148,6 +154,9 @@ class ResiliBenchEnv(gym.Env):
     * ``reward``: "sparse" (default) or "shaped"; ``reward_phase``: "adaptive", "coverage", "sequence".
     * ``config``: a ``WorldConfig``; ``turn_limit``, ``strict_dependencies`` and ``profile``
       ("test" or "training") override its rules.
+    * ``features``: "full" (default) or "no_dependency_hints": the observation without the next-required
+      one-hot and the dependency task features (the ablation of docs/ppo.md; see
+      ``resilibench.envs.observation``).
 
     ## Version History
 
@@ -170,9 +179,11 @@ class ResiliBenchEnv(gym.Env):
         registry: ToolRegistry | None = None,
         render_mode: str | None = None,
         world: str = DEFAULT_WORLD,
+        features: str = "full",
     ):
         if reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
+        self.features = check_features(features)
         if split is not None and split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -267,7 +278,7 @@ class ResiliBenchEnv(gym.Env):
         """A fresh copy of the first observation of ``task`` (computed once per task object)."""
         entry = self._initial_obs.get(id(task))
         if entry is None or entry[0] is not task:
-            entry = (task, initial_observation(task, self.registry, self.layout))
+            entry = (task, initial_observation(task, self.registry, self.layout, self.features))
             self._initial_obs[id(task)] = entry
         return entry[1].copy()
 
@@ -282,10 +293,11 @@ class ResiliBenchEnv(gym.Env):
         obs[block + status] = 1.0
         if status == SUCCESS and tool in ep.required_position:
             required = ep.required
-            if next_required_before < len(required):
-                obs[lay.next_required + required[next_required_before]] = 0.0
-            if ep.next_required < len(required):
-                obs[lay.next_required + required[ep.next_required]] = 1.0
+            if self.features == "full":  # else the block holds the fixed required order
+                if next_required_before < len(required):
+                    obs[lay.next_required + required[next_required_before]] = 0.0
+                if ep.next_required < len(required):
+                    obs[lay.next_required + required[ep.next_required]] = 1.0
             obs[lay.progress] = ep.progress
         step, failures, consecutive = self._counters
         obs[lay.step] = step[ep.turns_used]

@@ -14,7 +14,13 @@ from gymnasium.vector.utils import batch_space
 from resilibench.envs import rng as brng
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.evaluator import FULL, LEVELS, grade, output_tool_ids
-from resilibench.envs.observation import N_STATUS, ObservationLayout, counter_tables, initial_observation
+from resilibench.envs.observation import (
+    N_STATUS,
+    ObservationLayout,
+    check_features,
+    counter_tables,
+    initial_observation,
+)
 from resilibench.envs.planner_env import make_world_config, select_tasks, task_by_id
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import PHASES, REWARD_MODES
@@ -107,7 +113,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
 
     * ``num_envs``: the batch size N.
     * ``split``, ``task_types``, ``tasks``, ``config``, ``turn_limit``, ``strict_dependencies``,
-      ``registry``: as for ``ResiliBench-v0``.
+      ``registry``, ``features``: as for ``ResiliBench-v0``.
     * ``reward``: "sparse" (the default; "shaped" raises ``ValueError``); ``profile``: "test" (the default;
       "training" raises ``ValueError``); ``reward_phase`` is accepted for symmetry and unused.
     * ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i`` (or per sub-env from a list of N ints/None);
@@ -136,7 +142,9 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         registry: ToolRegistry | None = None,
         render_mode: str | None = None,
         world: str = DEFAULT_WORLD,
+        features: str = "full",
     ):
+        self.features = check_features(features)
         if not isinstance(num_envs, int | np.integer) or isinstance(num_envs, bool) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
         if reward not in REWARD_MODES:
@@ -256,7 +264,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         k = len(tasks)
         pos_bit = np.zeros((k, n), dtype=np.int64)  # 1 << position of each required tool, 0 otherwise
         out_mask = np.zeros((k, n), dtype=bool)
-        next_obs = np.full((k, width), -1, dtype=np.int64)  # observation offset of "next required = j"
+        # Observation offset of "next required = j" (-1, i.e. no write, without the next-required one-hot).
+        next_obs = np.full((k, width), -1, dtype=np.int64)
         fields = np.zeros((_N_INTS, k), dtype=np.int64)  # the integer state at the start of an episode
         classes: dict[tuple[int, float], int] = {}  # (number of required tools, min coverage) -> grade class
         self._min_cov = np.zeros(k, dtype=np.float64)
@@ -264,7 +273,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         coverage = self.config.evaluator.min_coverage
         for i, (task, req) in enumerate(zip(tasks, required, strict=True)):
             pos_bit[i, list(req)] = 1 << np.arange(len(req))
-            next_obs[i, : len(req)] = lay.next_required + np.asarray(req, dtype=np.int64)
+            if self.features == "full":
+                next_obs[i, : len(req)] = lay.next_required + np.asarray(req, dtype=np.int64)
             outputs = output_tool_ids(req, reg)
             out_mask[i, list(outputs)] = True
             fields[_OUTPUT_DONE, i] = not outputs  # a task without outputs counts as having produced them
@@ -279,7 +289,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             self._min_cov[i] = coverage[task.task_type]
             grade_class = classes.setdefault((len(req), self._min_cov[i]), len(classes))
             fields[_GRADE_BASE, i] = grade_class * width * 16
-            self._init_obs[i] = initial_observation(task, reg, lay)
+            self._init_obs[i] = initial_observation(task, reg, lay, self.features)
         self._pos_bit, self._out_mask, self._next_obs = pos_bit.reshape(-1), out_mask.reshape(-1), next_obs.reshape(-1)
         fields[_LAST_TOOL] = -1
         self._ints_start = fields

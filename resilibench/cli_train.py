@@ -68,6 +68,7 @@ def _train_config(args: argparse.Namespace):
     flags = {
         "task_types": dedupe(args.task_type) if args.task_type else None, "split": args.split,
         "tasks_path": args.tasks, "reward": args.reward, "curriculum": args.curriculum, "encoder": args.encoder,
+        "features": args.features,
         "iterations": args.iterations, "time_budget_min": args.time_budget, "num_env_runners": args.num_env_runners,
         "num_envs_per_env_runner": args.num_envs_per_env_runner, "num_learners": args.num_learners,
         "num_gpus_per_learner": args.num_gpus_per_learner, "seed": args.seed,
@@ -204,6 +205,7 @@ def _export_workflows(planner, tasks, config, path: Path, run_config: dict[str, 
 
 def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
     """Add `train ppo` and `eval-policy` to the ``resilibench`` parser."""
+    from resilibench.envs.observation import OBSERVATION_FEATURES
     from resilibench.envs.tasks import TASK_TYPE_NAMES
 
     type_help = f"repeatable (default all); one of {', '.join(TASK_TYPE_NAMES)}"
@@ -218,6 +220,9 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
     ppo.add_argument("--curriculum", action=argparse.BooleanOptionalAction, default=None,
                      help="the five-stage curriculum of paper D.4.2 (default on)")
     ppo.add_argument("--encoder", choices=ENCODERS, help="policy network (default transformer)")
+    ppo.add_argument("--features", choices=OBSERVATION_FEATURES,
+                     help="observation features (default full); no_dependency_hints: without the next required "
+                     "tool and the dependency features (the ablation of docs/ppo.md)")
     ppo.add_argument("--iterations", type=positive_int, metavar="N", help="stop at iteration N (total)")
     ppo.add_argument("--time-budget", type=positive_float, metavar="MIN",
                      help=f"stop after MIN minutes of training, all sessions together (default "

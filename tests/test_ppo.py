@@ -114,6 +114,42 @@ def test_episode_observation_matches_the_env_step_for_step():
                 break
 
 
+def test_observation_without_dependency_hints_keeps_the_task_and_drops_the_hints():
+    """The ablation's observation: the required order in place of the next-required one-hot (fixed for the
+    episode), the dependency task features zero, everything else as the full observation; and
+    ``episode_observation`` recomputes it step for step."""
+    from resilibench.envs.observation import DEPENDENCY_TASK_FEATURES
+    from resilibench.policies.heuristics import DependencyAwarePlanner
+
+    full, ablated = ResiliBenchEnv(split="test"), ResiliBenchEnv(split="test", features="no_dependency_hints")
+    lay = full.layout
+    hint_cells = [*range(lay.next_required, lay.progress), *(lay.task + i for i in DEPENDENCY_TASK_FEATURES)]
+    planner = DependencyAwarePlanner()
+    dependency_features_seen = 0
+    for seed in range(30):
+        obs_f, info = full.reset(seed=seed)
+        obs_a, _ = ablated.reset(seed=seed)
+        episode = ablated.episode
+        required = episode.required
+        order = np.zeros(lay.n_tools, dtype=np.float32)
+        order[list(required)] = (np.arange(len(required)) + 1) / len(required)
+        dependency_features_seen += obs_f[[lay.task + i for i in DEPENDENCY_TASK_FEATURES]].any()
+        planner.reset(episode.task, np.random.default_rng(seed))
+        while True:
+            assert np.array_equal(np.delete(obs_a, hint_cells), np.delete(obs_f, hint_cells))
+            assert np.array_equal(obs_a[lay.next_required:lay.progress], order)
+            assert not obs_a[[lay.task + i for i in DEPENDENCY_TASK_FEATURES]].any()
+            assert np.array_equal(episode_observation(episode, features="no_dependency_hints"), obs_a)
+            action = planner.act(episode, None)
+            obs_f, _, terminated, truncated, info = full.step(action)
+            obs_a, _, _, _, _ = ablated.step(action)
+            if terminated or truncated:
+                break
+    assert dependency_features_seen > 0  # the full observation did carry them
+    with pytest.raises(ValueError, match="features must be one of"):
+        ResiliBenchEnv(features="no_hints")
+
+
 def test_masked_env_keeps_the_contract_and_moves_the_mask_into_the_observation():
     inner, wrapped = ResiliBenchEnv(split="test"), MaskedPlannerEnv(ResiliBenchEnv(split="test"))
     assert wrapped.observation_space[ACTION_MASK].shape == (31,)
@@ -377,6 +413,29 @@ def test_workflow_export_of_the_optimal_planner_matches_the_reference():
     assert policy_workflow(planner, tasks[-1]).tools == happy and len(happy) > len(tasks[-1].required_tools)
 
 
+def test_training_without_dependency_hints_builds_and_plays_the_ablated_policy(ray_session, tmp_path):
+    """`train ppo --features no_dependency_hints`: the config, the envs and the network drop the hints, and
+    the trained planner computes its own ablated observations when an env hands it full ones."""
+    from resilibench.envs.observation import N_STATUS
+
+    out = tmp_path / "run"
+    assert main(["train", "ppo", "--iterations", "1", "--features", "no_dependency_hints", "--output-dir",
+                 str(out), *TINY_FLAGS]) == 0
+    assert json.loads((out / "training.json").read_text())["train"]["features"] == "no_dependency_hints"
+    planner = PPOPlanner(out)
+    assert planner.features == "no_dependency_hints"
+    assert planner.module.net.tool_features.in_features == N_STATUS + 3  # no relational features
+    seen = []
+    original = planner.actions
+    planner.actions = lambda obs, masks: seen.append(obs[0].copy()) or original(obs, masks)
+    env = ResiliBenchEnv(split="test")
+    for _obs, mask, action in _masked_steps(env, planner, range(5)):
+        assert mask[action] == 1
+    lay = env.layout
+    assert seen and all(not o[[lay.task + 15, lay.task + 19]].any() for o in seen)
+    assert PPOPlanner(resolve_checkpoint(out), module=planner.module).features == "no_dependency_hints"
+
+
 def test_ppo_planner_exact_success_is_bounded(trained):
     planner = PPOPlanner(trained)
     task = load_tasks(split="test", task_types=[TYPE])[0]
@@ -389,6 +448,8 @@ def test_ppo_planner_exact_success_is_bounded(trained):
 @pytest.mark.parametrize(("args", "message"), [
     (["train", "ppo", "--iterations", "0"], "--iterations: expected a positive integer"),
     (["train", "ppo", "--encoder", "lstm"], "--encoder: invalid choice"),
+    (["train", "ppo", "--features", "none"], "--features: invalid choice"),
+    (["train", "ppo", "--set", "features=none"], "features: must be one of ['full', 'no_dependency_hints']"),
     (["train", "ppo", "--time-budget", "-1"], "--time-budget: expected a positive number"),
     (["train", "ppo", "--set", "bogus=1"], "--set bogus: unknown hyperparameter"),
     (["train", "ppo", "--set", "minibatch_size=9999"], "train_batch_size: must be >= minibatch_size"),

@@ -114,6 +114,19 @@ def test_matches_single_envs_tight_rules():
     assert counts["truncated"] > 0 and counts["failure_end"] > 0
 
 
+def test_matches_single_envs_without_dependency_hints():
+    """The ablation's observation (features="no_dependency_hints"): the batched env agrees with single envs."""
+    counts = run_equivalence(16, 150, seed=9, policy_seed=3, features="no_dependency_hints", strict_dependencies=True)
+    assert counts["ended"] >= 20 and counts["failure_end"] > 0
+    vec = ResiliBenchVectorEnv(num_envs=4, features="no_dependency_hints")
+    first, _ = vec.reset(seed=0)
+    for _ in range(5):
+        obs, *_ = vec.step(np.zeros(4, dtype=np.int64))
+        np.testing.assert_array_equal(obs[:, 150:180], first[:, 150:180])  # the required order stays fixed
+    with pytest.raises(ValueError, match="features must be one of"):
+        ResiliBenchVectorEnv(num_envs=2, features="no_hints")
+
+
 def test_matches_single_envs_one_task_pool():
     """A pool of one task: the single env's ``integers(1)`` draws nothing."""
     task = load_tasks(split="validation")[3]

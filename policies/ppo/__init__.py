@@ -25,6 +25,7 @@ DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "ff_dim": 64,
     "mlp_hiddens": [256, 256],  # mlp trunk
     "value_hiddens": [64],  # value head (both encoders)
+    "features": "full",  # the env's observation features; "no_dependency_hints" also drops the relational ones
 }
 
 

@@ -67,8 +67,10 @@ def load_module(checkpoint: str | Path):
 class PPOPlanner:
     """A trained policy as a ``Planner``: the greedy (argmax) action of the masked policy logits.
 
-    It reads only the observation (recomputed from the episode when none is given) and the legal
-    actions; decisions are memoised per (observation, mask), as the policy is deterministic."""
+    It reads only the observation and the legal actions; decisions are memoised per (observation, mask),
+    as the policy is deterministic. The observation is recomputed from the episode when none is given or
+    when the policy was trained on other observation features than the env's "full" ones (the module's
+    ``model_config["features"]``)."""
 
     name = "ppo"
 
@@ -77,13 +79,16 @@ class PPOPlanner:
         self.module = module if module is not None else load_module(self.checkpoint)
         self.n_actions = int(self.module.action_space.n)
         self.layout = ObservationLayout(self.n_actions - 1)
+        self.features = (getattr(self.module, "model_config", None) or {}).get("features", "full")
         self._memo: dict[bytes, int] = {}
 
     def reset(self, task: Task, rng: np.random.Generator) -> None:
         """Nothing to prepare: the policy sees the task through the observation."""
 
     def act(self, episode: Episode, observation: np.ndarray | None) -> int:
-        obs = episode_observation(episode, self.layout) if observation is None else observation
+        obs = observation
+        if obs is None or self.features != "full":
+            obs = episode_observation(episode, self.layout, self.features)
         mask = episode.action_mask
         key = obs.tobytes() + mask.tobytes()
         action = self._memo.get(key)

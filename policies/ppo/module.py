@@ -27,7 +27,7 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch import nn
 from torch.nn import functional as F
 
-from resilibench.envs.observation import N_STATUS, ObservationLayout
+from resilibench.envs.observation import N_STATUS, ObservationLayout, check_features
 from resilibench.envs.simulator import NOT_ATTEMPTED, SUCCESS
 from resilibench.policies.ppo import DEFAULT_MODEL_CONFIG, ENCODERS, quiet_logs
 from resilibench.policies.ppo.wrappers import ACTION_MASK, OBSERVATIONS
@@ -84,20 +84,21 @@ class EncoderBlock(nn.Module):
 class ToolSetEncoder(nn.Module):
     """Tool tokens + task token -> Transformer encoder -> (31 logits, a pooled embedding for the value).
 
-    A tool token carries the tool's observation entries (status one-hot, required, next-required, legal)
-    and three relational features read off the registry's dependency graph: how many of its dependencies
-    were never called, how many were called without success (the N_u and N_f of the failure model), and
-    whether it is an unmet dependency of the next required tool."""
-
-    N_TOOL_FEATURES = N_STATUS + 6
+    A tool token carries the tool's observation entries (status one-hot, required, next-required or
+    required order, legal) and, with ``relational`` (the "full" observation features), three relational
+    features read off the registry's dependency graph: how many of its dependencies were never called, how
+    many were called without success (the N_u and N_f of the failure model), and whether it is an unmet
+    dependency of the next required tool. Without them the network must learn dependencies from the tools'
+    identities and the outcomes of calls."""
 
     def __init__(self, layout: ObservationLayout, dependencies: torch.Tensor, d_model: int, n_heads: int,
-                 n_layers: int, ff_dim: int):
+                 n_layers: int, ff_dim: int, relational: bool = True):
         super().__init__()
         self.layout = layout
+        self.relational = relational
         n = layout.n_tools
         self.register_buffer("dependencies", dependencies)  # [t, d] = 1 when tool t depends on tool d
-        self.tool_features = nn.Linear(self.N_TOOL_FEATURES, d_model)
+        self.tool_features = nn.Linear(N_STATUS + 3 + 3 * relational, d_model)
         self.tool_identity = nn.Parameter(torch.randn(n, d_model) * 0.1)
         self.task_features = nn.Linear(layout.size - layout.progress, d_model)
         self.encoder = nn.Sequential(*(EncoderBlock(d_model, n_heads, ff_dim) for _ in range(n_layers)))
@@ -110,15 +111,17 @@ class ToolSetEncoder(nn.Module):
         lay, n = self.layout, self.layout.n_tools
         status = obs[:, lay.status:lay.required].reshape(-1, n, N_STATUS)
         next_required = obs[:, lay.next_required:lay.progress]
-        uncalled, succeeded = status[..., NOT_ATTEMPTED], status[..., SUCCESS]
-        deps_t = self.dependencies.t()
-        relational = torch.stack([
-            uncalled @ deps_t / 2.0,  # dependencies never called
-            (1.0 - uncalled - succeeded) @ deps_t / 2.0,  # dependencies called, never successful
-            (next_required @ self.dependencies) * (1.0 - succeeded),  # unmet dependency of the next tool
-        ], dim=-1)
         flags = torch.stack([obs[:, lay.required:lay.next_required], next_required, action_mask[:, :n]], dim=-1)
-        tools = self.tool_features(torch.cat([status, flags, relational], dim=-1)) + self.tool_identity
+        parts = [status, flags]
+        if self.relational:
+            uncalled, succeeded = status[..., NOT_ATTEMPTED], status[..., SUCCESS]
+            deps_t = self.dependencies.t()
+            parts.append(torch.stack([
+                uncalled @ deps_t / 2.0,  # dependencies never called
+                (1.0 - uncalled - succeeded) @ deps_t / 2.0,  # dependencies called, never successful
+                (next_required @ self.dependencies) * (1.0 - succeeded),  # unmet dependency of the next tool
+            ], dim=-1))
+        tools = self.tool_features(torch.cat(parts, dim=-1)) + self.tool_identity
         task = self.task_features(obs[:, lay.progress:]).unsqueeze(1)
         h = self.norm(self.encoder(torch.cat([task, tools], dim=1)))
         logits = torch.cat([self.tool_logit(h[:, 1:]).squeeze(-1), self.finish_logit(h[:, 0])], dim=-1)
@@ -150,6 +153,7 @@ class PlannerModule(TorchRLModule, ValueFunctionAPI):
         config = {k: given.get(k, default) for k, default in DEFAULT_MODEL_CONFIG.items()}
         if config["encoder"] not in ENCODERS:
             raise ValueError(f"model_config encoder must be one of {ENCODERS}, got {config['encoder']!r}")
+        check_features(config["features"])
         if not isinstance(self.observation_space, gym.spaces.Dict) or set(self.observation_space) != {
                 OBSERVATIONS, ACTION_MASK}:
             raise ValueError(f"PlannerModule needs a Dict observation with keys {OBSERVATIONS!r} and {ACTION_MASK!r} "
@@ -161,7 +165,7 @@ class PlannerModule(TorchRLModule, ValueFunctionAPI):
                              f"got shape {self.observation_space[OBSERVATIONS].shape}")
         if config["encoder"] == "transformer":
             self.net = ToolSetEncoder(layout, dependency_matrix(n_tools), config["d_model"], config["n_heads"],
-                                      config["n_layers"], config["ff_dim"])
+                                      config["n_layers"], config["ff_dim"], relational=config["features"] == "full")
         else:
             self.net = FlatEncoder(layout, list(config["mlp_hiddens"]))
         self.value_head = _mlp([self.net.embedding_size, *config["value_hiddens"]], 1)

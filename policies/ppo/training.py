@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from resilibench.envs.config import WorldConfig
+from resilibench.envs.observation import OBSERVATION_FEATURES
 from resilibench.envs.tasks import SPLITS, TASK_TYPE_NAMES, Task, load_tasks
 from resilibench.policies.ppo import DEFAULT_MODEL_CONFIG, ENCODERS, quiet_logs, require_rl
 from resilibench.policies.ppo.curriculum import CurriculumConfig, stage_pools
@@ -50,6 +51,7 @@ class PPOTrainConfig:
     split: str = "train"
     tasks_path: str | None = None  # a task library file; None: the shipped one
     reward: str = "sparse"  # "sparse" or "shaped" (paper D.3)
+    features: str = "full"  # observation features; "no_dependency_hints": the ablation (envs.observation)
     curriculum: bool = True  # the five-stage curriculum of paper D.4.2 (resilibench.policies.ppo.curriculum)
     curriculum_config: dict[str, Any] = field(default_factory=dict)  # CurriculumConfig overrides
     balance_task_types: bool = True  # draw a task type uniformly, then a task of it (else tasks uniformly)
@@ -102,6 +104,7 @@ class PPOTrainConfig:
             ("split", self.split in SPLITS, f"one of {list(SPLITS)}"),
             ("reward", self.reward in REWARDS, f"one of {list(REWARDS)}"),
             ("encoder", self.encoder in ENCODERS, f"one of {list(ENCODERS)}"),
+            ("features", self.features in OBSERVATION_FEATURES, f"one of {list(OBSERVATION_FEATURES)}"),
             ("d_model", self.d_model > 0 and self.d_model % self.n_heads == 0, "a positive multiple of n_heads"),
             ("train_batch_size", self.train_batch_size >= self.minibatch_size > 0, ">= minibatch_size > 0"),
             ("num_epochs", self.num_epochs >= 1, ">= 1"),
@@ -162,6 +165,7 @@ class PPOTrainConfig:
         """RLlib's env_config for ``wrappers.make_env`` and the training callback."""
         return {"tasks_path": self.tasks_path, "split": self.split,
                 "task_types": list(self.task_types) if self.task_types else None, "reward": self.reward,
+                "features": self.features,
                 "world": self.world, "curriculum": self.curriculum, "curriculum_config": self.curriculum_config,
                 "balance_task_types": self.balance_task_types,
                 "stage": stage if self.curriculum else -1}

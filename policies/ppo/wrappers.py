@@ -30,18 +30,21 @@ OBSERVATIONS = "observations"
 ACTION_MASK = "action_mask"
 
 
-def episode_observation(episode: Episode, layout: ObservationLayout | None = None) -> np.ndarray:
-    """The ``ResiliBench-v0`` observation of ``episode`` in its current state (while it is running)."""
+def episode_observation(episode: Episode, layout: ObservationLayout | None = None,
+                        features: str = "full") -> np.ndarray:
+    """The ``ResiliBench-v0`` observation of ``episode`` in its current state (while it is running), with
+    the ``features`` of ``resilibench.envs.observation``."""
     layout = layout or ObservationLayout(len(episode.registry))
-    obs = initial_observation(episode.task, episode.registry, layout)
+    obs = initial_observation(episode.task, episode.registry, layout, features)
     status = np.asarray(episode.status)
     tool_blocks = obs[layout.status:layout.required].reshape(-1, N_STATUS)
     tool_blocks[:] = 0.0
     tool_blocks[np.arange(len(status)), status] = 1.0
-    next_required = obs[layout.next_required:layout.progress]
-    next_required[:] = 0.0
-    if episode.next_required < len(episode.required):
-        next_required[episode.required[episode.next_required]] = 1.0
+    if features == "full":  # else the block holds the fixed required order
+        next_required = obs[layout.next_required:layout.progress]
+        next_required[:] = 0.0
+        if episode.next_required < len(episode.required):
+            next_required[episode.required[episode.next_required]] = 1.0
     obs[layout.progress] = episode.progress
     step, failures, consecutive = counter_features(episode.turns_used, episode.n_failures,
                                                    episode.consecutive_failures, episode.config.rules)
@@ -156,8 +159,8 @@ def make_env(env_config: Mapping[str, Any]) -> MaskedPlannerEnv:
     """RLlib's env creator: ``MaskedPlannerEnv`` over ``ResiliBenchEnv``.
 
     ``env_config`` keys (all optional): ``tasks_path`` (a task library file; default the shipped one),
-    ``split`` (default "train"), ``task_types``, ``reward`` ("sparse" or "shaped"), ``world`` (a
-    ``WorldConfig`` as a dict), ``curriculum`` (bool: build the stage pools of
+    ``split`` (default "train"), ``task_types``, ``reward`` ("sparse" or "shaped"), ``features`` (the
+    observation's, default "full"), ``world`` (a ``WorldConfig`` as a dict), ``curriculum`` (bool: build the stage pools of
     ``resilibench.policies.ppo.curriculum``), ``stage`` (the stage to start in) and
     ``balance_task_types``. (``curriculum_config`` is read by the training callback.)
     """
@@ -166,7 +169,8 @@ def make_env(env_config: Mapping[str, Any]) -> MaskedPlannerEnv:
 
     world = WorldConfig().replace(**env_config["world"]) if env_config.get("world") else WorldConfig()
     tasks = load_tasks(env_config.get("tasks_path"), env_config.get("split", "train"), env_config.get("task_types"))
-    env = ResiliBenchEnv(tasks=tasks, split=None, reward=env_config.get("reward", "sparse"), config=world)
+    env = ResiliBenchEnv(tasks=tasks, split=None, reward=env_config.get("reward", "sparse"), config=world,
+                         features=env_config.get("features", "full"))
     pools = stage_pools(tasks) if env_config.get("curriculum") else None
     return MaskedPlannerEnv(env, pools, int(env_config.get("stage", 0 if pools else -1)),
                             bool(env_config.get("balance_task_types", False)))
