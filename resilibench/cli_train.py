@@ -77,8 +77,12 @@ def _train_config(args: argparse.Namespace):
     values.update({k: v for k, v in flags.items() if v is not None})
     if values.get("iterations") is None and values.get("time_budget_min") is None:
         values["time_budget_min"] = DEFAULT_TIME_BUDGET_MIN
-    if args.config:
+    from resilibench.envs.tasks import DEFAULT_WORLD, default_library_path
+
+    if args.config or args.world != DEFAULT_WORLD:
         values["world"] = load_world_config(args.config, world=args.world).to_dict()
+    if args.tasks is None and args.world != DEFAULT_WORLD:  # that world's shipped library
+        values["tasks_path"] = str(default_library_path(args.world))
     if args.tasks is not None and not Path(args.tasks).is_file():
         raise CliError(f"--tasks: {args.tasks} does not exist (generate one with `resilibench tasks generate`)")
     try:

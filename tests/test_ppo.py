@@ -479,3 +479,15 @@ def test_ppo_policy_plays_the_text_protocol(trained, tmp_path, capsys):
     assert len(first) == 2 and {model for model, *_ in first} == {f"ppo:{trained}"}
     assert all(calls and set(calls) <= set(default_registry().names) for *_, calls in first)
     assert run(tmp_path / "b") == first
+
+
+def test_train_ppo_world_v0_trains_on_world_v0():
+    """`train ppo --world v0` takes world v0's library and grading (not only with --config)."""
+    from resilibench.cli import build_parser
+    from resilibench.cli_train import _train_config
+
+    args = build_parser().parse_args(["train", "ppo", "--world", "v0", "--iterations", "1"])
+    cfg = _train_config(args)
+    assert cfg.tasks_path.endswith("tasks_v0.jsonl.gz") and cfg.world_config().evaluator.partial_rule == "v0"
+    default = _train_config(build_parser().parse_args(["train", "ppo", "--iterations", "1"]))
+    assert default.tasks_path is None and default.world_config().evaluator.partial_rule == "v1"
