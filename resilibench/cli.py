@@ -438,22 +438,14 @@ def cmd_bounds(args: argparse.Namespace) -> int:
 # --- run ----------------------------------------------------------------------------------------------
 
 
-def json_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted paths where two JSON values differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for key in sorted(set(a) | set(b), key=str):
-            out += json_diff(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
-        return out
-    return [] if a == b else [f"{prefix or '<root>'}: {a!r} -> {b!r}"]
-
-
 def check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has_rows: bool,
                        identity: dict[str, Any], source: str = "results.jsonl") -> None:
     """Refuse to add rows to a directory whose results came from another world config or task library.
 
     ``identity`` holds "world" and "tasks_sha256"; any other key names a run-config entry that must match
     too (e.g. an area's evaluation settings). ``source`` names the file ``existing_meta`` came from."""
+    from resilibench.results import json_diff
+
     summary_path = directory / "summary.json"
     recorded = [(source, m.get("config", {})) for m in existing_meta]
     if summary_path.exists():

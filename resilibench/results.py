@@ -427,3 +427,13 @@ def save_figure(fig: Any, path: str | Path) -> Path:
     plt.close(fig)
     os.replace(tmp, path)
     return path
+
+
+def json_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted paths where two JSON values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b), key=str):
+            out += json_diff(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return [] if a == b else [f"{prefix or '<root>'}: {a!r} -> {b!r}"]

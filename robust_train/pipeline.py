@@ -76,8 +76,7 @@ def reuse_stage(record: Path, finished: bool, inputs: dict[str, Any]) -> bool:
     """Whether the finished stage recorded in ``record`` can be reused for ``inputs``; False when the stage
     has yet to run (or to finish). Raises ``StageInputsChanged`` with the differences when the recorded
     inputs are others, or when a finished stage has no record."""
-    from resilibench.cli import json_diff
-    from resilibench.results import to_jsonable
+    from resilibench.results import json_diff, to_jsonable
 
     if record.is_file():
         previous = json.loads(record.read_text())

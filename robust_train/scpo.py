@@ -305,7 +305,7 @@ def _check_run_config(path: Path, config: dict[str, Any]) -> None:
     if path.exists():
         previous = json.loads(path.read_text()).get("config")
         if previous is not None and previous != json.loads(json.dumps(config)):
-            from resilibench.cli import json_diff
+            from resilibench.results import json_diff
 
             raise ValueError(f"{path.parent} holds a run with a different configuration "
                              f"({'; '.join(json_diff(previous, config)[:5])}); use another output directory")
