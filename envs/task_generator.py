@@ -6,8 +6,8 @@
 * ``complex_validation_pipeline`` / ``complex_network_integration``: one tool per operation of the
   type's sequence, each drawn from several candidates with similarity weights, plus an optional
   supporting step (authenticate, monitor, log, cache, notify, ...).
-* ``advanced_computation_pipeline``: one tool per operation, then the dependency path of the compute and
-  output steps (their direct prerequisites join the task), so tasks follow paths of the dependency graph.
+* ``advanced_computation_pipeline``: one tool per operation, then the dependency path of the compute step
+  (its direct prerequisites join the task), so tasks follow paths of the dependency graph.
 
 Every list is sorted by dependencies and, where possible, its set of tools differs from every one drawn
 before it (in any task type).
@@ -76,7 +76,7 @@ SUPPORT_STEPS: dict[str, tuple[str, ...]] = {
 }
 SUPPORT_PROBABILITY = 0.6
 SIMILARITY_FLOOR = 0.05  # every candidate keeps a chance, however low its similarity
-DRAW_ATTEMPTS = 1000  # redraws of a tool list that repeats an earlier one before a repeat is accepted
+DRAW_ATTEMPTS = 1000  # redraws of a tool set that repeats an earlier one before a repeat is accepted
 _TIMEOUTS = (60, 120, 300, 600)
 
 
