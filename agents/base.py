@@ -45,24 +45,31 @@ class Backend(Protocol):
 @dataclass
 class ValidatedAnswer:
     """What ``ask_until_valid`` got for one conversation: the validated value (None when no answer
-    passed), the rejection messages in order, and a backend failure message ("" when none)."""
+    passed), every raw answer and every rejection message in order, and a backend failure message ("" when
+    none)."""
 
     value: Any = None
+    raw: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     failure: str = ""
 
     @property
     def attempts(self) -> int:
-        return len(self.errors) + (self.value is not None)
+        return len(self.raw)
+
+
+RETRY_MESSAGE = "{error} Try again."
 
 
 def ask_until_valid(backend: Backend, conversations: Sequence[Sequence[Message]],
-                    validate: Callable[[int, str], Any], attempts: int, generation: GenerationConfig
+                    validate: Callable[[int, str], Any], attempts: int, generation: GenerationConfig,
+                    retry_message: str = RETRY_MESSAGE, record_backend_errors: bool = True
                     ) -> list[ValidatedAnswer]:
     """Ask every conversation until ``validate(index, answer)`` accepts an answer (returns without raising
     ValueError), at most ``attempts`` rounds. All pending conversations go to the backend in one call per
-    round; a rejected answer is sent back with the error and "Try again.". A backend error stops the
-    rounds and is recorded as each pending conversation's ``failure``."""
+    round; a rejected answer is sent back with ``retry_message`` (``{error}``: the rejection). A backend
+    error stops the rounds and is recorded as each pending conversation's ``failure``, or raised when
+    ``record_backend_errors`` is False."""
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
     chats = [list(c) for c in conversations]
@@ -74,18 +81,23 @@ def ask_until_valid(backend: Backend, conversations: Sequence[Sequence[Message]]
         try:
             answers = backend.generate([chats[i] for i in pending], generation)
             if len(answers) != len(pending):
-                raise RuntimeError(f"backend returned {len(answers)} answers for {len(pending)} conversations")
+                raise RuntimeError(f"backend {getattr(backend, 'name', '?')} returned {len(answers)} answers "
+                                   f"for {len(pending)} conversations")
         except (RuntimeError, OSError, ValueError) as exc:
+            if not record_backend_errors:
+                raise
             for i in pending:
                 results[i].failure = f"backend error: {exc}"
             break
         still = []
         for i, answer in zip(pending, answers, strict=True):
+            results[i].raw.append(answer)
             try:
                 results[i].value = validate(i, answer)
             except ValueError as exc:
                 results[i].errors.append(str(exc))
-                chats[i] += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"{exc} Try again."}]
+                chats[i] += [{"role": "assistant", "content": answer},
+                             {"role": "user", "content": retry_message.format(error=exc)}]
                 still.append(i)
         pending = still
     return results

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from resilibench.agents import breaker_prompts as bp
-from resilibench.agents.base import Backend, GenerationConfig, Message
+from resilibench.agents.base import Backend, GenerationConfig, Message, ValidatedAnswer, ask_until_valid
 from resilibench.agents.scripted import Agent
 from resilibench.envs.text_env import ResiliBenchTextEnv
 from resilibench.metrics.judge import json_objects
@@ -114,13 +114,7 @@ class AnswerError(ValueError):
     """A model answer that does not have the asked-for JSON form; the message says what is wrong."""
 
 
-@dataclass
-class Asked:
-    """The parsed value of a JSON answer (None when none was valid), every raw answer and every error."""
-
-    value: Any = None
-    raw: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+Asked = ValidatedAnswer  # the parsed value (None when none was valid), every raw answer and every error
 
 
 def one_object(text: str, key: str) -> dict[str, Any]:
@@ -136,30 +130,10 @@ def one_object(text: str, key: str) -> dict[str, Any]:
 
 def ask_json(backend: Backend, conversations: Sequence[list[Message]], parse: Callable[[str], Any],
              config: GenerationConfig, attempts: int = JSON_ATTEMPTS) -> list[Asked]:
-    """One parsed answer per conversation: all pending conversations go to ``backend`` in one call per
-    round; an answer ``parse`` rejects (AnswerError) is sent back with the error, up to ``attempts``."""
-    conversations = [list(c) for c in conversations]
-    results = [Asked() for _ in conversations]
-    pending = list(range(len(conversations)))
-    for _ in range(attempts):
-        if not pending:
-            break
-        answers = backend.generate([conversations[i] for i in pending], config)
-        if len(answers) != len(pending):
-            raise RuntimeError(f"backend {backend.name} returned {len(answers)} answers for "
-                               f"{len(pending)} prompts")
-        still = []
-        for i, answer in zip(pending, answers, strict=True):
-            results[i].raw.append(answer)
-            try:
-                results[i].value = parse(answer)
-            except AnswerError as exc:
-                results[i].errors.append(str(exc))
-                conversations[i] += [{"role": "assistant", "content": answer},
-                                     {"role": "user", "content": bp.RETRY_PROMPT.format(error=exc)}]
-                still.append(i)
-        pending = still
-    return results
+    """One parsed answer per conversation (``ask_until_valid``): an answer ``parse`` rejects is sent back
+    with the error, up to ``attempts``; backend errors propagate."""
+    return ask_until_valid(backend, conversations, lambda _, answer: parse(answer), attempts, config,
+                           retry_message=bp.RETRY_PROMPT, record_backend_errors=False)
 
 
 def _status(value: Any, where: str) -> str:
