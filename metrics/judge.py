@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from resilibench.agents.base import Backend, GenerationConfig, Message
+from resilibench.agents.base import Backend, GenerationConfig, Message, ask_until_valid
 from resilibench.metrics.workflow import Workflow
 
 MAX_SCORE = 5
@@ -198,31 +198,9 @@ class Judge:
         if tasks is not None and len(tasks) != len(pairs):
             raise ValueError(f"tasks must have one entry per pair, got {len(tasks)} for {len(pairs)} pairs")
         conversations = [judge_messages(p, r, tasks[i] if tasks else None) for i, (p, r) in enumerate(pairs)]
-        raw: list[list[str]] = [[] for _ in pairs]
-        errors: list[list[str]] = [[] for _ in pairs]
-        verdicts: list[Verdict | None] = [None] * len(pairs)
-        pending = list(range(len(pairs)))
-        for _ in range(self.attempts):
-            if not pending:
-                break
-            answers = self.backend.generate([conversations[i] for i in pending], self.generation)
-            if len(answers) != len(pending):
-                raise RuntimeError(f"backend {self.settings['backend']} returned {len(answers)} answers for "
-                                   f"{len(pending)} conversations")
-            still = []
-            for i, answer in zip(pending, answers, strict=True):
-                raw[i].append(answer)
-                try:
-                    verdict = parse_verdict(answer)
-                except VerdictError as exc:
-                    errors[i].append(str(exc))
-                    conversations[i] = [*conversations[i], {"role": "assistant", "content": answer},
-                                        {"role": "user", "content": RETRY_PROMPT.format(error=exc)}]
-                    still.append(i)
-                    continue
-                verdicts[i] = Verdict(verdict.score, verdict.reason, verdict.initial_score, verdict.self_check,
-                                      tuple(raw[i]), tuple(errors[i]))
-            pending = still
-        for i in pending:
-            verdicts[i] = Verdict(None, None, raw=tuple(raw[i]), errors=tuple(errors[i]))
-        return [v for v in verdicts if v is not None]
+        answers = ask_until_valid(self.backend, conversations, lambda _, answer: parse_verdict(answer),
+                                  self.attempts, self.generation, retry_message=RETRY_PROMPT,
+                                  record_backend_errors=False)
+        return [Verdict(got.value.score, got.value.reason, got.value.initial_score, got.value.self_check,
+                        tuple(got.raw), tuple(got.errors)) if got.value is not None
+                else Verdict(None, None, raw=tuple(got.raw), errors=tuple(got.errors)) for got in answers]
