@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resilibench.agents.base import Backend, GenerationConfig, Message, ask_until_valid, extract_answer
-from resilibench.envs.registry import ToolRegistry, default_registry
-from resilibench.envs.task_generator import named_tools
+from resilibench.envs.registry import ToolRegistry, default_registry, named_tools
 from resilibench.envs.tasks import Task
 
 SYSTEM_PROMPT = (

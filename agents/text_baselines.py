@@ -23,8 +23,7 @@ from collections.abc import Sequence
 
 from resilibench.agents.base import Message
 from resilibench.agents.scripted import COMPLETION_MESSAGE, Batch, call_message
-from resilibench.envs.registry import ToolRegistry, default_registry
-from resilibench.envs.task_generator import named_tools
+from resilibench.envs.registry import ToolRegistry, default_registry, named_tools
 from resilibench.envs.text_env import MAX_REQUESTS
 from resilibench.envs.toolbox import UnknownToolError, resolve_tool
 

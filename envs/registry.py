@@ -8,6 +8,7 @@ the bounds and every front end read it from here and nowhere else.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from functools import cache, cached_property
 from typing import Any
@@ -427,3 +428,15 @@ class ToolRegistry:
 def default_registry() -> ToolRegistry:
     """The registry every front end shares."""
     return ToolRegistry(_build())
+
+
+@cache
+def _tool_name_pattern(registry: ToolRegistry) -> re.Pattern[str]:
+    names = {n for t in registry.tools for n in (t.name, *t.aliases)}
+    words = sorted({w for n in names for w in (n, n.replace("_", " "), n.replace("_", "-"))}, key=len, reverse=True)
+    return re.compile(r"(?<![a-z])(" + "|".join(re.escape(w) for w in words) + r")(?![a-z])", re.IGNORECASE)
+
+
+def named_tools(text: str, registry: ToolRegistry | None = None) -> list[str]:
+    """Tool names, aliases or names written with spaces or hyphens that occur in ``text``."""
+    return [m.group(1) for m in _tool_name_pattern(registry or default_registry()).finditer(text)]

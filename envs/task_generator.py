@@ -18,9 +18,7 @@ required-tool list of the test split occurs in train or validation. Same seed an
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -195,18 +193,6 @@ def describe(task_type: str, tools: Sequence[str], slots: dict[str, str], rng: n
     text += ("\n" if steps.startswith("Steps:") else " ") + steps
     closing = _pick(phrases.CLOSINGS, rng)
     return text + ("\n" if steps.startswith("Steps:") else " ") + closing if closing else text
-
-
-@cache
-def _tool_name_pattern(registry: ToolRegistry) -> re.Pattern[str]:
-    names = {n for t in registry.tools for n in (t.name, *t.aliases)}
-    words = sorted({w for n in names for w in (n, n.replace("_", " "), n.replace("_", "-"))}, key=len, reverse=True)
-    return re.compile(r"(?<![a-z])(" + "|".join(re.escape(w) for w in words) + r")(?![a-z])", re.IGNORECASE)
-
-
-def named_tools(text: str, registry: ToolRegistry | None = None) -> list[str]:
-    """Tool names, aliases or names written with spaces or hyphens that occur in ``text``."""
-    return [m.group(1) for m in _tool_name_pattern(registry or default_registry()).finditer(text)]
 
 
 # --- inputs, outputs, splits --------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
+from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry, named_tools
 
 GENERATOR_VERSION = "1"  # world v0's generator
 WORLDS = ("v0", "v1")
@@ -263,8 +263,6 @@ def get_task(task_id: str, tasks: Sequence[Task] | None = None, world: str = DEF
 def library_stats(tasks: Sequence[Task], registry: ToolRegistry | None = None) -> dict[str, Any]:
     """What a library holds: counts by type, complexity and split; distinct required-tool lists; how
     many tasks require each tool; descriptions naming a tool; test lists also found in train/validation."""
-    from resilibench.envs.task_generator import named_tools
-
     registry = registry or default_registry()
 
     def count(key) -> dict[str, int]:

@@ -89,8 +89,7 @@ def generate_answers(backend: Backend, records: Sequence[ClusterRecord], fmt: Ge
 def named_chain(text: str) -> Workflow | None:
     """The tools ``text`` names (names or aliases, any case, with spaces or hyphens for underscores) as a
     chain in the order named; None when it names none."""
-    from resilibench.envs.registry import default_registry
-    from resilibench.envs.task_generator import named_tools
+    from resilibench.envs.registry import default_registry, named_tools
 
     registry = default_registry()
     tools = [registry.names[registry.id_of(re.sub(r"[\s-]+", "_", name.lower()))] for name in named_tools(text)]

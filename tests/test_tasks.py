@@ -10,8 +10,8 @@ import pytest
 
 from helpers import ScriptedBackend
 from resilibench.agents.task_enhancer import TaskEnhancer, description_literals, description_problem
-from resilibench.envs.registry import default_registry
-from resilibench.envs.task_generator import generate_tasks, named_tools
+from resilibench.envs.registry import default_registry, named_tools
+from resilibench.envs.task_generator import generate_tasks
 from resilibench.envs.tasks import (
     WORLDS,
     EmbeddingMatcher,
