@@ -6,22 +6,22 @@ Each id's version suffix is its world: ``-v1`` (the default world: the v1 task l
 
 import gymnasium as gym
 
-WORLD_IDS = {"v0": "v0", "v1": "v1"}  # env id suffix -> world
+WORLDS = ("v0", "v1")  # as resilibench.envs.tasks.WORLDS (not imported: registration stays light)
 
 
 def register_envs() -> None:
     """Register every ResiliBench env id with Gymnasium (idempotent)."""
-    for suffix, world in WORLD_IDS.items():
-        if f"ResiliBench-{suffix}" not in gym.registry:
+    for world in WORLDS:
+        if f"ResiliBench-{world}" not in gym.registry:
             gym.register(
-                id=f"ResiliBench-{suffix}",
+                id=f"ResiliBench-{world}",
                 entry_point="resilibench.envs.planner_env:ResiliBenchEnv",
                 vector_entry_point="resilibench.envs.planner_vector_env:ResiliBenchVectorEnv",
                 kwargs={"world": world},
             )
-        if f"ResiliBenchText-{suffix}" not in gym.registry:
-            gym.register(id=f"ResiliBenchText-{suffix}", entry_point="resilibench.envs.text_env:ResiliBenchTextEnv",
+        if f"ResiliBenchText-{world}" not in gym.registry:
+            gym.register(id=f"ResiliBenchText-{world}", entry_point="resilibench.envs.text_env:ResiliBenchTextEnv",
                          kwargs={"world": world})
-        if f"WorkflowGen-{suffix}" not in gym.registry:
-            gym.register(id=f"WorkflowGen-{suffix}", entry_point="resilibench.envs.workflowgen_env:WorkflowGenEnv",
+        if f"WorkflowGen-{world}" not in gym.registry:
+            gym.register(id=f"WorkflowGen-{world}", entry_point="resilibench.envs.workflowgen_env:WorkflowGenEnv",
                          kwargs={"world": world})

@@ -204,3 +204,9 @@ def test_description_problem_rules():
                                                           "https://h.example.org/x/0001")
     assert "JSON" in description_problem(original, "Load data/x_0001.csv and send it to https://h.example.org/x/0001.")
     assert "empty" in description_problem(original, "  ")
+
+
+def test_registration_knows_every_world():
+    from resilibench import registration
+
+    assert registration.WORLDS == WORLDS
