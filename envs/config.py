@@ -1,10 +1,17 @@
-"""Every constant of the world as frozen configuration; defaults are the paper's values.
+"""Every constant of the world as frozen configuration, and the settings machinery all configs share.
 
-Configs load from YAML or JSON (``load_config``), and ``to_dict`` writes them into results files. Every
-section checks its fields when it is built, whichever way (file, ``WorldConfig.replace``, code): the type
-from the field's annotation (lists become tuples of the annotated shape, integers become floats where a
-float is expected; booleans must be booleans, numbers finite, strings non-empty), then the ranges and
-choices of ``RANGES`` and ``CHOICES``. A bad value raises ``ValueError`` naming ``section.field``.
+Each settings object (the world's sections here, PPO training, ...) is a dataclass deriving from ``Settings``
+whose fields are declared with ``setting(default, help=..., bounds=..., choices=...)``: the field's type,
+range, accepted values and help text live on the field, once. ``Settings.__post_init__`` checks every field
+when the object is built, whichever way (``from_dict`` of a file, ``WorldConfig.replace``, code, the command
+line): the type from the annotation (lists become tuples of the annotated shape, integers become floats
+where a float is expected; booleans must be booleans, numbers finite, strings non-empty; ``X | None``
+accepts null), then the range and the choices. A bad value or an unknown key raises ``ConfigError`` (a
+``ValueError``) naming the field by its dotted name, e.g. ``rules.turn_limit``. The command line builds its
+options from the same metadata (``resilibench.cli_options``).
+
+World configs load from YAML or JSON (``load_config``), and ``to_dict`` writes them into results files;
+defaults are the paper's values.
 """
 
 from __future__ import annotations
@@ -12,59 +19,76 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-T = TypeVar("T")
+T = TypeVar("T", bound="Settings")
 
 # The largest turn limit: an episode draws its random stream for every turn up front (the batched env holds
 # num_envs x turn_limit draws), and no task can use more than 30 tools x (1 + max_retries) calls.
 MAX_TURN_LIMIT = 1000
-_UNIT = (0, 1)
-_AT_LEAST_ONE = (1, None)
-# Ranges (low, high; None = open) of numbers by "section.field"; for a field of pairs, one range per place.
-# The range applies to every number the field holds (mapping values, list items).
-RANGES: dict[str, Any] = {
-    "failure.base_success": _UNIT,
-    "failure.uncalled_dependency_factor": _UNIT,
-    "failure.failed_dependency_factor": _UNIT,
-    "failure.failure_history_factor": _UNIT,
-    "training.base_by_success_rate": ((0, None), _UNIT),
-    "training.dependency_factor": _UNIT,
-    "training.retry_factor": _UNIT,
-    "training.semantic_factor_range": (0, None),
-    "rules.turn_limit": (1, MAX_TURN_LIMIT),
-    "rules.max_consecutive_failures": _AT_LEAST_ONE,
-    "rules.max_same_tool_failures": _AT_LEAST_ONE,
-    "evaluator.min_coverage": _UNIT,
-    "evaluator.partial_conditions_needed": (1, 4),  # of the 4 conditions of SPEC 4
-    "reward.adapt_threshold": _UNIT,
-    "reward.error_penalty_by_success_rate": ((0, None), (None, None)),
-    "reward.success_rate_window": _AT_LEAST_ONE,
-    "reward.scale": (0, None),
-}
-REASONS = {"rules.turn_limit": "an episode draws its random stream for every turn up front"}
-CHOICES = {"rules.profile": ("test", "training"), "evaluator.partial_rule": ("v0", "v1")}
+UNIT = (0, 1)  # bounds of a probability
+AT_LEAST_ONE = (1, None)
 
 
-class _Section:
-    """Base of the config sections: ``__post_init__`` checks every field (see the module docstring)."""
+class ConfigError(ValueError):
+    """A setting with a bad value, or an unknown one; ``field`` is its dotted name (``rules.turn_limit``)."""
 
-    section: ClassVar[str]  # the section's name in WorldConfig and in error messages
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def setting(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, help: str = "",
+            bounds: tuple | None = None, above: float | None = None, choices: tuple | None = None,
+            reason: str = "", flag: str | None = None, metavar: str | None = None) -> Any:
+    """A dataclass field with what checks it and documents it.
+
+    ``bounds``: (low, high) of every number the field holds, inclusive, None = open; for a field of pairs,
+    one (low, high) per place. ``above``: an exclusive lower bound. ``choices``: the accepted values (of
+    each item, for a tuple). ``reason``: why the bounds are what they are (shown in the error). ``flag`` and
+    ``metavar``: the command-line option's name (default ``--field-name``) and placeholder."""
+    metadata = {"help": help, "bounds": bounds, "above": above, "choices": choices, "reason": reason,
+                "flag": flag, "metavar": metavar}
+    return dataclasses.field(default=default, default_factory=factory, metadata=metadata)
+
+
+class Settings:
+    """Base of every settings dataclass: ``__post_init__`` checks every field (see the module docstring)."""
+
+    section: ClassVar[str] = ""  # the prefix of its fields' names in error messages ("" at the top level)
 
     def __post_init__(self) -> None:
-        hints = _hints(type(self))
+        hints = type_hints(type(self))
         for item in dataclasses.fields(self):  # type: ignore[arg-type]
-            name = f"{self.section}.{item.name}"
-            object.__setattr__(self, item.name, check_value(getattr(self, item.name), hints[item.name], name))
+            value = check_value(getattr(self, item.name), hints[item.name], field_name(type(self), item.name),
+                                item.metadata)
+            object.__setattr__(self, item.name, value)
+
+
+def field_name(cls: type, name: str) -> str:
+    """The dotted name of field ``name`` of ``cls`` in messages."""
+    section = getattr(cls, "section", "")
+    return f"{section}.{name}" if section else name
 
 
 @cache
-def _hints(cls: type) -> dict[str, Any]:
+def type_hints(cls: type) -> dict[str, Any]:
+    """The resolved annotations of a dataclass (strings under ``from __future__ import annotations``)."""
     return typing.get_type_hints(cls)
+
+
+def without_none(hint: Any) -> tuple[Any, bool]:
+    """(the type, whether None is accepted) of ``X | None``; ``(hint, False)`` for any other type."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(hint)) == 2:
+            return args[0], True
+    return hint, False
 
 
 class _Mismatch(Exception):
@@ -73,6 +97,9 @@ class _Mismatch(Exception):
 
 def _describe(hint: Any) -> str:
     """What a value of type ``hint`` is, in words: 'a finite number', 'a list of 2 finite numbers'..."""
+    inner, optional = without_none(hint)
+    if optional:
+        return f"{_describe(inner)} or null"
     args = typing.get_args(hint)
     if typing.get_origin(hint) is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
@@ -82,7 +109,8 @@ def _describe(hint: Any) -> str:
         return f"a list of ({', '.join(_describe(a) for a in args)})"
     if typing.get_origin(hint) is dict:
         return f"a mapping of names to {_plural(args[1])}"
-    return {bool: "true or false", int: "an integer", float: "a finite number", str: "a non-empty string"}[hint]
+    return {bool: "true or false", int: "an integer", float: "a finite number", str: "a non-empty string",
+            Any: "a value"}[hint]
 
 
 def _plural(hint: Any) -> str:
@@ -94,7 +122,12 @@ def _plural(hint: Any) -> str:
 
 def _conform(value: Any, hint: Any) -> Any:
     """``value`` as type ``hint`` (lists to tuples, integers to floats), or ``_Mismatch``."""
+    inner, optional = without_none(hint)
+    if optional:
+        return None if value is None else _conform(value, inner)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise _Mismatch
@@ -118,25 +151,43 @@ def _conform(value: Any, hint: Any) -> Any:
     raise _Mismatch
 
 
-def check_value(value: Any, hint: Any, name: str) -> Any:
-    """``value`` checked and converted for the field ``name`` of type ``hint``: the type, then
-    ``RANGES[name]`` and ``CHOICES[name]``; ``ValueError`` naming the field and what it accepts."""
+def check_value(value: Any, hint: Any, name: str, meta: typing.Mapping[str, Any]) -> Any:
+    """``value`` checked and converted for the field ``name`` of type ``hint`` with the metadata ``meta`` of
+    ``setting``: the type, the bounds, the choices; ``ConfigError`` naming the field and what it accepts."""
     try:
         value = _conform(value, hint)
     except _Mismatch:
-        raise ValueError(f"{name} must be {_describe(hint)}, got {_short(value)}") from None
-    bounds = RANGES.get(name)
-    bad = _outside(value, bounds) if bounds is not None else None
+        raise ConfigError(name, f"{name} must be {_describe(hint)}, got {_short(value)}") from None
+    if value is None:
+        return value
+    each = ", each" if isinstance(value, tuple | dict) else ""
+    reason = f" ({meta['reason']})" if meta.get("reason") else ""
+    bad = _outside(value, meta["bounds"]) if meta.get("bounds") is not None else None
     if bad is not None:
         number, (low, high) = bad
         accepted = (f"in [{low}, {high}]" if low is not None and high is not None
                     else f">= {low}" if low is not None else f"<= {high}")
-        each = ", each" if isinstance(value, tuple | dict) else ""
-        reason = f" ({REASONS[name]})" if name in REASONS else ""
-        raise ValueError(f"{name} must be {_describe(hint)}{each} {accepted}{reason}, got {_short(number)}")
-    if name in CHOICES and value not in CHOICES[name]:
-        raise ValueError(f"{name} must be one of {CHOICES[name]}, got {_short(value)}")
+        raise ConfigError(name, f"{name} must be {_describe(hint)}{each} {accepted}{reason}, got {_short(number)}")
+    above = meta.get("above")
+    if above is not None:
+        low = next((v for v in _numbers(value) if v <= above), None)
+        if low is not None:
+            raise ConfigError(name, f"{name} must be {_describe(hint)}{each} > {above}{reason}, got {_short(low)}")
+    choices = meta.get("choices")
+    if choices is not None:
+        wrong = [v for v in (value if isinstance(value, tuple) else (value,)) if v not in choices]
+        if wrong:
+            raise ConfigError(name, f"{name} must be one of {tuple(choices)}{each}, got {_short(wrong[0])}")
     return value
+
+
+def _numbers(value: Any) -> list[Any]:
+    """Every number ``value`` holds (itself, list items, mapping values)."""
+    if isinstance(value, dict):
+        value = tuple(value.values())
+    if isinstance(value, tuple):
+        return [n for v in value for n in _numbers(v)]
+    return [value] if isinstance(value, int | float) and not isinstance(value, bool) else []
 
 
 def _outside(value: Any, bounds: Any) -> tuple[Any, tuple] | None:
@@ -163,26 +214,29 @@ def _short(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class FailureModel(_Section):
-    """SPEC 2: p = base * uncalled**N_u * failed**N_f * history**N_h."""
+class FailureModel(Settings):
+    """Test profile: p = base * uncalled**N_u * failed**N_f * history**N_h (docs/envs.md, the rules)."""
 
     section = "failure"
 
-    base_success: float = 0.8
-    uncalled_dependency_factor: float = 0.5
-    failed_dependency_factor: float = 0.7
-    failure_history_factor: float = 0.9
+    base_success: float = setting(0.8, bounds=UNIT, help="success probability of a call with no penalty")
+    uncalled_dependency_factor: float = setting(0.5, bounds=UNIT, help="factor per dependency not yet called")
+    failed_dependency_factor: float = setting(0.7, bounds=UNIT, help="factor per dependency whose last call failed")
+    failure_history_factor: float = setting(0.9, bounds=UNIT, help="factor per earlier failure of this tool")
 
 
 @dataclass(frozen=True)
-class TrainingDynamics(_Section):
+class TrainingDynamics(Settings):
     """Paper D.4: the optional training profile (base rate set by the running success rate)."""
 
     section = "training"
-    base_by_success_rate: tuple[tuple[float, float], ...] = ((0.1, 0.95), (0.3, 0.90), (1.01, 0.85))
-    dependency_factor: float = 0.8
-    retry_factor: float = 0.95
-    semantic_factor_range: tuple[float, float] = (1.0, 1.3)
+    base_by_success_rate: tuple[tuple[float, float], ...] = setting(
+        ((0.1, 0.95), (0.3, 0.90), (1.01, 0.85)), bounds=((0, None), UNIT),
+        help="(success rate below, base success) steps, in order")
+    dependency_factor: float = setting(0.8, bounds=UNIT, help="factor per missing dependency")
+    retry_factor: float = setting(0.95, bounds=UNIT, help="factor per retry of the same tool")
+    semantic_factor_range: tuple[float, float] = setting((1.0, 1.3), bounds=(0, None),
+                                                         help="range of the semantic-match factor")
 
     def base_success(self, success_rate: float) -> float:
         for upper, base in self.base_by_success_rate:
@@ -192,49 +246,49 @@ class TrainingDynamics(_Section):
 
 
 @dataclass(frozen=True)
-class EpisodeRules(_Section):
-    """SPEC 2b: one rule set for every front end."""
+class EpisodeRules(Settings):
+    """How an episode runs and ends: one rule set for every front end (docs/envs.md, the rules)."""
 
     section = "rules"
-    turn_limit: int = 10
-    max_consecutive_failures: int = 5
-    max_same_tool_failures: int = 3
-    strict_dependencies: bool = False
-    profile: str = "test"  # "test" (SPEC 2 formula) or "training" (paper D.4)
+    turn_limit: int = setting(10, bounds=(1, MAX_TURN_LIMIT), help="tool calls per episode",
+                              reason="an episode draws its random stream for every turn up front")
+    max_consecutive_failures: int = setting(5, bounds=AT_LEAST_ONE, help="failures in a row that end an episode")
+    max_same_tool_failures: int = setting(3, bounds=AT_LEAST_ONE,
+                                          help="failures in a row of one tool that end an episode")
+    strict_dependencies: bool = setting(False, help="a call whose dependencies have not succeeded fails")
+    profile: str = setting("test", choices=("test", "training"),
+                           help="failure profile: test (the failure model) or training (paper D.4)")
 
 
 @dataclass(frozen=True)
-class EvaluatorConfig(_Section):
-    """SPEC 4: thresholds of the success levels."""
+class EvaluatorConfig(Settings):
+    """Thresholds of the success levels (docs/envs.md, grading)."""
 
     section = "evaluator"
-    min_coverage: dict[str, float] = field(
-        default_factory=lambda: {
+    min_coverage: dict[str, float] = setting(
+        factory=lambda: {
             "basic_file_processing": 0.5,
             "simple_data_transformation": 0.5,
             "complex_validation_pipeline": 0.6,
             "complex_network_integration": 0.6,
             "advanced_computation_pipeline": 0.6,
-        }
-    )
-    partial_conditions_needed: int = 2
-    partial_rule: str = "v1"  # "v1": partial success needs real progress; "v0": any two conditions
-    completion_phrases: tuple[str, ...] = (
-        "task completed",
-        "task complete",
-        "task is complete",
-        "finished executing",
-        "all steps completed",
-        "workflow completed",
-    )
+        },
+        bounds=UNIT, help="share of the required tools called, by task type, for partial success")
+    partial_conditions_needed: int = setting(2, bounds=(1, 4), help="of the 4 conditions of partial success")
+    partial_rule: str = setting("v1", choices=("v0", "v1"),
+                                help="v1: partial success needs real progress; v0: any two conditions")
+    completion_phrases: tuple[str, ...] = setting(
+        ("task completed", "task complete", "task is complete", "finished executing", "all steps completed",
+         "workflow completed"),
+        help="phrases by which an agent says it is done")
 
 
 @dataclass(frozen=True)
-class ShapedReward(_Section):
+class ShapedReward(Settings):
     """Paper D.3: weights of the two-phase (coverage, sequence) shaped reward."""
 
     section = "reward"
-    adapt_threshold: float = 0.3
+    adapt_threshold: float = setting(0.3, bounds=UNIT, help="success rate where the sequence phase starts")
     attempt: float = 3.0
     novel: float = 30.0
     required_success: float = 50.0
@@ -244,28 +298,36 @@ class ShapedReward(_Section):
     order_misplaced: float = -5.0
     step_efficiency: float = 10.0
     error_free: float = 10.0
-    error_penalty_by_success_rate: tuple[tuple[float, float], ...] = ((0.1, 0.0), (0.3, -2.0), (1.01, -5.0))
+    error_penalty_by_success_rate: tuple[tuple[float, float], ...] = setting(
+        ((0.1, 0.0), (0.3, -2.0), (1.01, -5.0)), bounds=((0, None), (None, None)),
+        help="(success rate below, penalty per error) steps, in order")
     repetition_coverage: float = 1.0
     repetition_sequence: float = 5.0
     terminal_coverage: tuple[float, float] = (150.0, 50.0)
     terminal_sequence: tuple[float, float] = (100.0, 50.0)
     terminal_failure: float = 50.0
-    success_rate_window: int = 100
-    scale: float = 1.0
+    success_rate_window: int = setting(100, bounds=AT_LEAST_ONE, help="episodes of the running success rate")
+    scale: float = setting(1.0, bounds=(0, None), help="factor on every reward")
 
 
 WORLD_PARTIAL_RULES = {"v0": "v0", "v1": "v1"}  # each world's evaluator rule for partial success
 
 
 @dataclass(frozen=True)
-class WorldConfig:
+class WorldConfig(Settings):
     """The whole world: failure model, episode rules, evaluator, rewards."""
 
-    failure: FailureModel = field(default_factory=FailureModel)
-    training: TrainingDynamics = field(default_factory=TrainingDynamics)
-    rules: EpisodeRules = field(default_factory=EpisodeRules)
-    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
-    reward: ShapedReward = field(default_factory=ShapedReward)
+    failure: FailureModel = setting(factory=FailureModel)
+    training: TrainingDynamics = setting(factory=TrainingDynamics)
+    rules: EpisodeRules = setting(factory=EpisodeRules)
+    evaluator: EvaluatorConfig = setting(factory=EvaluatorConfig)
+    reward: ShapedReward = setting(factory=ShapedReward)
+
+    def __post_init__(self) -> None:
+        for item in dataclasses.fields(self):
+            if not isinstance(getattr(self, item.name), type_hints(WorldConfig)[item.name]):
+                raise ConfigError(item.name, f"{item.name} must be a mapping of fields, got "
+                                  f"{_short(getattr(self, item.name))}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -274,41 +336,39 @@ class WorldConfig:
     def for_world(cls, world: str = "v1") -> WorldConfig:
         """The default configuration of a world: v1, or v0 (whose evaluator used the v0 partial rule)."""
         if world not in WORLD_PARTIAL_RULES:
-            raise ValueError(f"world must be one of {tuple(WORLD_PARTIAL_RULES)}, got {world!r}")
+            raise ConfigError("world", f"world must be one of {tuple(WORLD_PARTIAL_RULES)}, got {world!r}")
         return cls(evaluator=EvaluatorConfig(partial_rule=WORLD_PARTIAL_RULES[world]))
 
     def replace(self, **sections: Any) -> WorldConfig:
         """A copy with whole sections or single fields replaced, e.g. ``rules={"turn_limit": 12}``."""
-        updates = {}
-        for name, value in sections.items():
-            current = getattr(self, name)
-            updates[name] = _from_dict(type(current), value, base=current) if isinstance(value, dict) else value
-        return dataclasses.replace(self, **updates)
+        return from_dict(WorldConfig, sections, base=self)
 
 
-def _from_dict(cls: type[T], data: dict[str, Any], base: T | None = None) -> T:
-    """Build a config dataclass from a dict, naming unknown keys and recursing into sections (a null
-    section keeps its defaults); the sections check their values when built."""
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(known))
+def from_dict(cls: type[T], data: dict[str, Any], base: T | None = None) -> T:
+    """A settings dataclass from a dict (over ``base``, else the defaults): unknown keys are refused naming
+    the accepted ones, nested settings are read from mappings (a null one keeps its defaults), and the
+    objects check their values when built. ``ConfigError`` names the field."""
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; accepted: {sorted(known)}")
-    base = base if base is not None else cls()
+        name = field_name(cls, unknown[0])
+        raise ConfigError(name, f"unknown {cls.__name__} field(s) {unknown}; accepted: {sorted(known)}")
+    current = base if base is not None else cls()
     kwargs = {}
     for key, value in data.items():
-        current = getattr(base, key)
-        if dataclasses.is_dataclass(current):
+        inner = getattr(current, key)
+        if isinstance(inner, Settings) and not isinstance(value, Settings):
             if value is not None and not isinstance(value, dict):
-                raise ValueError(f"{key} must be a mapping of fields, got {_short(value)}")
-            kwargs[key] = _from_dict(type(current), value or {}, base=current)
+                raise ConfigError(key, f"{key} must be a mapping of fields, got {_short(value)}")
+            kwargs[key] = from_dict(type(inner), value or {}, base=inner)
         else:
             kwargs[key] = value
-    return dataclasses.replace(base, **kwargs)
+    return dataclasses.replace(current, **kwargs)  # type: ignore[type-var]
 
 
 def load_config(path: str | Path | None = None, world: str = "v1") -> WorldConfig:
     """Load a WorldConfig from YAML (.yaml/.yml) or JSON (.json); missing fields keep the defaults of
-    ``world``. Problems with the file raise FileNotFoundError or ValueError naming the file and the field."""
+    ``world``. A missing file raises FileNotFoundError; a bad one, ConfigError naming the file or field."""
     base = WorldConfig.for_world(world)
     if path is None:
         return base
@@ -317,7 +377,8 @@ def load_config(path: str | Path | None = None, world: str = "v1") -> WorldConfi
         raise FileNotFoundError(f"config file {path} does not exist")
     suffix = path.suffix.lower()
     if suffix not in (".yaml", ".yml", ".json"):
-        raise ValueError(f"config file {path} must end in .yaml, .yml or .json, got {suffix or 'no suffix'!r}")
+        raise ConfigError("path", f"config file {path} must end in .yaml, .yml or .json, got "
+                          f"{suffix or 'no suffix'!r}")
     text = path.read_text(encoding="utf-8")
     try:
         if suffix == ".json":
@@ -328,8 +389,9 @@ def load_config(path: str | Path | None = None, world: str = "v1") -> WorldConfi
             data = yaml.safe_load(text) or {}
     except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"cannot parse config file {path}: {first}") from None
+        raise ConfigError("path", f"cannot parse config file {path}: {first}") from None
     if not isinstance(data, dict):
         sections = sorted(f.name for f in dataclasses.fields(WorldConfig))
-        raise ValueError(f"config file {path} must hold a mapping of sections {sections}, got {type(data).__name__}")
-    return _from_dict(WorldConfig, data, base=base)
+        raise ConfigError("path", f"config file {path} must hold a mapping of sections {sections}, got "
+                          f"{type(data).__name__}")
+    return from_dict(WorldConfig, data, base=base)

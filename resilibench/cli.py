@@ -663,12 +663,12 @@ def build_parser() -> argparse.ArgumentParser:
                           help="descriptions sent to the backend at once (default 32)")
     generate.set_defaults(func=cmd_tasks_generate)
 
-    library = argparse.ArgumentParser(add_help=False)
+    library = Parser(add_help=False)
     library.add_argument("--tasks", metavar="FILE", help="task library JSONL(.gz) (default: the world's shipped one)")
     library.add_argument("--world", choices=WORLDS, default=DEFAULT_WORLD,
                          help=f"the world: its shipped task library and grading rules (default {DEFAULT_WORLD}; "
                          "v0 reproduces earlier figures)")
-    world = argparse.ArgumentParser(add_help=False)
+    world = Parser(add_help=False)
     world.add_argument("--config", metavar="FILE", help="WorldConfig as YAML or JSON (default: paper values)")
 
     show = task_commands.add_parser("show", parents=[library, world],
