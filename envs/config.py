@@ -160,6 +160,7 @@ def check_value(value: Any, hint: Any, name: str, meta: typing.Mapping[str, Any]
         raise ConfigError(name, f"{name} must be {_describe(hint)}, got {_short(value)}") from None
     if value is None:
         return value
+    what = _describe(without_none(hint)[0])
     each = ", each" if isinstance(value, tuple | dict) else ""
     reason = f" ({meta['reason']})" if meta.get("reason") else ""
     bad = _outside(value, meta["bounds"]) if meta.get("bounds") is not None else None
@@ -167,17 +168,18 @@ def check_value(value: Any, hint: Any, name: str, meta: typing.Mapping[str, Any]
         number, (low, high) = bad
         accepted = (f"in [{low}, {high}]" if low is not None and high is not None
                     else f">= {low}" if low is not None else f"<= {high}")
-        raise ConfigError(name, f"{name} must be {_describe(hint)}{each} {accepted}{reason}, got {_short(number)}")
+        raise ConfigError(name, f"{name} must be {what}{each} {accepted}{reason}, got {_short(number)}")
     above = meta.get("above")
     if above is not None:
         low = next((v for v in _numbers(value) if v <= above), None)
         if low is not None:
-            raise ConfigError(name, f"{name} must be {_describe(hint)}{each} > {above}{reason}, got {_short(low)}")
+            raise ConfigError(name, f"{name} must be {what}{each} > {above}{reason}, got {_short(low)}")
     choices = meta.get("choices")
     if choices is not None:
         wrong = [v for v in (value if isinstance(value, tuple) else (value,)) if v not in choices]
         if wrong:
-            raise ConfigError(name, f"{name} must be one of {tuple(choices)}{each}, got {_short(wrong[0])}")
+            raise ConfigError(name, f"{name} must be one of {tuple(choices)}{each and ' (each)'}, got "
+                              f"{_short(wrong[0])}")
     return value
 
 

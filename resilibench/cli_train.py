@@ -27,19 +27,19 @@ from resilibench.cli import (
     format_table,
     load_library,
     load_world_config,
-    nonnegative_float,
     nonnegative_int,
-    positive_float,
     positive_int,
     progress_bar,
     select_tasks,
 )
+from resilibench.cli_options import add_options, option_values
+from resilibench.envs.config import ConfigError
 
-# Kept in step with resilibench.policies.ppo (not imported here, so `resilibench --help` stays fast).
-SPLITS = ("train", "validation", "test")
-REWARDS = ("sparse", "shaped")
-ENCODERS = ("transformer", "mlp")
-DEFAULT_TIME_BUDGET_MIN = 20.0
+# PPOTrainConfig fields that `train ppo` has options for (built from the fields); --set reaches the others.
+TRAIN_OPTIONS = ("task_types", "split", "reward", "curriculum", "encoder", "features", "iterations", "time_budget_min",
+                 "num_env_runners", "num_envs_per_env_runner", "num_learners", "num_gpus_per_learner", "seed",
+                 "checkpoint_every")
+DEFAULT_TIME_BUDGET_MIN = 20.0  # when neither --iterations nor --time-budget is given
 
 
 def _assignment(text: str) -> tuple[str, Any]:
@@ -65,16 +65,10 @@ def _train_config(args: argparse.Namespace):
         if key not in fields:
             raise CliError(f"--set {key}: unknown hyperparameter; accepted: {', '.join(sorted(fields))}")
         values[key] = value
-    flags = {
-        "task_types": dedupe(args.task_type) if args.task_type else None, "split": args.split,
-        "tasks_path": args.tasks, "reward": args.reward, "curriculum": args.curriculum, "encoder": args.encoder,
-        "features": args.features,
-        "iterations": args.iterations, "time_budget_min": args.time_budget, "num_env_runners": args.num_env_runners,
-        "num_envs_per_env_runner": args.num_envs_per_env_runner, "num_learners": args.num_learners,
-        "num_gpus_per_learner": args.num_gpus_per_learner, "seed": args.seed,
-        "checkpoint_every": args.checkpoint_every,
-    }
-    values.update({k: v for k, v in flags.items() if v is not None})
+    flags = option_values(args, PPOTrainConfig, TRAIN_OPTIONS)
+    if args.tasks is not None:
+        flags["tasks_path"] = args.tasks
+    values.update(flags)
     if values.get("iterations") is None and values.get("time_budget_min") is None:
         values["time_budget_min"] = DEFAULT_TIME_BUDGET_MIN
     from resilibench.envs.tasks import DEFAULT_WORLD, default_library_path
@@ -87,7 +81,7 @@ def _train_config(args: argparse.Namespace):
         raise CliError(f"--tasks: {args.tasks} does not exist (generate one with `resilibench tasks generate`)")
     try:
         return PPOTrainConfig(**values)
-    except (TypeError, ValueError) as exc:
+    except ConfigError as exc:
         raise CliError(f"train ppo: {exc}") from None
 
 
@@ -209,38 +203,20 @@ def _export_workflows(planner, tasks, config, path: Path, run_config: dict[str, 
 
 def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
     """Add `train ppo` and `eval-policy` to the ``resilibench`` parser."""
-    from resilibench.envs.observation import OBSERVATION_FEATURES
     from resilibench.envs.tasks import TASK_TYPE_NAMES
+    from resilibench.policies.ppo.training import PPOTrainConfig
 
     type_help = f"repeatable (default all); one of {', '.join(TASK_TYPE_NAMES)}"
     train = commands.add_parser("train", help="train planners (RLlib PPO)")
     algorithms = train.add_subparsers(dest="train_command", metavar="ALGO", required=True, parser_class=Parser)
     ppo = algorithms.add_parser(
         "ppo", parents=[parents["library"], parents["world"]],
-        help="train a PPO planner on ResiliBench-v0 (local Ray by default, --address for a cluster)")
-    ppo.add_argument("--task-type", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE", help=type_help)
-    ppo.add_argument("--split", choices=SPLITS, help="tasks to train on (default train)")
-    ppo.add_argument("--reward", choices=REWARDS, help="sparse (default): 1 on full success; shaped: paper D.3")
-    ppo.add_argument("--curriculum", action=argparse.BooleanOptionalAction, default=None,
-                     help="the five-stage curriculum of paper D.4.2 (default on)")
-    ppo.add_argument("--encoder", choices=ENCODERS, help="policy network (default transformer)")
-    ppo.add_argument("--features", choices=OBSERVATION_FEATURES,
-                     help="observation features (default full); no_dependency_hints: without the next required "
-                     "tool and the dependency features (the ablation of docs/ppo.md)")
-    ppo.add_argument("--iterations", type=positive_int, metavar="N", help="stop at iteration N (total)")
-    ppo.add_argument("--time-budget", type=positive_float, metavar="MIN",
-                     help=f"stop after MIN minutes of training, all sessions together (default "
-                     f"{DEFAULT_TIME_BUDGET_MIN:g} when --iterations is not given)")
-    ppo.add_argument("--num-env-runners", type=nonnegative_int, metavar="N",
-                     help="sampling processes (0: sample in the driver)")
-    ppo.add_argument("--num-envs-per-env-runner", type=positive_int, metavar="N", help="envs stepped as a batch")
-    ppo.add_argument("--num-learners", type=nonnegative_int, metavar="N", help="learner processes (0: the driver)")
-    ppo.add_argument("--num-gpus-per-learner", type=nonnegative_float, metavar="X", help="GPUs per learner")
+        help="train a PPO planner on ResiliBench-v0 (local Ray by default, --address for a cluster)",
+        description=f"Without --iterations or --time-budget, training stops after {DEFAULT_TIME_BUDGET_MIN:g} minutes.")
+    add_options(ppo, PPOTrainConfig, TRAIN_OPTIONS)
     ppo.add_argument("--address", metavar="ADDR", help="Ray cluster to join (e.g. auto); default: start local Ray")
     ppo.add_argument("--output-dir", default="runs/ppo", metavar="DIR", help="default runs/ppo")
     ppo.add_argument("--resume", action="store_true", help="continue the run in DIR from its last checkpoint")
-    ppo.add_argument("--seed", type=nonnegative_int, help="default 0")
-    ppo.add_argument("--checkpoint-every", type=positive_int, metavar="K", help="iterations between checkpoints")
     ppo.add_argument("--set", action="append", type=_assignment, metavar="KEY=VALUE",
                      help="any other hyperparameter of PPOTrainConfig, value as JSON (e.g. --set lr=0.001)")
     ppo.set_defaults(func=cmd_train_ppo)

@@ -446,11 +446,11 @@ def test_ppo_planner_exact_success_is_bounded(trained):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["train", "ppo", "--iterations", "0"], "--iterations: expected a positive integer"),
+    (["train", "ppo", "--iterations", "0"], "--iterations: iterations must be an integer >= 1, got 0"),
     (["train", "ppo", "--encoder", "lstm"], "--encoder: invalid choice"),
     (["train", "ppo", "--features", "none"], "--features: invalid choice"),
-    (["train", "ppo", "--set", "features=none"], "features: must be one of ['full', 'no_dependency_hints']"),
-    (["train", "ppo", "--time-budget", "-1"], "--time-budget: expected a positive number"),
+    (["train", "ppo", "--set", "features=none"], "features must be one of ('full', 'no_dependency_hints')"),
+    (["train", "ppo", "--time-budget", "-1"], "--time-budget: time_budget_min must be a finite number > 0"),
     (["train", "ppo", "--set", "bogus=1"], "--set bogus: unknown hyperparameter"),
     (["train", "ppo", "--set", "minibatch_size=9999"], "train_batch_size: must be >= minibatch_size"),
     (["eval-policy", "/nonexistent/run"], "CHECKPOINT: /nonexistent/run is neither"),

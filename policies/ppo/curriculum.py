@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from resilibench.envs.config import AT_LEAST_ONE, UNIT, Settings, setting
 from resilibench.envs.tasks import Task
 
 
@@ -40,15 +41,17 @@ STAGES: tuple[Stage, ...] = (
 
 
 @dataclass(frozen=True)
-class CurriculumConfig:
+class CurriculumConfig(Settings):
     """Stage transitions of D.4.2: advance above ``advance`` after ``min_episodes``, regress below ``regress``."""
 
-    advance: float = 0.7
-    regress: float = 0.3
-    min_episodes: int = 50
-    window: int = 200  # the success rate is over at most the last ``window`` episodes of the stage
+    advance: float = setting(0.7, bounds=UNIT, help="success rate above which the stage advances")
+    regress: float = setting(0.3, bounds=UNIT, help="success rate below which the stage falls back")
+    min_episodes: int = setting(50, bounds=AT_LEAST_ONE, help="episodes of a stage before it is judged")
+    window: int = setting(200, bounds=AT_LEAST_ONE, help="the success rate is over at most the last "
+                          "``window`` episodes of the stage")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0.0 <= self.regress < self.advance <= 1.0:
             raise ValueError(f"need 0 <= regress < advance <= 1, got regress={self.regress}, advance={self.advance}")
         if self.min_episodes < 1 or self.window < self.min_episodes:

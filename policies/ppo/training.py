@@ -21,12 +21,12 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from resilibench.envs.config import WorldConfig
+from resilibench.envs.config import AT_LEAST_ONE, UNIT, ConfigError, Settings, WorldConfig, from_dict, setting
 from resilibench.envs.observation import OBSERVATION_FEATURES
 from resilibench.envs.tasks import SPLITS, TASK_TYPE_NAMES, Task, load_tasks
 from resilibench.policies.ppo import DEFAULT_MODEL_CONFIG, ENCODERS, quiet_logs, require_rl
@@ -43,97 +43,92 @@ RESUMABLE_CHANGES = frozenset({"iterations", "time_budget_min", "num_env_runners
 
 
 @dataclass
-class PPOTrainConfig:
-    """Everything a PPO training run depends on. Defaults: tuned for ResiliBench-v0 on 2 CPU cores."""
+class PPOTrainConfig(Settings):
+    """Everything a PPO training run depends on. Defaults: tuned for ResiliBench-v0 on 2 CPU cores.
+
+    Every field is checked when the config is built (``resilibench.envs.config.Settings``); ``train ppo``
+    builds its options from the fields' metadata."""
 
     # What to train on.
-    task_types: tuple[str, ...] | None = None  # None: all five
-    split: str = "train"
-    tasks_path: str | None = None  # a task library file; None: the shipped one
-    reward: str = "sparse"  # "sparse" or "shaped" (paper D.3)
-    features: str = "full"  # observation features; "no_dependency_hints": the ablation (envs.observation)
-    curriculum: bool = True  # the five-stage curriculum of paper D.4.2 (resilibench.policies.ppo.curriculum)
-    curriculum_config: dict[str, Any] = field(default_factory=dict)  # CurriculumConfig overrides
-    balance_task_types: bool = True  # draw a task type uniformly, then a task of it (else tasks uniformly)
-    world: dict[str, Any] = field(default_factory=dict)  # WorldConfig overrides (sections as dicts)
+    task_types: tuple[str, ...] | None = setting(None, choices=TASK_TYPE_NAMES, flag="--task-type",
+                                                 metavar="TYPE", help="task types to train on (default all five)")
+    split: str = setting("train", choices=SPLITS, help="tasks to train on")
+    tasks_path: str | None = setting(None, help="a task library file (default: the shipped one)")
+    reward: str = setting("sparse", choices=REWARDS, help="sparse: 1 on full success; shaped: paper D.3")
+    features: str = setting("full", choices=OBSERVATION_FEATURES,
+                            help="observation features; no_dependency_hints: without the next required tool "
+                            "and the dependency features (the ablation of docs/ppo.md)")
+    curriculum: bool = setting(True, help="the five-stage curriculum of paper D.4.2")
+    curriculum_config: dict[str, Any] = setting(factory=dict, help="CurriculumConfig overrides")
+    balance_task_types: bool = setting(True, help="draw a task type uniformly, then a task of it "
+                                       "(else tasks uniformly)")
+    world: dict[str, Any] = setting(factory=dict, help="WorldConfig overrides (sections as mappings)")
     # Policy network (resilibench.policies.ppo.module).
-    encoder: str = "transformer"
-    d_model: int = 32
-    n_heads: int = 2
-    n_layers: int = 1
-    ff_dim: int = 64
-    mlp_hiddens: tuple[int, ...] = (256, 256)
-    value_hiddens: tuple[int, ...] = (64,)
+    encoder: str = setting("transformer", choices=ENCODERS, help="policy network")
+    d_model: int = setting(32, bounds=AT_LEAST_ONE, help="transformer token width (a multiple of n_heads)")
+    n_heads: int = setting(2, bounds=AT_LEAST_ONE)
+    n_layers: int = setting(1, bounds=AT_LEAST_ONE)
+    ff_dim: int = setting(64, bounds=AT_LEAST_ONE)
+    mlp_hiddens: tuple[int, ...] = setting((256, 256), bounds=AT_LEAST_ONE, help="mlp trunk widths")
+    value_hiddens: tuple[int, ...] = setting((64,), bounds=AT_LEAST_ONE, help="value head widths")
     # PPO.
-    lr: float = 1e-3
-    lr_end: float | None = 1e-4  # linear decay from lr to lr_end over lr_decay_steps env steps (None: constant)
-    lr_decay_steps: int = 800_000
-    gamma: float = 0.99  # below 1 so that finishing as soon as the task is done pays
-    lambda_: float = 0.95
-    clip_param: float = 0.2
-    vf_clip_param: float = 10.0
-    vf_loss_coeff: float = 0.5
-    entropy_coeff: float = 0.01
+    lr: float = setting(1e-3, above=0)
+    lr_end: float | None = setting(1e-4, above=0, help="linear decay from lr to lr_end over lr_decay_steps env "
+                                   "steps (null: constant)")
+    lr_decay_steps: int = setting(800_000, bounds=AT_LEAST_ONE)
+    gamma: float = setting(0.99, above=0, bounds=(None, 1), help="below 1 so that finishing as soon as the "
+                           "task is done pays")
+    lambda_: float = setting(0.95, bounds=UNIT)
+    clip_param: float = setting(0.2, above=0)
+    vf_clip_param: float = setting(10.0, above=0)
+    vf_loss_coeff: float = setting(0.5, bounds=(0, None))
+    entropy_coeff: float = setting(0.01, bounds=(0, None))
     use_kl_loss: bool = False
-    kl_coeff: float = 0.2
-    grad_clip: float = 0.5  # paper D.5.1
-    train_batch_size: int = 4000  # env steps per iteration, split evenly across the learners
-    minibatch_size: int = 500  # samples per SGD step, split across the learners like the batch
-    num_epochs: int = 4
+    kl_coeff: float = setting(0.2, bounds=(0, None))
+    grad_clip: float = setting(0.5, above=0, help="paper D.5.1")
+    train_batch_size: int = setting(4000, bounds=AT_LEAST_ONE,
+                                    help="env steps per iteration, split evenly across the learners")
+    minibatch_size: int = setting(500, bounds=AT_LEAST_ONE,
+                                  help="samples per SGD step, split across the learners like the batch")
+    num_epochs: int = setting(4, bounds=AT_LEAST_ONE)
     # Resources.
-    num_env_runners: int = 2  # on 2 cores: 1.1-1.4x the env steps per second of 1 runner (benchmarks/bench_ppo.py)
-    num_envs_per_env_runner: int = 32
-    num_learners: int = 0  # 0: learn in the driver process
-    num_gpus_per_learner: float = 0.0
-    num_torch_threads: int = 1  # torch threads of the driver (env runners get Ray's default, 1 per CPU)
+    num_env_runners: int = setting(2, bounds=(0, None), metavar="N", help="sampling processes (0: sample in "
+                                   "the driver); on 2 cores 2 give 1.1-1.4x the env steps/s of 1 (bench_ppo)")
+    num_envs_per_env_runner: int = setting(32, bounds=AT_LEAST_ONE, metavar="N", help="envs stepped as a batch")
+    num_learners: int = setting(0, bounds=(0, None), metavar="N", help="learner processes (0: the driver)")
+    num_gpus_per_learner: float = setting(0.0, bounds=(0, None), metavar="X", help="GPUs per learner")
+    num_torch_threads: int = setting(1, bounds=AT_LEAST_ONE, help="torch threads of the driver (env runners "
+                                     "get Ray's default, 1 per CPU)")
     # Run.
-    seed: int = 0
-    iterations: int | None = None  # stop at this (total) iteration count
-    time_budget_min: float | None = None  # stop when the training time (all sessions) reaches this
-    checkpoint_every: int = 10  # iterations; a checkpoint is also written at the end
-    keep_checkpoints: int = 3  # the newest ones are kept, older ones deleted
+    seed: int = setting(0, bounds=(0, None), metavar="N", help="seed of the envs and the network")
+    iterations: int | None = setting(None, bounds=AT_LEAST_ONE, metavar="N", help="stop at iteration N (total)")
+    time_budget_min: float | None = setting(None, above=0, flag="--time-budget", metavar="MIN",
+                                            help="stop after MIN minutes of training, all sessions together")
+    checkpoint_every: int = setting(10, bounds=AT_LEAST_ONE, metavar="K",
+                                    help="iterations between checkpoints (one is also written at the end)")
+    keep_checkpoints: int = setting(3, bounds=AT_LEAST_ONE, help="the newest ones are kept, older ones deleted")
 
     def __post_init__(self) -> None:
-        if self.task_types is not None:
-            self.task_types = tuple(self.task_types)
-            unknown = [t for t in self.task_types if t not in TASK_TYPE_NAMES]
-            if unknown or not self.task_types:
-                raise ValueError(f"task_types: unknown {unknown or 'empty'}; accepted: {list(TASK_TYPE_NAMES)}")
-        self.mlp_hiddens, self.value_hiddens = tuple(self.mlp_hiddens), tuple(self.value_hiddens)
+        super().__post_init__()
+        if self.task_types == ():
+            raise ConfigError("task_types", f"task_types must name at least one of {TASK_TYPE_NAMES}, got []")
         checks = [
-            ("split", self.split in SPLITS, f"one of {list(SPLITS)}"),
-            ("reward", self.reward in REWARDS, f"one of {list(REWARDS)}"),
-            ("encoder", self.encoder in ENCODERS, f"one of {list(ENCODERS)}"),
-            ("features", self.features in OBSERVATION_FEATURES, f"one of {list(OBSERVATION_FEATURES)}"),
-            ("d_model", self.d_model > 0 and self.d_model % self.n_heads == 0, "a positive multiple of n_heads"),
-            ("train_batch_size", self.train_batch_size >= self.minibatch_size > 0, ">= minibatch_size > 0"),
-            ("num_epochs", self.num_epochs >= 1, ">= 1"),
-            ("num_env_runners", self.num_env_runners >= 0, ">= 0"),
-            ("num_envs_per_env_runner", self.num_envs_per_env_runner >= 1, ">= 1"),
-            ("num_learners", self.num_learners >= 0, ">= 0"),
+            ("d_model", self.d_model % self.n_heads == 0, "a positive multiple of n_heads"),
+            ("train_batch_size", self.train_batch_size >= self.minibatch_size, ">= minibatch_size"),
             ("train_batch_size", self.train_batch_size % self.learner_count == 0
              and self.minibatch_size % self.learner_count == 0,
              f"a multiple of the learner count ({self.learner_count}), as is minibatch_size"),
-            ("num_gpus_per_learner", self.num_gpus_per_learner >= 0, ">= 0"),
-            ("num_torch_threads", self.num_torch_threads >= 1, ">= 1"),
-            ("iterations", self.iterations is None or self.iterations >= 1, ">= 1"),
-            ("time_budget_min", self.time_budget_min is None or self.time_budget_min > 0, "> 0"),
-            ("checkpoint_every", self.checkpoint_every >= 1, ">= 1"),
-            ("keep_checkpoints", self.keep_checkpoints >= 1, ">= 1"),
-            ("lr", self.lr > 0, "> 0"),
-            ("lr_end", self.lr_end is None or self.lr_end > 0, "> 0 or None"),
-            ("lr_decay_steps", self.lr_decay_steps >= 1, ">= 1"),
-            ("gamma", 0 < self.gamma <= 1, "in (0, 1]"),
-            ("lambda_", 0 <= self.lambda_ <= 1, "in [0, 1]"),
         ]
         for name, ok, accepted in checks:
             if not ok:
-                raise ValueError(f"{name}: must be {accepted}, got {getattr(self, name)!r}")
-        self.world_config()  # raises on unknown sections or fields
-        try:
-            CurriculumConfig(**self.curriculum_config)
-        except TypeError as exc:
-            raise ValueError(f"curriculum_config: {exc}") from None
+                raise ConfigError(name, f"{name}: must be {accepted}, got {getattr(self, name)!r}")
+        for name, cls in (("world", WorldConfig), ("curriculum_config", CurriculumConfig)):
+            try:
+                from_dict(cls, getattr(self, name))
+            except ConfigError as exc:
+                raise ConfigError(f"{name}.{exc.field}", f"{name}: {exc}") from None
+            except ValueError as exc:  # a rule across fields
+                raise ConfigError(name, f"{name}: {exc}") from None
 
     @property
     def learner_count(self) -> int:
