@@ -45,13 +45,13 @@ class ConfigError(ValueError):
 
 def setting(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, help: str = "",
             bounds: tuple | None = None, above: float | None = None, choices: tuple | None = None,
-            reason: str = "", flag: str | None = None, metavar: str | None = None) -> Any:
+            reason: str = "", flag: str | tuple[str, ...] | None = None, metavar: str | None = None) -> Any:
     """A dataclass field with what checks it and documents it.
 
     ``bounds``: (low, high) of every number the field holds, inclusive, None = open; for a field of pairs,
     one (low, high) per place. ``above``: an exclusive lower bound. ``choices``: the accepted values (of
     each item, for a tuple). ``reason``: why the bounds are what they are (shown in the error). ``flag`` and
-    ``metavar``: the command-line option's name (default ``--field-name``) and placeholder."""
+    ``metavar``: the command-line option's name(s) (default ``--field-name``) and placeholder."""
     metadata = {"help": help, "bounds": bounds, "above": above, "choices": choices, "reason": reason,
                 "flag": flag, "metavar": metavar}
     return dataclasses.field(default=default, default_factory=factory, metadata=metadata)
@@ -101,6 +101,10 @@ def _describe(hint: Any) -> str:
     if optional:
         return f"{_describe(inner)} or null"
     args = typing.get_args(hint)
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return " or ".join(_describe(a) for a in args)
+    if isinstance(hint, type) and issubclass(hint, Settings):
+        return hint.__name__
     if typing.get_origin(hint) is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             return f"a list of {_plural(args[0])}"
@@ -128,6 +132,17 @@ def _conform(value: Any, hint: Any) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
         return value
+    if origin in (types.UnionType, typing.Union):  # the first type that fits
+        for arm in args:
+            try:
+                return _conform(value, arm)
+            except _Mismatch:
+                pass
+        raise _Mismatch
+    if isinstance(hint, type) and issubclass(hint, Settings):
+        if isinstance(value, hint):
+            return value
+        raise _Mismatch
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise _Mismatch

@@ -47,40 +47,47 @@ def _converter(cls: type, item: dataclasses.Field, hint: Any) -> Callable[[str],
     return convert
 
 
-def _default_text(item: dataclasses.Field) -> str:
-    value = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
+def _default_text(item: dataclasses.Field, defaults: object | None) -> str:
+    if defaults is not None:
+        value = getattr(defaults, item.name)
+    else:
+        value = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
     if isinstance(value, bool):
         return "on" if value else "off"
     return " ".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
-def add_options(parser: argparse.ArgumentParser, cls: type, names: Iterable[str]) -> None:
+def add_options(parser: argparse.ArgumentParser, cls: type, names: Iterable[str], defaults: object | None = None) -> None:
     """Add an option to ``parser`` for each field ``names`` of the settings dataclass ``cls``.
 
     The option is the field's ``flag`` (default ``--field-name``); booleans get ``--x/--no-x``, tuples a
-    repeatable option; the help is the field's, with its default and choices. Every option defaults to None
-    (not given), so ``option_values`` passes on only what was given."""
+    repeatable option; the help is the field's, with its choices and default (the class's, or that of the
+    instance ``defaults`` when the command starts from one). Every option defaults to None (not given), so
+    ``option_values`` passes on only what was given."""
     hints = type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for name in names:
         item = fields[name]
         meta = item.metadata
         hint, repeats = _item_type(hints[name])
-        text = meta.get("help", "")
-        if meta.get("choices") and meta.get("metavar"):
-            text += f"; one of {', '.join(meta['choices'])}"
-        if repeats:
-            text = f"repeatable; {text}" if text else "repeatable"
-        if "default" not in text and item.default is not None:
-            text += f" (default {_default_text(item)})"
+        parts = ["repeatable"] if repeats else []
+        parts.append(meta.get("help", ""))
+        if meta.get("choices") and meta.get("metavar"):  # a metavar hides argparse's list of choices
+            parts.append(f"one of {', '.join(meta['choices'])}")
+        text = "; ".join(p for p in parts if p)
+        shown = _default_text(item, defaults)
+        if "default" not in text and shown != "None":
+            text += f" (default {shown})"
         options: dict[str, Any] = {"dest": name, "default": None, "help": text.strip()}
         if hint is bool:
             options["action"] = argparse.BooleanOptionalAction
         else:
-            options.update(type=_converter(cls, item, hint), choices=meta.get("choices"), metavar=meta.get("metavar"))
+            metavar = meta.get("metavar") or {int: "N", float: "X"}.get(hint)
+            options.update(type=_converter(cls, item, hint), choices=meta.get("choices"), metavar=metavar)
             if repeats:
                 options["action"] = "append"
-        parser.add_argument(meta.get("flag") or "--" + name.replace("_", "-"), **options)
+        flags = meta.get("flag") or "--" + name.replace("_", "-")
+        parser.add_argument(*((flags,) if isinstance(flags, str) else flags), **options)
 
 
 def option_values(args: argparse.Namespace, cls: type, names: Iterable[str]) -> dict[str, Any]:

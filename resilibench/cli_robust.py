@@ -25,14 +25,19 @@ from resilibench.cli import (
     load_world_config,
     nonnegative_int,
     output_dir,
-    positive_float,
     positive_int,
     progress_bar,
     select_tasks,
 )
+from resilibench.cli_options import add_options, option_values
 
-# Kept in step with robust_train.instructions (not imported here, so `resilibench --help` stays fast).
-PERTURBATION_TYPES = ("paraphrase", "requirements", "noise_light", "noise_moderate", "noise_heavy")
+# Settings fields with command-line options (built from the fields: resilibench.cli_options).
+TRAINER_OPTIONS = ("epochs", "learning_rate", "batch_size", "gradient_accumulation_steps", "max_steps", "max_length",
+                   "seed")
+LORA_OPTIONS = ("r", "alpha")
+PREFERENCE_OPTIONS = ("beta", "nll_alpha")
+SCPO_OPTIONS = ("iterations", "candidates", "temperature", "vote", "vote_weight", "max_new_tokens")
+DEMO_OPTIONS = ("train_clusters", "test_clusters", "pretrain_tasks", "seed")
 
 
 # --- clusters -----------------------------------------------------------------------------------------
@@ -125,6 +130,7 @@ def _print_summary(result: Any, types: tuple[str, ...]) -> None:
 
 def _add_clusters(sub: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
     from resilibench.envs.tasks import TASK_TYPE_NAMES
+    from resilibench.robust_train.instructions import PERTURBATION_TYPES
 
     clusters = sub.add_parser("clusters", parents=[parents["library"], parents["world"]],
                               help="build a semantic cluster dataset: each task with its perturbed instructions")
@@ -197,37 +203,29 @@ def _format(args: argparse.Namespace):
 def _lora(args: argparse.Namespace, default: Any) -> Any:
     from dataclasses import replace
 
+    from resilibench.robust_train.training import LoraSettings
+
     if getattr(args, "full", False):
         return None
-    changes = {k: v for k, v in (("r", args.lora_r), ("alpha", args.lora_alpha)) if v is not None}
-    return replace(default, **changes)
+    return replace(default, **option_values(args, LoraSettings, LORA_OPTIONS))
 
 
 def _trainer_settings(default: Any, args: argparse.Namespace) -> Any:
-    """``default`` (SFTSettings or PreferenceSettings) with the flags that were given."""
+    """``default`` (SFTSettings or PreferenceSettings) with the options that were given."""
     from dataclasses import replace
 
-    changes = {name: getattr(args, name) for name in ("epochs", "learning_rate", "batch_size",
-                                                      "gradient_accumulation_steps", "max_steps", "max_length",
-                                                      "seed", "beta", "nll_alpha")
-               if getattr(args, name, None) is not None}
-    return replace(default, lora=_lora(args, default.lora), **changes)
+    from resilibench.robust_train.training import PreferenceSettings
+
+    names = TRAINER_OPTIONS + (PREFERENCE_OPTIONS if isinstance(default, PreferenceSettings) else ())
+    return replace(default, lora=_lora(args, default.lora), **option_values(args, type(default), names))
 
 
 def _train_flags(parser: argparse.ArgumentParser, defaults: Any) -> None:
-    """The optimiser and LoRA flags shared by `robust sft` and `robust scpo` (defaults from ``defaults``)."""
-    lora = defaults.lora
-    parser.add_argument("--epochs", type=positive_float, help=f"default {defaults.epochs:g}")
-    parser.add_argument("--learning-rate", "--lr", type=positive_float, dest="learning_rate",
-                        help=f"default {defaults.learning_rate:g}")
-    parser.add_argument("--batch-size", type=positive_int, help=f"per device (default {defaults.batch_size})")
-    parser.add_argument("--gradient-accumulation-steps", type=positive_int, metavar="N",
-                        help=f"default {defaults.gradient_accumulation_steps}")
-    parser.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N optimiser steps")
-    parser.add_argument("--max-length", type=positive_int, metavar="N", help=f"tokens (default {defaults.max_length})")
-    parser.add_argument("--lora-r", type=positive_int, metavar="R", help=f"LoRA rank (default {lora.r})")
-    parser.add_argument("--lora-alpha", type=positive_int, metavar="A", help=f"LoRA alpha (default {lora.alpha})")
-    parser.add_argument("--seed", type=nonnegative_int, help="default 0")
+    """The optimiser and LoRA options shared by `robust sft` and `robust scpo` (defaults from ``defaults``)."""
+    from resilibench.robust_train.training import LoraSettings
+
+    add_options(parser, type(defaults), TRAINER_OPTIONS, defaults=defaults)
+    add_options(parser, LoraSettings, LORA_OPTIONS, defaults=defaults.lora)
     parser.add_argument("--tool-list", action="store_true",
                         help="put the 30 tools in the system message (models that have not learned them)")
 
@@ -258,9 +256,7 @@ def cmd_scpo(args: argparse.Namespace) -> int:
     _use_torch_threads(args)
     model, records = _model_dir(args.model), _clusters(args.clusters)
     defaults = ScPOSettings()
-    changes = {name: getattr(args, name) for name in ("iterations", "candidates", "temperature", "vote",
-                                                      "vote_weight", "max_new_tokens")
-               if getattr(args, name) is not None}
+    changes = option_values(args, ScPOSettings, SCPO_OPTIONS)
     try:
         settings = replace(defaults, preference=_trainer_settings(defaults.preference, args),
                            seed=args.seed or 0, **changes)
@@ -273,6 +269,7 @@ def cmd_scpo(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from resilibench.robust_train.evaluation import format_tables
+    from resilibench.robust_train.instructions import PERTURBATION_TYPES
     from resilibench.robust_train.pipeline import evaluate_generator
 
     _use_torch_threads(args)
@@ -314,8 +311,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     _use_torch_threads(args)
     defaults = DemoSettings()
-    changes = {name: getattr(args, name) for name in ("train_clusters", "test_clusters", "pretrain_tasks", "seed")
-               if getattr(args, name) is not None}
+    changes = option_values(args, DemoSettings, DEMO_OPTIONS)
     settings = replace(defaults, **changes)
     if args.scpo_iterations is not None:
         settings = replace(settings, scpo=replace(settings.scpo, iterations=args.scpo_iterations))
@@ -333,8 +329,8 @@ def _stderr(line: str) -> None:
 
 
 def _add_training(sub: Any) -> None:
-    from resilibench.robust_train.scpo import VOTES, ScPOSettings
-    from resilibench.robust_train.training import SFTSettings
+    from resilibench.robust_train.scpo import ScPOSettings
+    from resilibench.robust_train.training import PreferenceSettings, SFTSettings
 
     sft = sub.add_parser("sft", help="instruction-augmented SFT of a generator (TRL SFTTrainer, PEFT LoRA)")
     sft.add_argument("model", metavar="MODEL", help="a local transformers model directory")
@@ -351,24 +347,16 @@ def _add_training(sub: Any) -> None:
     scpo.add_argument("model", metavar="MODEL", help="the generator M_0 (e.g. `robust sft`'s DIR/model)")
     scpo.add_argument("--clusters", required=True, metavar="DIR", help="a `robust clusters` dataset")
     scpo.add_argument("--output-dir", required=True, metavar="DIR", help="iter_NN/ per iteration; resumed")
-    scpo.add_argument("--iterations", type=positive_int, help=f"default {defaults.iterations}")
-    scpo.add_argument("--candidates", type=positive_int, metavar="R",
-                      help=f"samples per instruction (default {defaults.candidates})")
-    scpo.add_argument("--temperature", type=positive_float, help=f"default {defaults.temperature:g}")
-    scpo.add_argument("--vote", choices=VOTES, help="exact: identical canonical DAGs; soft: structural similarity")
-    scpo.add_argument("--vote-weight", type=float, metavar="LAMBDA",
-                      help=f"lambda of R = s + lambda v, for the pair weight (default {defaults.vote_weight:g})")
-    scpo.add_argument("--max-new-tokens", type=positive_int, metavar="N",
-                      help=f"default {defaults.max_new_tokens}")
-    scpo.add_argument("--beta", type=positive_float, help=f"DPO beta (default {defaults.preference.beta:g})")
-    scpo.add_argument("--nll-alpha", type=float, metavar="ALPHA",
-                      help=f"weight of the NLL term (default {defaults.preference.nll_alpha:g})")
+    add_options(scpo, ScPOSettings, SCPO_OPTIONS)
+    add_options(scpo, PreferenceSettings, PREFERENCE_OPTIONS)
     _train_flags(scpo, defaults.preference)
     _torch_threads_flag(scpo)
     scpo.set_defaults(func=cmd_scpo)
 
 
 def _add_evaluation(sub: Any) -> None:
+    from resilibench.robust_train.pipeline import DemoSettings
+
     evaluate = sub.add_parser("evaluate", help="robustness table of generators (RobustFlow Table 2 in shape)")
     evaluate.add_argument("models", nargs="+", metavar="MODEL", help="generator model directories")
     evaluate.add_argument("--name", action="append", metavar="NAME", help="column name per MODEL (repeatable)")
@@ -394,11 +382,8 @@ def _add_evaluation(sub: Any) -> None:
 
     demo = sub.add_parser("demo", help="from scratch -> SFT -> ScPO on the built-in library, with the table")
     demo.add_argument("--output-dir", default="runs/robust-demo", metavar="DIR", help="default runs/robust-demo")
-    demo.add_argument("--train-clusters", type=positive_int, metavar="N", help="clusters for SFT and ScPO")
-    demo.add_argument("--test-clusters", type=positive_int, metavar="N", help="clusters for the table")
-    demo.add_argument("--pretrain-tasks", type=positive_int, metavar="N", help="original instructions for the base")
+    add_options(demo, DemoSettings, DEMO_OPTIONS)
     demo.add_argument("--scpo-iterations", type=positive_int, metavar="N")
-    demo.add_argument("--seed", type=nonnegative_int)
     _torch_threads_flag(demo)
     demo.set_defaults(func=cmd_demo)
 

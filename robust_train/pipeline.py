@@ -24,10 +24,11 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from resilibench.envs.config import AT_LEAST_ONE, Settings, setting
 from resilibench.robust_train.clusters import ClusterRecord
 from resilibench.robust_train.evaluation import (
     RobustnessTable,
@@ -197,23 +198,23 @@ def evaluate_generator(model_dir: str | Path, records: Sequence[ClusterRecord], 
 
 
 @dataclass(frozen=True)
-class DemoSettings:
+class DemoSettings(Settings):
     """The demo's sizes, chosen to finish in well under 30 minutes on 2 cores (``docs/robust_train.md``
     gives the measured times)."""
 
-    train_clusters: int = 400
-    test_clusters: int = 120
-    pretrain_tasks: int = 2000
-    seed: int = 0
-    hidden_size: int = 128
-    num_layers: int = 4
+    train_clusters: int = setting(400, bounds=AT_LEAST_ONE, metavar="N", help="clusters for SFT and ScPO")
+    test_clusters: int = setting(120, bounds=AT_LEAST_ONE, metavar="N", help="clusters for the table")
+    pretrain_tasks: int = setting(2000, bounds=AT_LEAST_ONE, metavar="N", help="original instructions for the base")
+    seed: int = setting(0, bounds=(0, None), metavar="N", help="seed of every stage")
+    hidden_size: int = setting(128, bounds=AT_LEAST_ONE)
+    num_layers: int = setting(4, bounds=AT_LEAST_ONE)
     pretrain: SFTSettings = SFTSettings(epochs=3.0, learning_rate=2e-3, batch_size=16,
                                         gradient_accumulation_steps=1, lora=None)
     sft: SFTSettings = SFTSettings(epochs=2.0, learning_rate=1e-3, batch_size=16, gradient_accumulation_steps=1)
-    scpo: ScPOSettings = field(default_factory=lambda: ScPOSettings(
+    scpo: ScPOSettings = setting(factory=lambda: ScPOSettings(
         iterations=2, max_new_tokens=96, clusters_per_batch=16, batch_size=96,
         preference=PreferenceSettings(batch_size=8, gradient_accumulation_steps=1)))
-    max_new_tokens: int = 96
+    max_new_tokens: int = setting(96, bounds=AT_LEAST_ONE)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -25,11 +25,12 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from resilibench.agents.base import Backend, GenerationConfig
+from resilibench.envs.config import AT_LEAST_ONE, Settings, setting
 from resilibench.robust_train.clusters import ClusterRecord
 from resilibench.robust_train.generator import (
     GeneratorFormat,
@@ -47,36 +48,24 @@ INVALID = "invalid:"  # the key prefix of an answer that is not a workflow
 
 
 @dataclass(frozen=True)
-class ScPOSettings:
+class ScPOSettings(Settings):
     """ScPO's knobs; defaults are RobustFlow's (appendix A.4: r = 3 candidates per variant, beta 1,
     alpha 0.1, one epoch per iteration)."""
 
-    iterations: int = 1
-    candidates: int = 3
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 256
-    vote: str = "exact"
-    vote_weight: float = 0.1
-    pair_prompts: str = "rejected"  # the variants whose prompts carry a cluster's pair: those that produced w-, or all
-    min_gap: float = 1e-9
-    seed: int = 0
-    clusters_per_batch: int = 8
-    batch_size: int = 64  # conversations per forward pass of the transformers sampler
-    preference: PreferenceSettings = field(default_factory=PreferenceSettings)
-
-    def __post_init__(self) -> None:
-        if self.vote not in VOTES:
-            raise ValueError(f"vote must be one of {VOTES}, got {self.vote!r}")
-        if self.pair_prompts not in PAIR_PROMPTS:
-            raise ValueError(f"pair_prompts must be one of {PAIR_PROMPTS}, got {self.pair_prompts!r}")
-        for name in ("iterations", "candidates", "clusters_per_batch", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (ScPO samples), got {self.temperature}")
-        if self.vote_weight < 0:
-            raise ValueError(f"vote_weight must be >= 0, got {self.vote_weight}")
+    iterations: int = setting(1, bounds=AT_LEAST_ONE, help="ScPO iterations")
+    candidates: int = setting(3, bounds=AT_LEAST_ONE, metavar="R", help="answers sampled per variant")
+    temperature: float = setting(1.0, above=0, reason="ScPO samples", help="sampling temperature")
+    top_p: float = setting(1.0, above=0, bounds=(None, 1))
+    max_new_tokens: int = setting(256, bounds=AT_LEAST_ONE, metavar="N", help="tokens per sampled answer")
+    vote: str = setting("exact", choices=VOTES, help="exact: identical canonical DAGs; soft: structural similarity")
+    vote_weight: float = setting(0.1, bounds=(0, None), metavar="LAMBDA", help="lambda of R = s + lambda * v")
+    pair_prompts: str = setting("rejected", choices=PAIR_PROMPTS, help="the variants whose prompts carry a "
+                                "cluster's pair: those that produced w-, or all")
+    min_gap: float = setting(1e-9, bounds=(0, None))
+    seed: int = setting(0, bounds=(0, None))
+    clusters_per_batch: int = setting(8, bounds=AT_LEAST_ONE)
+    batch_size: int = setting(64, bounds=AT_LEAST_ONE, help="conversations per forward pass of the sampler")
+    preference: PreferenceSettings = setting(factory=PreferenceSettings)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from resilibench.envs.config import AT_LEAST_ONE, ConfigError, Settings, setting
+
 LLM_EXTRA = "pip install 'resilibench[llm]'"
 FINAL_DIR = "final"
 CHECKPOINT_DIR = "checkpoints"
@@ -47,102 +49,80 @@ PROMPT_ROLES = ("system", "user", "assistant")
 # --- settings ------------------------------------------------------------------------------------------
 
 
-def _check_positive(owner: object, *names: str) -> None:
-    """ValueError naming the first field of ``owner`` that is not a positive number."""
-    for name in names:
-        value = getattr(owner, name)
-        if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
-            raise ValueError(f"{type(owner).__name__}.{name} must be a positive number, got {value!r}")
-
-
-def _check_common(settings: SFTSettings | PreferenceSettings) -> None:
-    """The checks both training settings share."""
-    _check_positive(settings, "epochs", "learning_rate", "batch_size", "gradient_accumulation_steps",
-                    "max_length", "save_steps", "logging_steps")
-    for name in ("batch_size", "gradient_accumulation_steps", "max_length", "save_steps", "save_total_limit"):
-        if not isinstance(getattr(settings, name), int):
-            raise ValueError(f"{type(settings).__name__}.{name} must be an integer, got {getattr(settings, name)!r}")
-    if not 0 <= settings.warmup_ratio < 1:
-        raise ValueError(f"{type(settings).__name__}.warmup_ratio must be in [0, 1), got {settings.warmup_ratio!r}")
-    if settings.max_steps != -1 and settings.max_steps < 1:
-        raise ValueError(f"{type(settings).__name__}.max_steps must be -1 (use epochs) or >= 1, "
-                         f"got {settings.max_steps!r}")
-    if settings.save_total_limit < 1:
-        raise ValueError(f"{type(settings).__name__}.save_total_limit must be >= 1, got {settings.save_total_limit!r}")
-    if settings.lora is not None and not isinstance(settings.lora, LoraSettings):
-        raise ValueError(f"{type(settings).__name__}.lora must be LoraSettings or None (full fine-tune), "
-                         f"got {settings.lora!r}")
-
-
 @dataclass(frozen=True)
-class LoraSettings:
+class LoraSettings(Settings):
     """A LoRA adapter: rank, scaling alpha, dropout and the modules it wraps (PEFT's ``"all-linear"`` is
     every linear layer but the output head). Defaults: RobustFlow A.4's SFT stage; ScPO uses r = 8."""
 
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
-    target_modules: str | tuple[str, ...] = "all-linear"
+    section = "LoraSettings"
+    r: int = setting(16, bounds=AT_LEAST_ONE, flag="--lora-r", metavar="R", help="LoRA rank")
+    alpha: int = setting(32, bounds=AT_LEAST_ONE, flag="--lora-alpha", metavar="A", help="LoRA alpha")
+    dropout: float = setting(0.05, bounds=(0, 1), help="below 1")
+    target_modules: str | tuple[str, ...] = setting("all-linear", help="'all-linear' or module names")
 
     def __post_init__(self) -> None:
-        _check_positive(self, "r", "alpha")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"LoraSettings.dropout must be in [0, 1), got {self.dropout!r}")
-        modules = self.target_modules
-        if not (isinstance(modules, str) and modules) and not (
-                isinstance(modules, tuple) and modules and all(isinstance(m, str) and m for m in modules)):
-            raise ValueError(f"LoraSettings.target_modules must be 'all-linear' or a non-empty tuple of module "
-                             f"names, got {modules!r}")
+        super().__post_init__()
+        if self.dropout == 1:
+            raise ConfigError("LoraSettings.dropout", f"LoraSettings.dropout must be in [0, 1), got {self.dropout!r}")
+        if self.target_modules == ():
+            raise ConfigError("LoraSettings.target_modules", "LoraSettings.target_modules must be 'all-linear' or "
+                              "a non-empty list of module names, got ()")
 
 
 @dataclass(frozen=True)
-class SFTSettings:
+class _TrainerSettings(Settings):
+    """What SFT and the preference stage share (their defaults: SFT's)."""
+
+    epochs: float = setting(3.0, above=0, help="passes over the data")
+    learning_rate: float = setting(1e-4, above=0, flag=("--learning-rate", "--lr"), help="peak learning rate")
+    batch_size: int = setting(2, bounds=AT_LEAST_ONE, metavar="N", help="per device")
+    gradient_accumulation_steps: int = setting(2, bounds=AT_LEAST_ONE, metavar="N", help="batches per optimiser step")
+    warmup_ratio: float = setting(0.05, bounds=(0, 1), help="below 1")
+    max_length: int = setting(2048, bounds=AT_LEAST_ONE, metavar="N", help="tokens")
+    lora: LoraSettings | None = setting(LoraSettings(), help="null: fine-tune every weight")
+    max_steps: int = setting(-1, bounds=(-1, None), metavar="N", help="stop after N optimiser steps (-1: epochs)")
+    save_steps: int = setting(200, bounds=AT_LEAST_ONE)
+    save_total_limit: int = setting(2, bounds=AT_LEAST_ONE)
+    logging_steps: int = setting(10, bounds=AT_LEAST_ONE)
+    seed: int = setting(0, bounds=(0, None), metavar="N", help="training seed")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.warmup_ratio == 1:
+            raise ConfigError(f"{self.section}.warmup_ratio", f"{self.section}.warmup_ratio must be in [0, 1), got 1.0")
+        if self.max_steps == 0:
+            raise ConfigError(f"{self.section}.max_steps", f"{self.section}.max_steps must be -1 (use epochs) or "
+                              ">= 1, got 0")
+
+
+def _default(name: str, value: Any) -> Any:
+    """The shared field ``name`` of ``_TrainerSettings`` with another default."""
+    return setting(value, **{k: v for k, v in _TrainerSettings.__dataclass_fields__[name].metadata.items()})
+
+
+@dataclass(frozen=True)
+class SFTSettings(_TrainerSettings):
     """Supervised fine-tuning (RobustFlow A.4: 3 epochs, batch 2 x gradient accumulation 2, learning rate
     1e-4, warm-up 5 %, sequences up to 2,048 tokens). ``lora=None`` fine-tunes every weight;
     ``max_steps`` (when not -1) overrides ``epochs``."""
 
-    epochs: float = 3.0
-    learning_rate: float = 1e-4
-    batch_size: int = 2
-    gradient_accumulation_steps: int = 2
-    warmup_ratio: float = 0.05
-    max_length: int = 2048
-    lora: LoraSettings | None = LoraSettings()
-    max_steps: int = -1
-    save_steps: int = 200
-    save_total_limit: int = 2
-    logging_steps: int = 10
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        _check_common(self)
+    section = "SFTSettings"
 
 
 @dataclass(frozen=True)
-class PreferenceSettings:
+class PreferenceSettings(_TrainerSettings):
     """The ScPO stage (RobustFlow A.4: beta 1, NLL weight alpha 0.1, 1 epoch, batch 1 x gradient
     accumulation 8, learning rate 1e-4, LoRA r 8 alpha 32, sequences up to 4,096 tokens)."""
 
-    beta: float = 1.0
-    nll_alpha: float = 0.1
-    epochs: float = 1.0
-    learning_rate: float = 1e-4
-    batch_size: int = 1
-    gradient_accumulation_steps: int = 8
-    warmup_ratio: float = 0.05
-    max_length: int = 4096
-    lora: LoraSettings | None = LoraSettings(r=8, alpha=32)
-    max_steps: int = -1
-    save_steps: int = 300
-    save_total_limit: int = 2
-    logging_steps: int = 10
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        _check_common(self)
-        _check_positive(self, "beta")
-        if not isinstance(self.nll_alpha, int | float) or not self.nll_alpha >= 0:
-            raise ValueError(f"PreferenceSettings.nll_alpha must be >= 0, got {self.nll_alpha!r}")
+    section = "PreferenceSettings"
+    epochs: float = _default("epochs", 1.0)
+    batch_size: int = _default("batch_size", 1)
+    gradient_accumulation_steps: int = _default("gradient_accumulation_steps", 8)
+    max_length: int = _default("max_length", 4096)
+    lora: LoraSettings | None = _default("lora", LoraSettings(r=8, alpha=32))
+    save_steps: int = _default("save_steps", 300)
+    beta: float = setting(1.0, above=0, help="DPO beta")
+    nll_alpha: float = setting(0.1, bounds=(0, None), metavar="ALPHA", help="weight of the NLL term")
 
 
 @dataclass(frozen=True)

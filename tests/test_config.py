@@ -8,7 +8,17 @@ import math
 
 import pytest
 
-from resilibench.envs.config import MAX_TURN_LIMIT, WorldConfig, load_config
+from resilibench.envs.config import (
+    MAX_TURN_LIMIT,
+    ConfigError,
+    Settings,
+    WorldConfig,
+    field_name,
+    from_dict,
+    load_config,
+    type_hints,
+    without_none,
+)
 from resilibench.envs.evaluator import signals_completion
 
 
@@ -103,3 +113,85 @@ def test_every_field_is_type_checked():
 def test_the_turn_limit_bound_is_documented():
     assert MAX_TURN_LIMIT == 1000
     WorldConfig().replace(rules={"turn_limit": MAX_TURN_LIMIT})
+
+
+# --- the settings machinery every config shares ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("rules:\n  turn_limit: 10.5\n", "rules.turn_limit"),
+    ("failure:\n  base_success: '0.8'\n", "failure.base_success"),
+    ("rules:\n  turn: 5\n", "rules.turn"),
+    ("rules: 5\n", "rules"),
+])
+def test_bad_values_raise_config_error_with_the_dotted_field(tmp_path, text, field):
+    """Rejected at load (not later in Episode.start), as a library exception carrying the field's name."""
+    with pytest.raises(ConfigError) as error:
+        _load(tmp_path, text)
+    assert isinstance(error.value, ValueError) and error.value.field == field
+    assert str(error.value).startswith(field) or f"[{field.split('.')[-1]!r}]" in str(error.value)
+
+
+def _settings_classes():
+    from resilibench.policies.ppo.curriculum import CurriculumConfig
+    from resilibench.policies.ppo.training import PPOTrainConfig
+    from resilibench.robust_train.pipeline import DemoSettings
+    from resilibench.robust_train.scpo import ScPOSettings
+    from resilibench.robust_train.training import LoraSettings, PreferenceSettings, SFTSettings
+
+    sections = [type(getattr(WorldConfig(), f.name)) for f in dataclasses.fields(WorldConfig)]
+    return [*sections, PPOTrainConfig, CurriculumConfig, LoraSettings, SFTSettings, PreferenceSettings,
+            ScPOSettings, DemoSettings]
+
+
+def _outside(meta):
+    """A number just outside a field's declared range, or None when the field declares none."""
+    bounds, above = meta.get("bounds"), meta.get("above")
+    if above is not None:
+        return above
+    if bounds is None or isinstance(bounds[0], tuple):
+        return None
+    low, high = bounds
+    return low - 1 if low is not None else (high + 1 if high is not None else None)
+
+
+@pytest.mark.parametrize("cls", _settings_classes(), ids=lambda c: c.__name__)
+def test_every_settings_field_is_checked_by_its_declared_rules(cls):
+    """Each settings object refuses, naming the field, a value of the wrong type and a number outside the
+    field's declared range or choices: the rules on the field are the ones enforced."""
+    assert issubclass(cls, Settings)
+    hints = type_hints(cls)
+    for item in dataclasses.fields(cls):
+        name = field_name(cls, item.name)
+        with pytest.raises(ConfigError, match=rf"^{name} must be") as error:
+            cls(**{item.name: object()})
+        assert error.value.field == name
+        bad = _outside(item.metadata)
+        scalar = without_none(hints[item.name])[0]
+        if bad is not None and scalar in (int, float):
+            with pytest.raises(ConfigError, match=rf"^{name} must be .*, got {bad}"):
+                cls(**{item.name: scalar(bad)})
+        if item.metadata.get("choices") and scalar is str:
+            with pytest.raises(ConfigError, match=rf"^{name} must be one of"):
+                cls(**{item.name: "no-such-choice"})
+
+
+def test_nested_settings_name_their_path():
+    from resilibench.policies.ppo.training import PPOTrainConfig
+
+    with pytest.raises(ConfigError) as error:
+        PPOTrainConfig(world={"rules": {"turn_limit": 10.5}})
+    assert error.value.field == "world.rules.turn_limit" and "rules.turn_limit must be an integer" in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        PPOTrainConfig(curriculum_config={"windw": 5})
+    assert error.value.field == "curriculum_config.windw"
+
+
+def test_from_dict_builds_any_settings_and_refuses_unknown_keys():
+    from resilibench.robust_train.scpo import ScPOSettings
+
+    settings = from_dict(ScPOSettings, {"candidates": 5, "preference": {"beta": 0.5}})
+    assert settings.candidates == 5 and settings.preference.beta == 0.5
+    assert settings.preference.batch_size == ScPOSettings().preference.batch_size
+    with pytest.raises(ConfigError, match=r"unknown ScPOSettings field\(s\) \['votes'\]"):
+        from_dict(ScPOSettings, {"votes": "soft"})

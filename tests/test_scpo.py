@@ -68,9 +68,9 @@ def test_soft_vote_counts_near_misses():
 def test_settings_reject_bad_values():
     with pytest.raises(ValueError, match="vote must be one of"):
         ScPOSettings(vote="majority")
-    with pytest.raises(ValueError, match="candidates must be >= 1"):
+    with pytest.raises(ValueError, match="candidates must be an integer >= 1"):
         ScPOSettings(candidates=0)
-    with pytest.raises(ValueError, match="temperature must be > 0"):
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
         ScPOSettings(temperature=0)
 
 
