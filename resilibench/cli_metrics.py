@@ -28,9 +28,9 @@ from resilibench.cli import (
     read_existing_results,
     select_tasks,
 )
+from resilibench.metrics.calibration import METRICS
+from resilibench.metrics.workflow import STRING_STEPS
 
-# Kept in step with metrics.calibration (not imported here, so `resilibench --help` stays fast).
-METRIC_CHOICES = ("chain_f1", "mcis_f1", "reachability_f1", "kendall_tau", "bleu", "gleu", "bertscore", "judge")
 PERTURBERS = ("rules", "llm")
 # Bumped when a metric's definition changes, so a calibration never mixes rows scored under two of them
 # (2: reachability over reflexive closures, Kendall tau without a degenerate 1, one empty convention).
@@ -47,7 +47,7 @@ def _metrics(args: argparse.Namespace) -> list[str]:
         if "judge" in metrics and not args.backend:
             raise CliError("--metrics judge needs --backend SPEC (an LLM, e.g. hf:PATH or openai:URL?model=NAME)")
         return metrics
-    return [m for m in METRIC_CHOICES if m != "judge" or args.backend]
+    return [m for m in METRICS if m != "judge" or args.backend]
 
 
 def _check_backend_spec(spec: str | None) -> None:
@@ -85,8 +85,8 @@ def _scorer(metrics: Sequence[str], backend: Any, args: argparse.Namespace):
 
 
 def _add_metric_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metrics", nargs="+", choices=METRIC_CHOICES, metavar="NAME",
-                        help=f"default all but judge, plus judge with --backend; from {' '.join(METRIC_CHOICES)}")
+    parser.add_argument("--metrics", nargs="+", choices=METRICS, metavar="NAME",
+                        help=f"default all but judge, plus judge with --backend; from {' '.join(METRICS)}")
     parser.add_argument("--backend", metavar="SPEC",
                         help="LLM for the judge (and --perturber llm): hf:PATH, vllm:PATH or openai:URL?model=NAME")
     parser.add_argument("--attempts", type=positive_int, default=3, metavar="N",
@@ -103,7 +103,6 @@ def _add_metric_options(parser: argparse.ArgumentParser) -> None:
 # --- score --------------------------------------------------------------------------------------------
 
 INPUT_FORMATS = ("resilibench", "worfbench", "robustflow")
-STRING_STEPS = ("tool", "text")  # kept in step with metrics.workflow.STRING_STEPS
 
 
 def _workflow(value: Any, args: argparse.Namespace, role: str):
