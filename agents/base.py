@@ -12,26 +12,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from resilibench.envs.config import Settings, setting
+
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
 
 
 @dataclass(frozen=True)
-class GenerationConfig:
+class GenerationConfig(Settings):
     """Sampling settings shared by every backend; ``temperature == 0`` means greedy decoding."""
 
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    max_new_tokens: int = setting(256, bounds=(1, None), metavar="N", help="tokens per answer")
+    temperature: float = setting(0.0, bounds=(0, None), help="0 = greedy")
+    top_p: float = setting(1.0, above=0, bounds=(None, 1), help="nucleus sampling mass")
+    seed: int | None = setting(None, bounds=(0, None), help="sampling seed (null: the backend's own)")
+    stop: tuple[str, ...] = setting((), help="strings that end an answer")
 
 
 class Backend(Protocol):

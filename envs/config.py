@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import types
 import typing
 from dataclasses import dataclass
@@ -159,10 +160,10 @@ def _conform(value: Any, hint: Any) -> Any:
         return value
     if hint is str and isinstance(value, str) and value.strip():
         return value
-    if hint in (int, float) and isinstance(value, int) and not isinstance(value, bool):
-        return hint(value)
-    if hint is float and isinstance(value, float) and math.isfinite(value):
-        return value
+    if hint in (int, float) and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return hint(value)  # numpy integers too
+    if hint is float and isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
     raise _Mismatch
 
 

@@ -133,6 +133,7 @@ def test_bad_values_raise_config_error_with_the_dotted_field(tmp_path, text, fie
 
 
 def _settings_classes():
+    from resilibench.agents.base import GenerationConfig
     from resilibench.policies.ppo.curriculum import CurriculumConfig
     from resilibench.policies.ppo.training import PPOTrainConfig
     from resilibench.robust_train.pipeline import DemoSettings
@@ -141,7 +142,7 @@ def _settings_classes():
 
     sections = [type(getattr(WorldConfig(), f.name)) for f in dataclasses.fields(WorldConfig)]
     return [*sections, PPOTrainConfig, CurriculumConfig, LoraSettings, SFTSettings, PreferenceSettings,
-            ScPOSettings, DemoSettings]
+            ScPOSettings, DemoSettings, GenerationConfig]
 
 
 def _outside(meta):
@@ -195,3 +196,15 @@ def test_from_dict_builds_any_settings_and_refuses_unknown_keys():
     assert settings.preference.batch_size == ScPOSettings().preference.batch_size
     with pytest.raises(ConfigError, match=r"unknown ScPOSettings field\(s\) \['votes'\]"):
         from_dict(ScPOSettings, {"votes": "soft"})
+
+
+def test_numpy_numbers_read_as_python_numbers():
+    """Seeds and sizes computed with numpy are accepted and stored as plain ints and floats."""
+    import numpy as np
+
+    from resilibench.agents.base import GenerationConfig
+
+    config = GenerationConfig(seed=np.uint32(7), top_p=np.float32(0.5))
+    assert config.seed == 7 and type(config.seed) is int and type(config.top_p) is float
+    with pytest.raises(ConfigError, match="seed must be an integer or null"):
+        GenerationConfig(seed=np.bool_(True))
