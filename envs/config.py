@@ -307,23 +307,25 @@ class ShapedReward(Settings):
 
     section = "reward"
     adapt_threshold: float = setting(0.3, bounds=UNIT, help="success rate where the sequence phase starts")
-    attempt: float = 3.0
-    novel: float = 30.0
-    required_success: float = 50.0
-    progress: float = 100.0
-    milestone: float = 40.0
-    order_correct: float = 15.0
-    order_misplaced: float = -5.0
-    step_efficiency: float = 10.0
-    error_free: float = 10.0
+    attempt: float = setting(3.0, help="every call")
+    novel: float = setting(30.0, help="the first call of a tool")
+    required_success: float = setting(50.0, help="coverage phase: first success of a required tool")
+    progress: float = setting(100.0, help="times the gain in share of required tools succeeded")
+    milestone: float = setting(40.0, help="per step the in-order prefix advances")
+    order_correct: float = setting(15.0, help="sequence phase: first success of the next required tool")
+    order_misplaced: float = setting(-5.0, help="sequence phase: per position a required tool is out of order")
+    step_efficiency: float = setting(10.0, help="terminal, times the share of turns left")
+    error_free: float = setting(10.0, help="terminal, when no call failed")
     error_penalty_by_success_rate: tuple[tuple[float, float], ...] = setting(
         ((0.1, 0.0), (0.3, -2.0), (1.01, -5.0)), bounds=((0, None), (None, None)),
         help="(success rate below, penalty per error) steps, in order")
-    repetition_coverage: float = 1.0
-    repetition_sequence: float = 5.0
-    terminal_coverage: tuple[float, float] = (150.0, 50.0)
-    terminal_sequence: tuple[float, float] = (100.0, 50.0)
-    terminal_failure: float = 50.0
+    repetition_coverage: float = setting(1.0, help="coverage phase: subtracted per repeat of a tool")
+    repetition_sequence: float = setting(5.0, help="sequence phase: subtracted per repeat of a tool")
+    terminal_coverage: tuple[float, float] = setting((150.0, 50.0), help="full success, coverage phase: "
+                                                     "a + b * coverage")
+    terminal_sequence: tuple[float, float] = setting((100.0, 50.0), help="full success, sequence phase: "
+                                                     "a + b * share in order")
+    terminal_failure: float = setting(50.0, help="no full success: times the progress")
     success_rate_window: int = setting(100, bounds=AT_LEAST_ONE, help="episodes of the running success rate")
     scale: float = setting(1.0, bounds=(0, None), help="factor on every reward")
 

@@ -208,3 +208,10 @@ def test_numpy_numbers_read_as_python_numbers():
     assert config.seed == 7 and type(config.seed) is int and type(config.top_p) is float
     with pytest.raises(ConfigError, match="seed must be an integer or null"):
         GenerationConfig(seed=np.bool_(True))
+
+
+def test_every_world_field_is_documented():
+    """The world's fields carry their help text (shown by tools built on the metadata)."""
+    for section in dataclasses.fields(WorldConfig):
+        for item in dataclasses.fields(getattr(WorldConfig(), section.name)):
+            assert item.metadata.get("help"), f"{section.name}.{item.name}"
