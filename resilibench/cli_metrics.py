@@ -28,10 +28,9 @@ from resilibench.cli import (
     read_existing_results,
     select_tasks,
 )
-from resilibench.metrics.calibration import METRICS
+from resilibench.metrics.calibration import METHODS, METRICS
 from resilibench.metrics.workflow import STRING_STEPS
 
-PERTURBERS = ("rules", "llm")
 # Bumped when a metric's definition changes, so a calibration never mixes rows scored under two of them
 # (2: reachability over reflexive closures, Kendall tau without a degenerate 1, one empty convention).
 METRIC_DEFINITIONS = 2
@@ -446,7 +445,7 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
     calibrate.add_argument("--text-only", action="store_true",
                            help="drop tool names: steps are compared by their texts alone (WorkflowPerturb's setting)")
     calibrate.add_argument("--seed", type=nonnegative_int, default=0, help="perturbation seed (default 0)")
-    calibrate.add_argument("--perturber", choices=PERTURBERS, default="rules",
+    calibrate.add_argument("--perturber", choices=METHODS, default="rules",
                            help="rules (default; seeded banks) or llm (--backend, validated with retries)")
     _add_metric_options(calibrate)
     calibrate.add_argument("--output-dir", default="runs/calibration", metavar="DIR",
