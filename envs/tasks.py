@@ -260,6 +260,16 @@ def get_task(task_id: str, tasks: Sequence[Task] | None = None, world: str = DEF
     return task
 
 
+def interleave_task_types(tasks: Sequence[Task]) -> list[Task]:
+    """Tasks in turn by task type (the first of each type, then the second, ...), so that the first few
+    cover every type."""
+    queues: dict[str, list[Task]] = {}
+    for t in tasks:
+        queues.setdefault(t.task_type, []).append(t)
+    depth = max((len(q) for q in queues.values()), default=0)
+    return [q[i] for i in range(depth) for q in queues.values() if i < len(q)]
+
+
 def library_stats(tasks: Sequence[Task], registry: ToolRegistry | None = None) -> dict[str, Any]:
     """What a library holds: counts by type, complexity and split; distinct required-tool lists; how
     many tasks require each tool; descriptions naming a tool; test lists also found in train/validation."""

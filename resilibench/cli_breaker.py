@@ -20,7 +20,6 @@ from resilibench.cli import (
     SPLIT_CHOICES,
     CliError,
     check_bound_turn_limit,
-    format_table,
     load_library,
     load_world_config,
     nonnegative_float,
@@ -28,6 +27,7 @@ from resilibench.cli import (
     positive_int,
     select_tasks,
 )
+from resilibench.console import format_table
 
 
 def _roles(args: argparse.Namespace, runs: dict[str, int]) -> dict[str, str | None]:
@@ -127,7 +127,7 @@ def _build(
 def cmd_breaker(args: argparse.Namespace) -> int:
     from resilibench.agents.backends import BackendError
     from resilibench.agents.breaker import (
-        check_output_dir,
+        breaker_directory,
         export_csv,
         parse_max_iterations,
         parse_runs,
@@ -166,7 +166,7 @@ def cmd_breaker(args: argparse.Namespace) -> int:
     )
     run_config = {"tasks": source, "pool_size": len(tasks)}
     if args.resume:
-        check_output_dir(args.output_dir, identity)  # before any model is loaded
+        breaker_directory(args.output_dir, identity).check()  # before any model is loaded
     taxonomies = _build(args, runs, roles, config, tasks)
     try:
         summary = run_breaker(
@@ -183,13 +183,6 @@ def cmd_breaker(args: argparse.Namespace) -> int:
         raise CliError(
             f"{exc}; finished iterations are saved in {args.output_dir}: rerun the same command to resume"
         ) from None
-    except KeyboardInterrupt:
-        print(
-            f"\ninterrupted; finished iterations are saved in {args.output_dir}: rerun the same command to "
-            "resume",
-            file=sys.stderr,
-        )
-        return 130
     rows = [
         (name, s["runs"], s["model_breaking"], s["model_breaking"] / s["runs"], s["iterations"], s["invalid"])
         for name, s in summary.taxonomies.items()

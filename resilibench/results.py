@@ -19,8 +19,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -264,28 +263,6 @@ class JsonlWriter:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-@contextmanager
-def exclusive_lock(path: str | Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (created if missing) or raise ``BlockingIOError``
-    at once: two runs writing one results file would interleave their rows. No-op without ``fcntl``."""
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        yield
-        return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise BlockingIOError(f"{path} is locked by another process") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def append_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
