@@ -43,6 +43,7 @@ from resilibench.agents.base import Backend, GenerationConfig, Message, Validate
 from resilibench.agents.scripted import Agent
 from resilibench.console import progress_bar
 from resilibench.envs.text_env import ResiliBenchTextEnv
+from resilibench.errors import InputError
 from resilibench.metrics.judge import json_objects
 from resilibench.results import run_metadata
 from resilibench.rundir import RunDirectory
@@ -71,36 +72,36 @@ CSV_COLUMNS = {"taxonomy": "taxonomy", "agent_01_model": "generator", "prompt": 
 
 def parse_runs(text: str) -> dict[str, int]:
     """``"qc:8,itf:5"`` or ``"qc,itf"`` (a bare name is one run) -> ``{"qc": 8, "itf": 5}``; ValueError
-    naming the bad entry and the valid taxonomies."""
-    return _parse_counts(text, "--runs", TAXONOMIES)
+    naming the bad entry and the valid taxonomies (``errors.InputError`` of field "runs")."""
+    return _parse_counts(text, "runs", TAXONOMIES)
 
 
 def parse_max_iterations(text: str | None, runs: Mapping[str, int]) -> dict[str, int]:
     """Iteration caps per taxonomy of ``runs`` (default 1); every name must appear in ``runs``."""
     caps = dict.fromkeys(runs, 1)
     if text:
-        given = _parse_counts(text, "--max-iterations", TAXONOMIES)
+        given = _parse_counts(text, "max_iterations", TAXONOMIES)
         stray = [name for name in given if name not in runs]
         if stray:
-            raise ValueError(f"--max-iterations: {', '.join(stray)} not in --runs ({', '.join(runs)})")
+            raise InputError("max_iterations", f"{', '.join(stray)} not in the runs ({', '.join(runs)})")
         caps.update(given)
     return caps
 
 
-def _parse_counts(text: str, option: str, valid: Sequence[str]) -> dict[str, int]:
+def _parse_counts(text: str, field: str, valid: Sequence[str]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for entry in (e.strip() for e in text.split(",")):
         name, sep, number = (p.strip() for p in entry.partition(":"))
         if name not in valid:
-            raise ValueError(f"{option}: unknown taxonomy {name!r} in {text!r}; valid: {', '.join(valid)}")
+            raise InputError(field, f"unknown taxonomy {name!r} in {text!r}; valid: {', '.join(valid)}")
         if name in counts:
-            raise ValueError(f"{option}: {name} given twice in {text!r}")
+            raise InputError(field, f"{name} given twice in {text!r}")
         if not sep:
             counts[name] = 1
         elif number.isdigit() and int(number) > 0:
             counts[name] = int(number)
         else:
-            raise ValueError(f"{option}: {entry!r} needs a positive integer after ':' (e.g. {name}:3)")
+            raise InputError(field, f"{entry!r} needs a positive integer after ':' (e.g. {name}:3)")
     return counts
 
 

@@ -136,11 +136,8 @@ def cmd_breaker(args: argparse.Namespace) -> int:
     from resilibench.envs.planner_env import make_world_config
     from resilibench.results import to_jsonable
 
-    try:
-        runs = parse_runs(args.runs)
-        caps = parse_max_iterations(args.max_iterations, runs)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    runs = parse_runs(args.runs)  # errors.InputError naming --runs / --max-iterations
+    caps = parse_max_iterations(args.max_iterations, runs)
     roles = _roles(args, runs)
     _check_specs(roles)
     config = make_world_config(load_world_config(args.config, need_bounds=True, world=args.world), None, True, None)
