@@ -24,7 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry, named_tools
+from resilibench.envs.registry import (
+    OPERATION_PHRASES,
+    ToolRegistry,
+    default_registry,
+    named_tools,
+    topological_order,
+)
 
 GENERATOR_VERSION = "1"  # world v0's generator
 WORLDS = ("v0", "v1")
@@ -397,15 +403,8 @@ def dependency_sort(tools: Sequence[str], registry: ToolRegistry | None = None) 
     """Stable topological order: a tool comes after every selected tool it (transitively) depends on."""
     registry = registry or default_registry()
     ids = [registry.id_of(t) for t in tools]
-    placed: list[int] = []
-    remaining = list(ids)
-    while remaining:
-        for tool in remaining:
-            if not (registry.ancestors(tool) & (set(remaining) - {tool})):
-                placed.append(tool)
-                remaining.remove(tool)
-                break
-    return [registry.names[t] for t in placed]
+    edges = [(a, b) for b, tool in enumerate(ids) for a, other in enumerate(ids) if other in registry.ancestors(tool)]
+    return [tools[i] for i in topological_order(len(ids), edges)]
 
 
 def _split_labels(count: int, rng: np.random.Generator) -> list[str]:
