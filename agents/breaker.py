@@ -1,4 +1,4 @@
-"""The breaker loop (SPEC 10): propose a task, validate it, let the model under test try it four times,
+"""The breaker loop (docs/breaker.md): propose a task, validate it, let the model under test try it four times,
 grade every attempt, and keep the tasks that break the model (at least 3 of 4 attempts fail).
 
 Per taxonomy and run, up to the taxonomy's iteration cap:

@@ -199,7 +199,7 @@ class Parameter:
 
 @dataclass(frozen=True)
 class Tool:
-    """A tool of the registry with its full schema (SPEC 1)."""
+    """A tool of the registry with its full schema (paper app. C.1.1)."""
 
     name: str
     description: str
