@@ -568,6 +568,11 @@ def option_name(field: str) -> str:
     return field if "." in field or not field.isidentifier() else "--" + field.replace("_", "-")
 
 
+def error_text(exc: Exception) -> str:
+    """An exception as one line in the CLI's words: a library ``InputError`` names its field's option."""
+    return f"{option_name(exc.field)}: {exc.message}" if isinstance(exc, InputError) else str(exc)
+
+
 def _print_warning(message: Warning | str, *_: Any, **__: Any) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
@@ -590,7 +595,7 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except InputError as exc:  # the library's own: its field becomes the option's name
-        print(f"{PROG}: error: {option_name(exc.field)}: {exc.message}", file=sys.stderr)
+        print(f"{PROG}: error: {error_text(exc)}", file=sys.stderr)
         return 2
     except RunInterrupted as exc:  # the run directory is resumable
         print(f"\n{PROG}: {exc}", file=sys.stderr)

@@ -19,6 +19,7 @@ from resilibench.cli import (
     Parser,
     check_bound_turn_limit,
     dedupe,
+    error_text,
     load_library,
     load_world_config,
     nonnegative_int,
@@ -233,7 +234,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     try:
         out = run_sft(model, records, args.output_dir, settings, _format(args), originals_only=args.originals_only)
     except ValueError as exc:
-        raise CliError(f"robust sft: {exc}") from None
+        raise CliError(f"robust sft: {error_text(exc)}") from None
     print(f"model: {out}")
     return 0
 
@@ -254,7 +255,7 @@ def cmd_scpo(args: argparse.Namespace) -> int:
                            seed=args.seed or 0, **changes)
         out = run_scpo(model, records, args.output_dir, settings, _format(args), log=_stderr)
     except ValueError as exc:
-        raise CliError(f"robust scpo: {exc}") from None
+        raise CliError(f"robust scpo: {error_text(exc)}") from None
     print(f"model: {out}")
     return 0
 
@@ -274,7 +275,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
                   for name, model in zip(names, models, strict=True)}
     except ValueError as exc:
-        raise CliError(f"robust evaluate: {exc}") from None
+        raise CliError(f"robust evaluate: {error_text(exc)}") from None
     print(format_tables(tables, ("original", *PERTURBATION_TYPES)))
     print(f"tables and answers in {args.output_dir}/<name>/", file=sys.stderr)
     return 0
@@ -290,7 +291,7 @@ def cmd_scratch(args: argparse.Namespace) -> int:
                               num_layers=args.num_layers, num_heads=args.num_heads, vocab_size=args.vocab_size,
                               seed=args.seed)
     except ValueError as exc:
-        raise CliError(f"robust scratch: {exc}") from None
+        raise CliError(f"robust scratch: {error_text(exc)}") from None
     print(f"model: {out}")
     return 0
 
@@ -311,7 +312,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         run_demo(args.output_dir, settings, log=_stderr)
     except ValueError as exc:
-        raise CliError(f"robust demo: {exc}") from None
+        raise CliError(f"robust demo: {error_text(exc)}") from None
     print((Path(args.output_dir) / "table.txt").read_text(), end="")
     return 0
 

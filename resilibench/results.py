@@ -265,21 +265,6 @@ class JsonlWriter:
         self.close()
 
 
-def append_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
-    """Append rows to ``path`` (created if missing), each flushed as written; returns how many."""
-    count = 0
-    with JsonlWriter(path, resume=True) as writer:
-        for row in rows:
-            writer.write(row)
-            count += 1
-    return count
-
-
-def completed_keys(rows: Iterable[dict[str, Any]], fields: Sequence[str]) -> set[tuple[Any, ...]]:
-    """The keys (values of ``fields``) of rows already done, for skipping them on resume."""
-    return {tuple(row.get(f) for f in fields) for row in rows}
-
-
 # --- summaries of success levels ----------------------------------------------------------------------
 
 LEVEL_NAMES = ("full_success", "partial_success", "failure")

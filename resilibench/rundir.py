@@ -78,13 +78,15 @@ class RunDirectory:
     by ``recorded_identity``); dotted paths in ``may_change`` may differ (e.g. a training's iteration cap).
     ``logs`` names other JSONL files of the job (their records, too, need a known configuration).
     ``level_fields``: rows must carry these fields and a known ``level`` (``results.check_level_rows``).
-    ``stale`` names files (plots) deleted with the summary when a session starts afresh.
+    ``stale`` names files (plots) deleted with the summary when a session starts afresh. ``restart`` is the
+    advice the errors end with.
     """
 
     def __init__(self, path: str | Path, identity: dict[str, Any] | None = None, *, key: Sequence[str] = (),
                  results: str = "results.jsonl", summary: str | None = "summary.json", meta: str | None = None,
                  logs: Sequence[str] = (), stale: Sequence[str] = (), may_change: Sequence[str] = (),
-                 level_fields: Sequence[str] | None = None, field: str = "output_dir"):
+                 level_fields: Sequence[str] | None = None, field: str = "output_dir",
+                 restart: str = START_AFRESH):
         self.path = check_directory(path, field)
         self.identity = to_jsonable(identity or {})
         self.key = tuple(key)
@@ -96,6 +98,7 @@ class RunDirectory:
         self.may_change = tuple(may_change)
         self.level_fields = level_fields
         self.field = field
+        self.restart = restart
         self.existing = JsonlContents()
         self.new_rows: list[dict[str, Any]] = []
         self._writers: list[JsonlWriter] = []
@@ -116,7 +119,7 @@ class RunDirectory:
         try:
             existing = read_jsonl(self.results_path, repair=repair)
         except ValueError as exc:
-            raise self._error(f"{exc}; {START_AFRESH}") from None
+            raise self._error(f"{exc}; {self.restart}") from None
         recorded = [(self.results_path.name, m.get("config") or {}) for m in existing.metadata]
         for path, required in ((self.summary_path, False), (self.meta_path, True)):
             config = self._recorded_config(path, required) if path is not None and path.is_file() else None
@@ -128,7 +131,7 @@ class RunDirectory:
             if used:
                 missing = f"{self.meta_path.name} is missing" if self.meta_path else "no metadata record"
                 raise self._error(f"{used[0]} has records but {missing}, so their config is unknown; "
-                                  f"{START_AFRESH}")
+                                  f"{self.restart}")
         for where, config in recorded:
             differences = [d for d in json_diff(recorded_identity(config, list(self.identity)), self.identity)
                            if not any(d == p or d.startswith((f"{p}:", f"{p}.")) for p in self.may_change)]
@@ -136,7 +139,7 @@ class RunDirectory:
                 shown = "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more"
                                                       if len(differences) > 3 else "")
                 raise ConfigChanged(f"{self.path}: {where} was produced with a different config ({shown}); "
-                                    f"refusing to mix results: {START_AFRESH}", differences, self.field)
+                                    f"refusing to mix results: {self.restart}", differences, self.field)
         if self.level_fields is not None:
             try:
                 check_level_rows(existing.rows, self.level_fields, str(self.results_path), existing.row_lines)
@@ -156,7 +159,7 @@ class RunDirectory:
             if isinstance(config, dict):
                 return config
         if required or data is None:
-            raise self._error(f"{path.name} is not a ResiliBench record (no run config); {START_AFRESH}")
+            raise self._error(f"{path.name} is not a ResiliBench record (no run config); {self.restart}")
         return None
 
     # --- the session ----------------------------------------------------------------------------------

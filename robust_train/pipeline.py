@@ -48,7 +48,8 @@ STAGE_FILE = "stage.json"  # a stage's recorded inputs
 
 def stage_directory(directory: Path, inputs: dict[str, Any], **files: Any) -> RunDirectory:
     """The RunDirectory of a stage: ``stage.json`` records its inputs (other inputs: ``ConfigChanged``)."""
-    return RunDirectory(directory, inputs, summary=None, meta=STAGE_FILE, **files)
+    return RunDirectory(directory, inputs, summary=None, meta=STAGE_FILE,
+                        restart="use another output directory, or delete it to start over", **files)
 
 
 def reuse_stage(directory: Path, finished: bool, inputs: dict[str, Any]) -> bool:

@@ -359,7 +359,8 @@ def training_directory(directory: str | Path, cfg: PPOTrainConfig) -> RunDirecto
     per session). Resuming with a different training config is refused (``errors.ConfigChanged``), except
     for ``RESUMABLE_CHANGES`` (resources and stopping rules)."""
     return RunDirectory(directory, {"train": cfg.to_dict()}, key=("iteration",), results=PROGRESS_FILE,
-                        summary=None, may_change=[f"train.{key}" for key in sorted(RESUMABLE_CHANGES)])
+                        summary=None, may_change=[f"train.{key}" for key in sorted(RESUMABLE_CHANGES)],
+                        restart="use another output directory")
 
 
 def format_progress(row: dict[str, Any]) -> str:
