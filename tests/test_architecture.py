@@ -25,7 +25,7 @@ lint = _lint_imports_module()
 
 def _layers() -> list[list[str]]:
     contract = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]
-    return [[name.strip() for name in layer.split(":")] for layer in contract["layers"]]
+    return [[name.strip().strip("()") for name in layer.split(":")] for layer in contract["layers"]]
 
 
 def test_the_package_keeps_its_layers(tmp_path):
