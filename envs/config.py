@@ -40,7 +40,7 @@ RANGES: dict[str, Any] = {
     "rules.max_consecutive_failures": _AT_LEAST_ONE,
     "rules.max_same_tool_failures": _AT_LEAST_ONE,
     "evaluator.min_coverage": _UNIT,
-    "evaluator.partial_conditions_needed": (1, 4),  # of the 4 conditions of paper app. B.4
+    "evaluator.partial_conditions_needed": (1, 4),  # of the 4 conditions of SPEC 4
     "reward.adapt_threshold": _UNIT,
     "reward.error_penalty_by_success_rate": ((0, None), (None, None)),
     "reward.success_rate_window": _AT_LEAST_ONE,
@@ -164,7 +164,7 @@ def _short(value: Any) -> str:
 
 @dataclass(frozen=True)
 class FailureModel(_Section):
-    """Paper app. B.3: p = base * uncalled**N_u * failed**N_f * history**N_h."""
+    """SPEC 2: p = base * uncalled**N_u * failed**N_f * history**N_h."""
 
     section = "failure"
 
@@ -193,19 +193,19 @@ class TrainingDynamics(_Section):
 
 @dataclass(frozen=True)
 class EpisodeRules(_Section):
-    """The episode rules, one set for every front end (docs/envs.md, "The rules")."""
+    """SPEC 2b: one rule set for every front end."""
 
     section = "rules"
     turn_limit: int = 10
     max_consecutive_failures: int = 5
     max_same_tool_failures: int = 3
     strict_dependencies: bool = False
-    profile: str = "test"  # "test" (paper B.3 formula) or "training" (paper D.4)
+    profile: str = "test"  # "test" (SPEC 2 formula) or "training" (paper D.4)
 
 
 @dataclass(frozen=True)
 class EvaluatorConfig(_Section):
-    """Thresholds of the success levels (paper app. B.4)."""
+    """SPEC 4: thresholds of the success levels."""
 
     section = "evaluator"
     min_coverage: dict[str, float] = field(
