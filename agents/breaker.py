@@ -1,4 +1,4 @@
-"""The breaker loop (SPEC 10): propose a task, validate it, let the model under test try it four times,
+"""The breaker loop (docs/breaker.md): propose a task, validate it, let the model under test try it four times,
 grade every attempt, and keep the tasks that break the model (at least 3 of 4 attempts fail).
 
 Per taxonomy and run, up to the taxonomy's iteration cap:
@@ -41,8 +41,12 @@ import numpy as np
 from resilibench.agents import breaker_prompts as bp
 from resilibench.agents.base import Backend, GenerationConfig, Message, ValidatedAnswer, ask_until_valid
 from resilibench.agents.scripted import Agent
+from resilibench.console import progress_bar
 from resilibench.envs.text_env import ResiliBenchTextEnv
+from resilibench.errors import InputError
 from resilibench.metrics.judge import json_objects
+from resilibench.results import run_metadata
+from resilibench.rundir import RunDirectory
 
 LLM_TAXONOMIES = ("qc", "itf", "mim")
 TAXONOMIES = (*LLM_TAXONOMIES, "flaw")
@@ -68,36 +72,36 @@ CSV_COLUMNS = {"taxonomy": "taxonomy", "agent_01_model": "generator", "prompt": 
 
 def parse_runs(text: str) -> dict[str, int]:
     """``"qc:8,itf:5"`` or ``"qc,itf"`` (a bare name is one run) -> ``{"qc": 8, "itf": 5}``; ValueError
-    naming the bad entry and the valid taxonomies."""
-    return _parse_counts(text, "--runs", TAXONOMIES)
+    naming the bad entry and the valid taxonomies (``errors.InputError`` of field "runs")."""
+    return _parse_counts(text, "runs", TAXONOMIES)
 
 
 def parse_max_iterations(text: str | None, runs: Mapping[str, int]) -> dict[str, int]:
     """Iteration caps per taxonomy of ``runs`` (default 1); every name must appear in ``runs``."""
     caps = dict.fromkeys(runs, 1)
     if text:
-        given = _parse_counts(text, "--max-iterations", TAXONOMIES)
+        given = _parse_counts(text, "max_iterations", TAXONOMIES)
         stray = [name for name in given if name not in runs]
         if stray:
-            raise ValueError(f"--max-iterations: {', '.join(stray)} not in --runs ({', '.join(runs)})")
+            raise InputError("max_iterations", f"{', '.join(stray)} not in the runs ({', '.join(runs)})")
         caps.update(given)
     return caps
 
 
-def _parse_counts(text: str, option: str, valid: Sequence[str]) -> dict[str, int]:
+def _parse_counts(text: str, field: str, valid: Sequence[str]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for entry in (e.strip() for e in text.split(",")):
         name, sep, number = (p.strip() for p in entry.partition(":"))
         if name not in valid:
-            raise ValueError(f"{option}: unknown taxonomy {name!r} in {text!r}; valid: {', '.join(valid)}")
+            raise InputError(field, f"unknown taxonomy {name!r} in {text!r}; valid: {', '.join(valid)}")
         if name in counts:
-            raise ValueError(f"{option}: {name} given twice in {text!r}")
+            raise InputError(field, f"{name} given twice in {text!r}")
         if not sep:
             counts[name] = 1
         elif number.isdigit() and int(number) > 0:
             counts[name] = int(number)
         else:
-            raise ValueError(f"{option}: {entry!r} needs a positive integer after ':' (e.g. {name}:3)")
+            raise InputError(field, f"{entry!r} needs a positive integer after ':' (e.g. {name}:3)")
     return counts
 
 
@@ -618,30 +622,12 @@ class BreakerSummary:
     iterations_path: Path
 
 
-def check_output_dir(directory: str | Path, identity: dict[str, Any]) -> None:
-    """Refuse (CliError) a directory whose ``meta.json`` records another identity (``cli.check_same_config``),
-    whose records have no ``meta.json`` (their config is unknown, as ``run`` refuses it) or that is not a
-    directory; cheap, so callers check before loading any model."""
-    from resilibench.cli import CliError, check_same_config
-    from resilibench.results import to_jsonable
-
-    directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise CliError(f"--output-dir: {directory} exists and is not a directory")
-    meta_path = directory / "meta.json"
-    if meta_path.exists():
-        try:
-            recorded = json.loads(meta_path.read_text())
-        except ValueError:
-            raise CliError(f"--output-dir {directory}: meta.json is not JSON; use another --output-dir or "
-                           "--no-resume") from None
-        check_same_config(directory, [recorded], True, to_jsonable(identity), "meta.json")
-    else:
-        used = [name for name in ("iterations.jsonl", "rows.jsonl") if (directory / name).is_file()
-                and (directory / name).stat().st_size > 0]
-        if used:
-            raise CliError(f"--output-dir {directory}: {used[0]} has records but meta.json is missing, so their "
-                           "config is unknown; use another --output-dir or --no-resume to start afresh")
+def breaker_directory(directory: str | Path, identity: dict[str, Any] | None = None) -> RunDirectory:
+    """The RunDirectory of a breaker run: ``rows.jsonl`` (one row per (taxonomy, run)), ``iterations.jsonl``
+    and ``meta.json`` (the run config, checked against ``identity`` on resume). ``check()`` on it is cheap,
+    so callers check before loading any model."""
+    return RunDirectory(directory, identity or {"world": None, "tasks_sha256": None}, key=("taxonomy", "run"),
+                        results="rows.jsonl", summary=None, meta="meta.json", logs=("iterations.jsonl",))
 
 
 def run_breaker(directory: str | Path, taxonomies: Mapping[str, Taxonomy], runs: Mapping[str, int],
@@ -649,35 +635,22 @@ def run_breaker(directory: str | Path, taxonomies: Mapping[str, Taxonomy], runs:
                 identity: dict[str, Any] | None = None, resume: bool = True, progress: bool = True,
                 embed: Callable[[str], list[float]] = prompt_embedding) -> BreakerSummary:
     """Run (or resume) the loop into ``directory``. ``taxonomies`` maps every name of ``runs`` to its
-    ``Taxonomy``; ``identity`` (with "world" and "tasks_sha256", see ``cli.check_same_config``) must match
-    what ``meta.json`` recorded, else the directory is refused (CliError). A run already finished (it
-    saved a row or reached its cap) is skipped; an unfinished one continues at its next iteration.
-    ``resume=False`` starts the directory's files afresh."""
-    from resilibench.cli import CliError, progress_bar
-    from resilibench.results import JsonlWriter, exclusive_lock, run_metadata, to_jsonable, write_json_atomic
-
+    ``Taxonomy``; ``identity`` (e.g. "world" and "tasks_sha256") must match what ``meta.json`` recorded,
+    else the directory is refused (``errors.ConfigChanged``). A run already finished (it saved a row or
+    reached its cap) is skipped; an unfinished one continues at its next iteration. ``resume=False``
+    starts the directory's files afresh."""
     missing = [name for name in runs if name not in taxonomies]
     if missing:
         raise ValueError(f"no taxonomy object for {missing}")
-    directory = Path(directory)
-    rows_path, iterations_path, meta_path = (directory / n
-                                             for n in ("rows.jsonl", "iterations.jsonl", "meta.json"))
-    identity = to_jsonable(identity or {"world": None, "tasks_sha256": None})
-    config = {**(run_config or {}), **identity, "runs": dict(runs), "max_iterations": dict(max_iterations),
+    run = breaker_directory(directory, identity)
+    config = {**(run_config or {}), **run.identity, "runs": dict(runs), "max_iterations": dict(max_iterations),
               "seed": seed, "taxonomies": {name: taxonomies[name].settings for name in runs}}
-    try:
-        with exclusive_lock(directory / ".lock"):
-            if resume:
-                check_output_dir(directory, identity)
-            write_json_atomic(meta_path, run_metadata(config, [seed]))
-            with JsonlWriter(iterations_path, resume=resume) as iterations, \
-                    JsonlWriter(rows_path, resume=resume) as rows:
-                summary = BreakerSummary({}, rows_path, iterations_path)
-                _loop(taxonomies, runs, max_iterations, seed, iterations, rows, embed,
-                      progress_bar if progress else None, summary)
-                return summary
-    except BlockingIOError:
-        raise CliError(f"--output-dir {directory}: another breaker run is writing there") from None
+    with run.session(resume):
+        run.write_meta(run_metadata(config, [seed]))
+        summary = BreakerSummary({}, run.results_path, run.path / "iterations.jsonl")
+        _loop(taxonomies, runs, max_iterations, seed, run.writer(summary.iterations_path.name),
+              run.writer(summary.rows_path.name), embed, progress_bar if progress else None, summary)
+        return summary
 
 
 def _loop(taxonomies: Mapping[str, Taxonomy], runs: Mapping[str, int], caps: Mapping[str, int], seed: int,

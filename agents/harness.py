@@ -15,9 +15,9 @@ optimal agent plays exactly the episode ``ResiliBench-v0`` would give ``OptimalP
 from __future__ import annotations
 
 import sys
-import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,8 @@ from resilibench.agents.scripted import Agent, LLMAgent
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.simulator import task_seed
 from resilibench.envs.tasks import Task
+from resilibench.results import run_metadata
+from resilibench.rundir import RunDirectory
 
 EVAL_KEY = ("model", "task_id", "prompt", "flaw_type", "seed")
 PLAN_PROMPTS = ("optimal", "flawed")
@@ -150,7 +152,7 @@ def run_eval(
     severity: float = 0.5,
     plan_style: str = "numbered",
     batch_size: int = 32,
-    results_path: str | Path | None = None,
+    output_dir: str | Path | RunDirectory | None = None,
     resume: bool = True,
     metadata: dict[str, Any] | None = None,
     keep_messages: bool = False,
@@ -162,47 +164,56 @@ def run_eval(
     """Play ``jobs`` with an agent (or a backend, wrapped in ``LLMAgent`` with ``generation``) and return
     one row per job, in job order.
 
-    ``batch_size`` episodes run at once (one agent call per round for all of them). With
-    ``results_path`` each row is appended to that JSONL file as its episode ends (after a
-    ``metadata`` record, when given); with ``resume`` the jobs whose key is already in the file are not
-    played again and their stored rows are returned. ``config``/``strict_dependencies`` are the text
-    env's world rules (strict dependencies by default, as in the paper); ``env_kwargs`` go to every
-    ``ResiliBenchTextEnv`` (e.g. ``{"search": "lexical"}``). ``on_result`` sees each new row.
+    ``batch_size`` episodes run at once (one agent call per round for all of them). With ``output_dir``
+    (a directory, or a ``RunDirectory`` whose session the caller holds: ``eval_directory``) each row is
+    appended to its ``results.jsonl`` as its episode ends (after a ``metadata`` record); with ``resume``
+    the jobs whose key is already there are not played again and their stored rows are returned.
+    ``config``/``strict_dependencies`` are the text env's world rules (strict dependencies by default, as in
+    the paper); ``env_kwargs`` go to every ``ResiliBenchTextEnv`` (e.g. ``{"search": "lexical"}``).
+    ``on_result`` sees each new row.
     """
-    from resilibench.envs.text_env import ResiliBenchTextEnv
-    from resilibench.results import JsonlWriter, read_jsonl
-
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     agent = as_agent(agent_or_backend, generation)
-    model = agent.name
     jobs = list(jobs)
-    keys = [job.key(model) for job in jobs]
+    keys = [job.key(agent.name) for job in jobs]
     if len(set(keys)) != len(keys):
         raise ValueError("jobs contain the same (task, prompt, flaw type, seed) more than once")
+    with ExitStack() as stack:
+        run = output_dir
+        if output_dir is not None and not isinstance(output_dir, RunDirectory):
+            run = stack.enter_context(eval_directory(output_dir).session(resume))
+        done: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for row in run.existing.rows if run is not None else ():
+            done.setdefault(run.key_of(row), row)
+        todo = [job for job, key in zip(jobs, keys, strict=True) if key not in done]
+        if run is not None and todo:
+            run.open_results(metadata or run_metadata({}, None))
+        new_rows = _play(agent, todo, run, on_result, progress, dict(
+            config=config, strict_dependencies=strict_dependencies, plan_style=plan_style, severity=severity,
+            registry=registry, **(env_kwargs or {})), batch_size, severity, keep_messages)
+    return [done[key] if key in done else new_rows[key] for key in keys]
 
-    done: dict[tuple[Any, ...], dict[str, Any]] = {}
-    if results_path is not None and resume:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a truncated tail is repaired by the writer below
-            existing = read_jsonl(results_path)
-        for row in existing.rows:
-            done.setdefault(tuple(row.get(f) for f in EVAL_KEY), row)
-    todo = deque(job for job, key in zip(jobs, keys, strict=True) if key not in done)
+
+def eval_directory(path: str | Path, identity: dict[str, Any] | None = None) -> RunDirectory:
+    """The RunDirectory of an evaluation: rows keyed by ``EVAL_KEY``, each with a level."""
+    return RunDirectory(path, identity, key=EVAL_KEY, stale=("summary.png",), level_fields=("level",))
+
+
+def _play(agent: Agent, jobs: Sequence[EvalJob], run: RunDirectory | None,
+          on_result: Callable[[dict[str, Any]], None] | None, progress: bool, env_kwargs: dict[str, Any],
+          batch_size: int, severity: float, keep_messages: bool) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """Play ``jobs`` in a pool of ``batch_size`` text envs; the new rows by key, each written to ``run``."""
+    from resilibench.envs.text_env import ResiliBenchTextEnv
+
+    model = agent.name
+    todo = deque(jobs)
     new_rows: dict[tuple[Any, ...], dict[str, Any]] = {}
-
-    writer = None
-    if results_path is not None and todo:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            writer = JsonlWriter(results_path, metadata=metadata, resume=resume)
     tasks = list({job.task.instance_id: job.task for job in todo}.values())
     bar = _progress(len(todo), f"eval {model}", progress)
     try:
         if todo:
-            slots = [_Slot(ResiliBenchTextEnv(split=None, tasks=tasks, config=config,
-                                              strict_dependencies=strict_dependencies, plan_style=plan_style,
-                                              severity=severity, registry=registry, **(env_kwargs or {})))
+            slots = [_Slot(ResiliBenchTextEnv(split=None, tasks=tasks, **env_kwargs))
                      for _ in range(min(batch_size, len(todo)))]
             running: list[_Slot] = []
             while todo or running:
@@ -225,17 +236,15 @@ def run_eval(
                     row = episode_row(model, slot.job, slot.env, info, severity, keep_messages)
                     slot.job = None
                     new_rows[tuple(row[f] for f in EVAL_KEY)] = row
-                    if writer is not None:
-                        writer.write(row)
+                    if run is not None:
+                        run.write(row)
                     if on_result is not None:
                         on_result(row)
                     bar.update(1)
                 running = still
     finally:
         bar.close()
-        if writer is not None:
-            writer.close()
-    return [done[key] if key in done else new_rows[key] for key in keys]
+    return new_rows
 
 
 def _progress(total: int, desc: str, enabled: bool):

@@ -210,7 +210,7 @@ def _levels(stats: dict[str, Any] | None) -> list[str]:
 
 def format_tables(summary: dict[str, Any]) -> str:
     """The tables of a summary as plain text (rates in percent)."""
-    from resilibench.cli import format_table
+    from resilibench.console import format_table
 
     models, prompts = summary["models"], summary["prompts"]
     out = []

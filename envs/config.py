@@ -27,6 +27,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from resilibench.errors import InputError
+
 T = TypeVar("T", bound="Settings")
 
 # The largest turn limit: an episode draws its random stream for every turn up front (the batched env holds
@@ -36,12 +38,14 @@ UNIT = (0, 1)  # bounds of a probability
 AT_LEAST_ONE = (1, None)
 
 
-class ConfigError(ValueError):
-    """A setting with a bad value, or an unknown one; ``field`` is its dotted name (``rules.turn_limit``)."""
+class ConfigError(InputError):
+    """A setting with a bad value, or an unknown one; ``field`` is its dotted name (``rules.turn_limit``)
+    and the message starts with it."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
+        ValueError.__init__(self, message)
         self.field = field
+        self.message = message
 
 
 def setting(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, help: str = "",

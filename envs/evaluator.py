@@ -1,4 +1,4 @@
-"""The evaluator (SPEC 4): an execution trace plus the completion signal -> full / partial / failure.
+"""The evaluator (paper app. B.4): an execution trace plus the completion signal -> full / partial / failure.
 
 One evaluator serves every front end. ``classify`` holds the level rule and works on scalars and numpy
 arrays, so the batched vector env applies exactly the same rule.

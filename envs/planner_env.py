@@ -160,7 +160,7 @@ class ResiliBenchEnv(gym.Env):
 
     ## Version History
 
-    * v0: initial release (rules of SPEC 2/2b; any change to them bumps the version).
+    * v0: initial release (rules of docs/envs.md; any change to them bumps the version).
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}

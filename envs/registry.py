@@ -7,8 +7,10 @@ the bounds and every front end read it from here and nowhere else.
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from functools import cache, cached_property
 from typing import Any
@@ -161,6 +163,28 @@ _DESTINATION_OPS = {"writer", "poster", "notifier", "router"}
 _FORMATS = ["json", "csv", "xml", "yaml", "parquet"]
 
 
+def topological_order(count: int, edges: Iterable[tuple[int, int]], key: Callable[[int], Any] | None = None
+                      ) -> Iterator[int]:
+    """Nodes ``0 .. count-1`` in a topological order of ``edges`` (``(a, b)``: a before b): of the nodes ready,
+    the one with the smallest ``key`` (default: its index) comes first. ``key(i)`` is read when ``i`` becomes
+    ready, after all its predecessors were yielded. Nodes on a cycle are left out."""
+    successors: list[list[int]] = [[] for _ in range(count)]
+    indegree = [0] * count
+    for a, b in edges:
+        successors[a].append(b)
+        indegree[b] += 1
+    rank = key or (lambda i: i)
+    ready = [(rank(i), i) for i in range(count) if indegree[i] == 0]
+    heapq.heapify(ready)
+    while ready:
+        _, i = heapq.heappop(ready)
+        yield i
+        for j in successors[i]:
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                heapq.heappush(ready, (rank(j), j))
+
+
 @dataclass(frozen=True)
 class Parameter:
     """One input parameter of a tool."""
@@ -175,7 +199,7 @@ class Parameter:
 
 @dataclass(frozen=True)
 class Tool:
-    """A tool of the registry with its full schema (SPEC 1)."""
+    """A tool of the registry with its full schema (paper app. C.1.1)."""
 
     name: str
     description: str

@@ -48,7 +48,7 @@ def _table_power(factor: float, exponent: np.ndarray) -> np.ndarray:
 
 
 def success_probability(base, n_uncalled, n_failed, n_history, failure_model):
-    """SPEC 2 success formula; works on scalars and numpy integer arrays alike (bit-identical results)."""
+    """The success formula (paper app. B.3; docs/envs.md); works on scalars and numpy integer arrays alike (bit-identical results)."""
     fm = failure_model
     arrays = isinstance(n_uncalled, np.ndarray) or isinstance(n_failed, np.ndarray) or isinstance(
         n_history, np.ndarray)
@@ -62,7 +62,7 @@ def success_probability(base, n_uncalled, n_failed, n_history, failure_model):
 
 
 def termination_code(consecutive_failures, same_tool_streak, rules):
-    """The failure-termination rule of SPEC 2b as a code (0 = go on, else an index into ``END_REASONS``);
+    """The failure-termination rule (docs/envs.md, "The rules") as a code (0 = go on, else an index into ``END_REASONS``);
     scalars or numpy arrays. Too many consecutive failures takes precedence over a repetition loop."""
     consecutive = consecutive_failures >= rules.max_consecutive_failures
     repetition = same_tool_streak >= rules.max_same_tool_failures
@@ -71,7 +71,7 @@ def termination_code(consecutive_failures, same_tool_streak, rules):
 
 
 def termination_reason(consecutive_failures: int, same_tool_streak: int, rules) -> str | None:
-    """The failure-termination rule of SPEC 2b, or None while the episode may go on."""
+    """The failure-termination rule (docs/envs.md, "The rules"), or None while the episode may go on."""
     return END_REASONS[termination_code(consecutive_failures, same_tool_streak, rules)]
 
 

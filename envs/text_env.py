@@ -1,4 +1,4 @@
-"""``ResiliBenchText-v0``: LLM agents play the ResiliBench world through chat messages (SPEC 2b, 6)."""
+"""``ResiliBenchText-v0``: LLM agents play the ResiliBench world through chat messages (docs/text_env.md)."""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ class ResiliBenchTextEnv(gym.Env):
 
     ## Version History
 
-    * v0: initial release (rules of SPEC 2/2b; any change to them bumps the version).
+    * v0: initial release (rules of docs/envs.md; any change to them bumps the version).
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 1}

@@ -15,7 +15,6 @@ by a stated rule (see ``align``), so the result is a function of the two workflo
 
 from __future__ import annotations
 
-import heapq
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -169,25 +168,9 @@ def similarity_matrix(pred: Workflow, ref: Workflow, embedder: NodeEmbedder | No
 
 @lru_cache(maxsize=8192)
 def execution_order(workflow: Workflow) -> tuple[int, ...]:
-    """The workflow's topological order, ties broken by the lower node index (the same order as
-    ``Workflow.topological_order``; for a plan listed in execution order it is the node list)."""
-    n = len(workflow.nodes)
-    indegree = [0] * n
-    successors: list[list[int]] = [[] for _ in range(n)]
-    for a, b in workflow.edges:
-        successors[a].append(b)
-        indegree[b] += 1
-    ready = [i for i in range(n) if indegree[i] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for j in successors[i]:
-            indegree[j] -= 1
-            if indegree[j] == 0:
-                heapq.heappush(ready, j)
-    return tuple(order)
+    """The workflow's topological order, ties broken by the lower node index (``Workflow.topological_order``;
+    for a plan listed in execution order it is the node list)."""
+    return tuple(workflow.topological_order())
 
 
 def _ranks(workflow: Workflow) -> np.ndarray:

@@ -40,7 +40,7 @@ from resilibench.metrics.perturb import (
     perturbation_rng,
 )
 from resilibench.metrics.workflow import Workflow
-from resilibench.results import save_figure
+from resilibench.results import new_figure, save_figure
 
 STRUCTURAL = ("chain_f1", "mcis_f1", "reachability_f1", "kendall_tau")
 LEXICAL = ("bleu", "gleu")
@@ -317,23 +317,13 @@ def summarize(plan: CalibrationPlan, rows: Iterable[dict[str, Any]], metrics: Se
 # --- plots --------------------------------------------------------------------------------------------
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_scores(summary: dict[str, Any], path: str | Path, view: str = "tasks") -> Path:
     """One panel per perturbation: each metric's mean (± std) against the rate, and the expected score
     as a dashed black line (WorkflowPerturb figs. 3-5)."""
-    plt = _pyplot()
     table = summary["views"][view]
     metrics = list(table)
     kinds = list(next(iter(table.values()))) if table else []
-    fig, axes = plt.subplots(1, max(1, len(kinds)), figsize=(5.2 * max(1, len(kinds)), 4.4), sharey=True,
+    fig, axes = new_figure(1, max(1, len(kinds)), figsize=(5.2 * max(1, len(kinds)), 4.4), sharey=True,
                              squeeze=False)
     for ax, kind in zip(axes[0], kinds, strict=False):
         rates = [float(r) for r in table[metrics[0]][kind]["rates"]]
@@ -359,12 +349,11 @@ def plot_scores(summary: dict[str, Any], path: str | Path, view: str = "tasks") 
 
 def plot_sensitivity(summary: dict[str, Any], path: str | Path, view: str = "tasks") -> Path:
     """Grouped bars: each metric's sensitivity per perturbation (WorkflowPerturb fig. 6)."""
-    plt = _pyplot()
     table = summary["views"][view]
     metrics = list(table)
     kinds = list(next(iter(table.values()))) if table else []
     width = 0.8 / max(1, len(kinds))
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(metrics)), 4.2))
+    fig, ax = new_figure(figsize=(max(7.0, 1.1 * len(metrics)), 4.2))
     for j, kind in enumerate(kinds):
         values = [table[m][kind]["sensitivity"] for m in metrics]
         xs = [i - 0.4 + width * (j + 0.5) for i in range(len(metrics))]

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from resilibench.agents.base import Backend, GenerationConfig, Message
+from resilibench.agents.base import Backend, GenerationConfig, Message, ask_until_valid
 from resilibench.metrics.alignment import execution_order
 from resilibench.metrics.workflow import Node, Workflow
 
@@ -422,34 +422,11 @@ class LLMPerturber:
             else:
                 chosen.append(())
         conversations = [self.messages(r, c) for r, c in zip(requests, chosen, strict=True)]
-        raw: list[list[str]] = [[] for _ in requests]
-        errors: list[list[str]] = [[] for _ in requests]
-        results: list[Perturbation | None] = [None] * len(requests)
-        pending = list(range(len(requests)))
-        for _ in range(self.attempts):
-            if not pending:
-                break
-            answers = self.backend.generate([conversations[i] for i in pending], self.generation)
-            if len(answers) != len(pending):
-                raise RuntimeError(f"backend returned {len(answers)} answers for {len(pending)} conversations")
-            still = []
-            for i, answer in zip(pending, answers, strict=True):
-                raw[i].append(answer)
-                try:
-                    workflow, changed = validate_variant(requests[i], chosen[i], answer)
-                except PerturbFormatError as exc:
-                    errors[i].append(str(exc))
-                    conversations[i] = [*conversations[i], {"role": "assistant", "content": answer},
-                                        {"role": "user", "content": str(exc)}]
-                    still.append(i)
-                    continue
-                r = requests[i]
-                results[i] = Perturbation(r.kind, r.rate, workflow, changed, "llm", tuple(raw[i]), tuple(errors[i]))
-            pending = still
-        for i in pending:
-            r = requests[i]
-            results[i] = Perturbation(r.kind, r.rate, None, chosen[i], "llm", tuple(raw[i]), tuple(errors[i]))
-        return [p for p in results if p is not None]
+        answers = ask_until_valid(self.backend, conversations,
+                                  lambda i, answer: validate_variant(requests[i], chosen[i], answer), self.attempts,
+                                  self.generation, retry_message="{error}", record_backend_errors=False)
+        return [Perturbation(r.kind, r.rate, *(got.value or (None, c)), "llm", tuple(got.raw), tuple(got.errors))
+                for r, c, got in zip(requests, chosen, answers, strict=True)]
 
 
 def _parse_workflow(answer: str) -> Workflow:

@@ -29,7 +29,6 @@ The text of a workflow is ``metrics.lexical.workflow_text`` (step descriptions i
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -69,7 +68,6 @@ class BertScorer:
     def __init__(self, model_path: str | Path | None = None, layer: int | None = None,
                  idf_corpus: Iterable[TextLike] | None = None, max_length: int = 512,
                  device: str = "cpu"):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         try:
             import torch  # noqa: F401
             from transformers import AutoModel, AutoTokenizer
@@ -79,8 +77,8 @@ class BertScorer:
         path = Path(model_path) if model_path is not None else default_model_path()
         self.model_path = path
         self.model_name = "all-MiniLM-L6-v2" if model_path is None else str(path)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path).to(device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.model = AutoModel.from_pretrained(path, local_files_only=True).to(device).eval()
         n_layers = self.model.config.num_hidden_layers
         if layer is None:
             layer = n_layers

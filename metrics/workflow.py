@@ -14,6 +14,8 @@ from typing import Any
 
 import networkx as nx
 
+from resilibench.envs.registry import topological_order
+
 
 @dataclass(frozen=True)
 class Node:
@@ -336,32 +338,20 @@ class Workflow:
 
     def topological_order(self) -> list[int]:
         """A topological order, ties broken by node index."""
-        return list(nx.lexicographical_topological_sort(self.to_networkx()))
+        return list(topological_order(len(self.nodes), self.edges))
 
     def canonical(self) -> Workflow:
         """The canonical form: nodes in the topological order that breaks ties by (tool, text, then
         canonical predecessors), edges sorted. Equal canonical forms mean the same labelled DAG up to
         renumbering for workflows whose equal-labelled nodes have distinct predecessor sets."""
-        graph = self.to_networkx()
+        predecessors: list[list[int]] = [[] for _ in self.nodes]
+        for a, b in self.edges:
+            predecessors[b].append(a)
         placed: dict[int, int] = {}
-        remaining = set(range(len(self.nodes)))
-        indegree = {i: graph.in_degree(i) for i in remaining}
-        while remaining:
-            ready = [i for i in remaining if indegree[i] == 0]
-            best = min(
-                ready,
-                key=lambda i: (
-                    self.nodes[i].tool or "",
-                    self.nodes[i].text,
-                    self.nodes[i].params,
-                    sorted(placed[p] for p in graph.predecessors(i)),
-                    i,
-                ),
-            )
-            placed[best] = len(placed)
-            remaining.remove(best)
-            for s in graph.successors(best):
-                indegree[s] -= 1
+        for i in topological_order(len(self.nodes), self.edges, key=lambda i: (
+                self.nodes[i].tool or "", self.nodes[i].text, self.nodes[i].params,
+                sorted(placed[p] for p in predecessors[i]), i)):
+            placed[i] = len(placed)
         order = sorted(placed, key=placed.get)
         nodes = tuple(self.nodes[i] for i in order)
         edges = tuple(sorted((placed[a], placed[b]) for a, b in self.edges))

@@ -286,7 +286,7 @@ def _evaluate_algorithm(algo, cfg: SelfPlayConfig) -> dict[str, Any]:
 
 def format_report(result: SelfPlayResult) -> str:
     """The before/after table and the adversary's greedy choices after training."""
-    from resilibench.cli import format_table
+    from resilibench.console import format_table
 
     rows = [[stage, r["executor_clean"], r["executor_flawed"], r["follower_clean"], r["follower_flawed"]]
             for stage, r in (("before training", result.before), ("after training", result.after))]

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from resilibench import __version__
+from resilibench.console import format_table, progress_bar
+from resilibench.errors import InputError, RunInterrupted
+from resilibench.rundir import RunDirectory, blocking_ancestor
 
 PROG = "resilibench"
 SPLIT_CHOICES = ("train", "validation", "test", "all")
@@ -90,38 +93,6 @@ def dedupe(values: Sequence[Any]) -> list[Any]:
     return list(dict.fromkeys(values))
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A plain-text table; numbers right-aligned, floats with 4 decimals."""
-
-    def cell(value: Any) -> str:
-        if value is None:
-            return "-"
-        if isinstance(value, float):
-            return f"{value:.4f}"
-        return str(value)
-
-    cells = [[cell(v) for v in row] for row in rows]
-    numeric = [all(isinstance(row[i], int | float) or row[i] is None for row in rows) if rows else False
-               for i in range(len(headers))]
-    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
-
-    def line(values: Sequence[str]) -> str:
-        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)]
-        return "  ".join(parts).rstrip()
-
-    out = [line(headers), line(["-" * w for w in widths])]
-    out.extend(line(r) for r in cells)
-    return "\n".join(out)
-
-
-def _blocking_ancestor(path: Path) -> Path | None:
-    """The nearest existing folder above ``path`` when it is not a directory (nothing can be made below)."""
-    for parent in path.parents:
-        if parent.exists():
-            return None if parent.is_dir() else parent
-    return None
-
-
 def output_file(path: str | None, option: str = "--output") -> Path | None:
     """The file an output option names, checked before any work: CliError when it is a directory or
     sits below a file."""
@@ -130,22 +101,10 @@ def output_file(path: str | None, option: str = "--output") -> Path | None:
     file = Path(path)
     if file.is_dir():
         raise CliError(f"{option}: {file} is a directory; give the path of a file")
-    blocking = _blocking_ancestor(file)
+    blocking = blocking_ancestor(file)
     if blocking is not None:
         raise CliError(f"{option}: {blocking} is not a directory, so {file} cannot be written")
     return file
-
-
-def output_dir(path: str, option: str = "--output-dir") -> Path:
-    """The directory an output option names, checked before any work: CliError when it exists as a file or
-    sits below a file."""
-    directory = Path(path)
-    if directory.exists() and not directory.is_dir():
-        raise CliError(f"{option}: {directory} exists and is not a directory")
-    blocking = _blocking_ancestor(directory)
-    if blocking is not None:
-        raise CliError(f"{option}: {blocking} is not a directory, so {directory} cannot be created")
-    return directory
 
 
 def load_world_config(path: str | None, need_bounds: bool = False, world: str = "v1"):
@@ -199,16 +158,6 @@ def load_library(path: str | None, world: str = "v1"):
     return tasks, source
 
 
-def interleave_task_types(tasks: Sequence[Any]) -> list[Any]:
-    """Tasks in turn by task type (the first of each type, then the second, ...), so that the first few
-    cover every type."""
-    queues: dict[str, list[Any]] = {}
-    for t in tasks:
-        queues.setdefault(t.task_type, []).append(t)
-    depth = max((len(q) for q in queues.values()), default=0)
-    return [q[i] for i in range(depth) for q in queues.values() if i < len(q)]
-
-
 def select_tasks(tasks, split: str | None, task_types: Sequence[str] | None,
                   task_ids: Sequence[str] | None = None, limit: int | None = None):
     """Filter the library; task ids (when given) select tasks regardless of split. ``limit`` keeps the
@@ -226,17 +175,12 @@ def select_tasks(tasks, split: str | None, task_types: Sequence[str] | None,
     if task_types:
         selected = [t for t in selected if t.task_type in task_types]
     if limit is not None and limit < len(selected):
+        from resilibench.envs.tasks import interleave_task_types
+
         selected = interleave_task_types(selected)[:limit]
     if not selected:
         raise CliError("no task matches the selection (--split / --task-type / --task-id)")
     return selected
-
-
-def progress_bar(total: int, desc: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="ep" if desc == "episodes" else "it", dynamic_ncols=True,
-                mininterval=0.5, file=sys.stderr)
 
 
 # --- tools --------------------------------------------------------------------------------------------
@@ -438,68 +382,6 @@ def cmd_bounds(args: argparse.Namespace) -> int:
 # --- run ----------------------------------------------------------------------------------------------
 
 
-def check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has_rows: bool,
-                       identity: dict[str, Any], source: str = "results.jsonl") -> None:
-    """Refuse to add rows to a directory whose results came from another world config or task library.
-
-    ``identity`` holds "world" and "tasks_sha256"; any other key names a run-config entry that must match
-    too (e.g. an area's evaluation settings). ``source`` names the file ``existing_meta`` came from."""
-    from resilibench.results import json_diff
-
-    summary_path = directory / "summary.json"
-    recorded = [(source, m.get("config", {})) for m in existing_meta]
-    if summary_path.exists():
-        try:
-            recorded.append(("summary.json", json.loads(summary_path.read_text())["metadata"]["config"]))
-        except (ValueError, KeyError, TypeError):
-            raise CliError(f"--output-dir {directory}: summary.json is not a ResiliBench summary; use another "
-                           "--output-dir or --no-resume to start afresh") from None
-    if has_rows and not existing_meta:
-        raise CliError(f"--output-dir {directory}: {source} has rows but no metadata record, so its config "
-                       "is unknown; use another --output-dir or --no-resume to start afresh")
-    for where, config in recorded:
-        theirs = {"world": config.get("world"), "tasks_sha256": (config.get("tasks") or {}).get("sha256")}
-        theirs |= {key: config.get(key) for key in identity if key not in theirs}
-        differences = json_diff(theirs, identity)
-        if differences:
-            shown = "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more" if len(differences) > 3 else "")
-            raise CliError(f"--output-dir {directory}: {where} was produced with a different config ({shown}); "
-                           "refusing to mix results: use another --output-dir, or --no-resume to discard them")
-
-
-def read_existing_results(directory: Path, results_path: Path, identity: dict[str, Any],
-                          fields: Sequence[str] = ()):
-    """The rows and metadata already in ``results_path`` (a truncated tail is reported and cut off, even
-    when nothing is left to run), after checking they come from the same config (``check_same_config``)
-    and that every row has ``fields`` and a known level (``results.check_level_rows``)."""
-    from resilibench.results import check_level_rows, read_jsonl
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            existing = read_jsonl(results_path, repair=True)
-        except ValueError as exc:
-            raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
-    check_same_config(directory, existing.metadata, bool(existing.rows), identity, results_path.name)
-    if fields:
-        try:
-            check_level_rows(existing.rows, fields, str(results_path), existing.row_lines)
-        except ValueError as exc:
-            raise CliError(f"--output-dir: {exc}; fix or remove the row, or use --no-resume") from None
-    return existing
-
-
-def open_results_writer(results_path: Path, metadata: dict[str, Any], resume: bool):
-    """A JsonlWriter appending to ``results_path`` (quietly repairing a truncated tail already reported)."""
-    from resilibench.results import JsonlWriter
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return JsonlWriter(results_path, metadata=metadata, resume=resume)
-
-
 def _print_run_table(summary: dict[str, Any], task_types: Sequence[str]) -> None:
     headers = ("planner", "task_type", "episodes", "full", "full 95% CI", "partial", "failure", "bound_iii",
                "bound_ii", "full/iii")
@@ -524,15 +406,19 @@ class _RunPlan:
     task_types: list[str]
     tasks: list[Any]  # the selected Tasks
     jobs: list[tuple[str, Any, int]]
-    directory: Path
+    run: RunDirectory  # identity: what must match for results to be mixed (world config, task library)
     run_config: dict[str, Any]  # written into the metadata
-    identity: dict[str, Any]  # what must match for results to be mixed: world config, task library
+
+
+def run_directory(path: str, identity: dict[str, Any]) -> RunDirectory:
+    """The RunDirectory of a planner run (`run`, `eval-policy`): rows keyed by planner, task and seed."""
+    return RunDirectory(path, identity, key=RUN_KEY, stale=("summary.png",),
+                        level_fields=(*RUN_KEY, "task_type", "level"))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from resilibench.envs.tasks import TASK_TYPE_NAMES
     from resilibench.policies.runner import episode_jobs
-    from resilibench.results import exclusive_lock, to_jsonable
 
     config = load_world_config(args.config, need_bounds=True, world=args.world)
     tasks, source = load_library(args.tasks, args.world)
@@ -541,89 +427,46 @@ def cmd_run(args: argparse.Namespace) -> int:
     selected = select_tasks(tasks, args.split, task_types, limit=args.limit)
     check_bound_turn_limit(config, selected)
     jobs = episode_jobs(planners, selected, seeds)
-    directory = output_dir(args.output_dir)
     plan = _RunPlan(
         config=config, planners=planners, seeds=seeds, task_types=task_types, tasks=selected, jobs=jobs,
-        directory=directory,
+        run=run_directory(args.output_dir, {"world": config.to_dict(), "tasks_sha256": source["sha256"]}),
         run_config={"world": config.to_dict(), "tasks": source, "planners": planners, "split": args.split,
                     "task_types": task_types, "limit": args.limit, "task_count": len(selected),
                     "episodes": len(jobs)},
-        identity=to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"]}),
     )
-    lock = directory / ".lock"
-    try:
-        with exclusive_lock(lock):
-            return _execute_run(plan, resume=args.resume, split=args.split)
-    except BlockingIOError:
-        raise CliError(f"--output-dir {directory}: another `resilibench run` is writing there (lock {lock}); "
-                       "wait for it or use another --output-dir") from None
+    return _execute_run(plan, resume=args.resume, split=args.split)
 
 
 def _execute_run(plan: _RunPlan, resume: bool, split: str) -> int:
     """Run the missing episodes of ``plan`` into its directory, then write the summary and the plot."""
     from resilibench.policies.runner import run_jobs
-    from resilibench.results import (
-        completed_keys,
-        plot_full_success,
-        run_metadata,
-        summarize_levels,
-        write_json_atomic,
-    )
+    from resilibench.results import plot_full_success, run_metadata, summarize_levels
 
-    directory = plan.directory
-    results_path, summary_path, plot_path = (directory / n for n in ("results.jsonl", "summary.json", "summary.png"))
-    existing_rows: list[dict[str, Any]] = []
-    if resume:
-        existing_rows = read_existing_results(directory, results_path, plan.identity,
-                                              (*RUN_KEY, "task_type", "level")).rows
-    else:
-        for stale in (summary_path, plot_path):
-            stale.unlink(missing_ok=True)
-    done = completed_keys(existing_rows, RUN_KEY)
-    todo = [job for job in plan.jobs if (job[0], job[1].instance_id, job[2]) not in done]
-    print(f"{len(plan.jobs)} episodes ({len(plan.planners)} planners x {len(plan.tasks)} tasks x "
-          f"{len(plan.seeds)} seeds); {len(plan.jobs) - len(todo)} already in {results_path}, {len(todo)} to run", file=sys.stderr)
-
-    new_rows: list[dict[str, Any]] = []
-    if todo:
-        metadata = run_metadata(plan.run_config, plan.seeds)
-        writer = open_results_writer(results_path, metadata, resume)
-        bar = progress_bar(len(todo), "episodes")
-
-        def on_result(row: dict[str, Any]) -> None:
-            writer.write(row)
-            new_rows.append(row)
-            bar.update(1)
-
-        try:
-            run_jobs(todo, plan.config, on_result=on_result)
-        except KeyboardInterrupt:
-            bar.close()
-            writer.close()
-            print(f"\ninterrupted after {len(new_rows)} new episodes; they are saved in {results_path}: "
-                  "rerun the same command to resume", file=sys.stderr)
-            return 130
-        bar.close()
-        writer.close()
-
-    wanted = {(p, t.instance_id, s) for p, t, s in plan.jobs}
-    rows_by_key: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for row in [*existing_rows, *new_rows]:
-        key = tuple(row.get(f) for f in RUN_KEY)
-        if key in wanted:
-            rows_by_key.setdefault(key, row)
-    rows = list(rows_by_key.values())
-    levels = summarize_levels(rows, "planner", "task_type", groups=plan.planners, subgroups=plan.task_types)
-    summary = {
-        "metadata": run_metadata(plan.run_config, plan.seeds),
-        "files": {"results": results_path.name, "plot": plot_path.name},
-        **levels,
-    }
-    write_json_atomic(summary_path, summary)
+    run = plan.run
+    plot_path = run.path / "summary.png"
+    with run.session(resume):
+        done = run.done()
+        todo = [job for job in plan.jobs if (job[0], job[1].instance_id, job[2]) not in done]
+        print(f"{len(plan.jobs)} episodes ({len(plan.planners)} planners x {len(plan.tasks)} tasks x "
+              f"{len(plan.seeds)} seeds); {len(plan.jobs) - len(todo)} already in {run.results_path}, {len(todo)} "
+              "to run", file=sys.stderr)
+        if todo:
+            run.open_results(run_metadata(plan.run_config, plan.seeds))
+            with progress_bar(len(todo), "episodes") as bar:
+                run_jobs(todo, plan.config, on_result=lambda row: (run.write(row), bar.update(1)))
+        wanted = {(p, t.instance_id, s) for p, t, s in plan.jobs}
+        rows = [row for row in run.rows() if run.key_of(row) in wanted]
+        levels = summarize_levels(rows, "planner", "task_type", groups=plan.planners, subgroups=plan.task_types)
+        summary = {
+            "metadata": run_metadata(plan.run_config, plan.seeds),
+            "files": {"results": run.results_path.name, "plot": plot_path.name},
+            **levels,
+        }
+        run.write_summary(summary)
+        plot_full_success(levels["overall"], levels["by_task_type"], plot_path,
+                          title=f"Full success on {split} ({len(plan.tasks)} tasks x {len(plan.seeds)} seeds)")
     _print_run_table(summary, plan.task_types)
-    plot_full_success(levels["overall"], levels["by_task_type"], plot_path,
-                      title=f"Full success on {split} ({len(plan.tasks)} tasks x {len(plan.seeds)} seeds)")
-    print(f"wrote {results_path}, {summary_path} and {plot_path}", file=sys.stderr)
+    print(f"wrote {run.results_path}, {run.summary_path} and {plot_path}", file=sys.stderr)
     return 0
 
 
@@ -719,8 +562,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def option_name(field: str) -> str:
+    """The command-line option of a library field: ``output_dir`` -> ``--output-dir`` (dotted settings fields,
+    such as ``rules.turn_limit``, are kept as they are)."""
+    return field if "." in field or not field.isidentifier() else "--" + field.replace("_", "-")
+
+
+def error_text(exc: Exception) -> str:
+    """An exception as one line in the CLI's words: a library ``InputError`` names its field's option
+    (unless its message already starts with the field, as a settings ``ConfigError``'s does)."""
+    if not isinstance(exc, InputError) or exc.message.startswith(exc.field):
+        return str(exc)
+    return f"{option_name(exc.field)}: {exc.message}"
+
+
+def _print_warning(message: Warning | str, *_: Any, **__: Any) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status. Warnings are printed as one line each."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _print_warning
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -730,6 +597,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    except InputError as exc:  # the library's own: its field becomes the option's name
+        print(f"{PROG}: error: {error_text(exc)}", file=sys.stderr)
+        return 2
+    except RunInterrupted as exc:  # the run directory is resumable
+        print(f"\n{PROG}: {exc}", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from resilibench.cli import (
@@ -25,7 +24,6 @@ from resilibench.cli import (
     nonnegative_float,
     nonnegative_int,
     positive_int,
-    read_existing_results,
     select_tasks,
 )
 
@@ -64,13 +62,13 @@ def make_agent(spec: str, generation: Any, batch_size: int):
 def cmd_eval(args: argparse.Namespace) -> int:
     from resilibench.agents.backends import BackendError
     from resilibench.agents.base import GenerationConfig
-    from resilibench.agents.harness import EVAL_KEY, eval_jobs, run_eval
+    from resilibench.agents.harness import eval_directory, eval_jobs, run_eval
     from resilibench.agents.report import format_tables, plot_summary, summarize_eval
     from resilibench.envs.planner_env import make_world_config
     from resilibench.envs.tasks import TASK_TYPE_NAMES
     from resilibench.policies.flaws import FLAW_TYPES
     from resilibench.policies.prompts import PROMPT_VARIANTS
-    from resilibench.results import exclusive_lock, read_jsonl, run_metadata, to_jsonable, write_json_atomic
+    from resilibench.results import run_metadata, to_jsonable
 
     check_agent(args.agent)
     # The text env's world: the config's rules with strict dependencies (the text protocol's rule).
@@ -95,46 +93,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
                   "task_ids": args.task_id, "limit": args.limit, "task_count": len(selected), "episodes": len(jobs)}
     identity = to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"], "eval": settings})
 
-    directory = Path(args.output_dir)
-    if directory.exists() and not directory.is_dir():
-        raise CliError(f"--output-dir: {directory} exists and is not a directory")
-    results_path, summary_path, plot_path = (directory / n for n in ("results.jsonl", "summary.json", "summary.png"))
-    lock = directory / ".lock"
-    try:
-        with exclusive_lock(lock):
-            if args.resume:
-                read_existing_results(directory, results_path, identity, ("level",))
-            else:
-                for stale in (summary_path, plot_path):
-                    stale.unlink(missing_ok=True)
-            agent = make_agent(args.agent, generation, args.batch_size)
-            conditions = len([p for p in prompts if p != "flawed"]) + len(flaw_types)
-            print(f"{len(jobs)} episodes ({len(selected)} tasks x {len(seeds)} seeds x up to {conditions} prompt "
-                  f"conditions: flaws that do not apply to a task's plan are left out) for {agent.name} into "
-                  f"{results_path}", file=sys.stderr)
-            try:
-                run_eval(agent, jobs, config=config, severity=args.severity, batch_size=args.batch_size,
-                         results_path=results_path, resume=args.resume, keep_messages=args.keep_messages,
-                         metadata=run_metadata(run_config, seeds))
-            except BackendError as exc:
-                raise CliError(f"--agent {args.agent}: {exc}; finished episodes are saved in {results_path}: "
-                               "rerun the same command to resume") from None
-            except KeyboardInterrupt:
-                print(f"\ninterrupted; finished episodes are saved in {results_path}: rerun the same command to "
-                      "resume", file=sys.stderr)
-                return 130
+    run = eval_directory(args.output_dir, identity)
+    plot_path = run.path / "summary.png"
+    with run.session(args.resume):
+        agent = make_agent(args.agent, generation, args.batch_size)
+        conditions = len([p for p in prompts if p != "flawed"]) + len(flaw_types)
+        print(f"{len(jobs)} episodes ({len(selected)} tasks x {len(seeds)} seeds x up to {conditions} prompt "
+              f"conditions: flaws that do not apply to a task's plan are left out) for {agent.name} into "
+              f"{run.results_path}", file=sys.stderr)
+        try:
+            run_eval(agent, jobs, config=config, severity=args.severity, batch_size=args.batch_size,
+                     output_dir=run, keep_messages=args.keep_messages, metadata=run_metadata(run_config, seeds))
+        except BackendError as exc:
+            raise CliError(f"--agent {args.agent}: {exc}; finished episodes are saved in {run.results_path}: "
+                           "rerun the same command to resume") from None
 
-            # Every episode in the directory (all models), each key once.
-            rows = list({tuple(r.get(f) for f in EVAL_KEY): r for r in read_jsonl(results_path).rows}.values())
-            summary = {"metadata": run_metadata(run_config, seeds),
-                       "files": {"results": results_path.name, "plot": plot_path.name}, **summarize_eval(rows)}
-            write_json_atomic(summary_path, summary)
-            print(format_tables(summary))
-            plot_summary(rows, plot_path, title=f"Full success in the text env ({len(rows)} episodes)")
-            print(f"wrote {results_path}, {summary_path} and {plot_path}", file=sys.stderr)
-    except BlockingIOError:
-        raise CliError(f"--output-dir {directory}: another run is writing there (lock {lock}); wait for it or use "
-                       "another --output-dir") from None
+        rows = run.rows()  # every episode in the directory (all models), each key once
+        summary = {"metadata": run_metadata(run_config, seeds),
+                   "files": {"results": run.results_path.name, "plot": plot_path.name}, **summarize_eval(rows)}
+        run.write_summary(summary)
+        plot_summary(rows, plot_path, title=f"Full success in the text env ({len(rows)} episodes)")
+    print(format_tables(summary))
+    print(f"wrote {run.results_path}, {run.summary_path} and {plot_path}", file=sys.stderr)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""`breaker`: find tasks that break a model (SPEC 10), per taxonomy, into a resumable directory.
+"""`breaker`: find tasks that break a model (docs/breaker.md), per taxonomy, into a resumable directory.
 
     resilibench breaker --runs flaw:10 --max-iterations flaw:4 --solver scripted:plan --output-dir runs/brk
     resilibench breaker --runs qc:8,itf:5 --max-iterations qc:15 --generator hf:GEN --solver hf:MODEL \\
@@ -20,7 +20,6 @@ from resilibench.cli import (
     SPLIT_CHOICES,
     CliError,
     check_bound_turn_limit,
-    format_table,
     load_library,
     load_world_config,
     nonnegative_float,
@@ -28,6 +27,7 @@ from resilibench.cli import (
     positive_int,
     select_tasks,
 )
+from resilibench.console import format_table
 
 
 def _roles(args: argparse.Namespace, runs: dict[str, int]) -> dict[str, str | None]:
@@ -127,7 +127,7 @@ def _build(
 def cmd_breaker(args: argparse.Namespace) -> int:
     from resilibench.agents.backends import BackendError
     from resilibench.agents.breaker import (
-        check_output_dir,
+        breaker_directory,
         export_csv,
         parse_max_iterations,
         parse_runs,
@@ -136,11 +136,8 @@ def cmd_breaker(args: argparse.Namespace) -> int:
     from resilibench.envs.planner_env import make_world_config
     from resilibench.results import to_jsonable
 
-    try:
-        runs = parse_runs(args.runs)
-        caps = parse_max_iterations(args.max_iterations, runs)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    runs = parse_runs(args.runs)  # errors.InputError naming --runs / --max-iterations
+    caps = parse_max_iterations(args.max_iterations, runs)
     roles = _roles(args, runs)
     _check_specs(roles)
     config = make_world_config(load_world_config(args.config, need_bounds=True, world=args.world), None, True, None)
@@ -166,7 +163,7 @@ def cmd_breaker(args: argparse.Namespace) -> int:
     )
     run_config = {"tasks": source, "pool_size": len(tasks)}
     if args.resume:
-        check_output_dir(args.output_dir, identity)  # before any model is loaded
+        breaker_directory(args.output_dir, identity).check()  # before any model is loaded
     taxonomies = _build(args, runs, roles, config, tasks)
     try:
         summary = run_breaker(
@@ -183,13 +180,6 @@ def cmd_breaker(args: argparse.Namespace) -> int:
         raise CliError(
             f"{exc}; finished iterations are saved in {args.output_dir}: rerun the same command to resume"
         ) from None
-    except KeyboardInterrupt:
-        print(
-            f"\ninterrupted; finished iterations are saved in {args.output_dir}: rerun the same command to "
-            "resume",
-            file=sys.stderr,
-        )
-        return 130
     rows = [
         (name, s["runs"], s["model_breaking"], s["model_breaking"] / s["runs"], s["iterations"], s["invalid"])
         for name, s in summary.taxonomies.items()

@@ -16,20 +16,17 @@ from resilibench.cli import (
     Parser,
     check_bound_turn_limit,
     dedupe,
-    format_table,
-    interleave_task_types,
     load_library,
     load_world_config,
     nonnegative_int,
-    open_results_writer,
     output_file,
     positive_int,
-    progress_bar,
-    read_existing_results,
     select_tasks,
 )
+from resilibench.console import format_table, progress_bar
 from resilibench.metrics.calibration import METHODS, METRICS
 from resilibench.metrics.workflow import STRING_STEPS
+from resilibench.rundir import RunDirectory
 
 # Bumped when a metric's definition changes, so a calibration never mixes rows scored under two of them
 # (2: reachability over reflexive closures, Kendall tau without a degenerate 1, one empty convention).
@@ -261,16 +258,15 @@ class _Calibration:
 
     plan: Any  # CalibrationPlan
     metrics: list[str]
-    directory: Path
+    run: RunDirectory  # identity: world config, task library and calibration settings must match to mix rows
     run_config: dict[str, Any]
-    identity: dict[str, Any]  # world config, task library and calibration settings: must match to mix rows
     args: argparse.Namespace
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from resilibench.envs.tasks import interleave_task_types
     from resilibench.metrics.calibration import plan_calibration
     from resilibench.metrics.perturb import golden_workflows
-    from resilibench.results import exclusive_lock, to_jsonable
 
     config = load_world_config(args.config, need_bounds=True, world=args.world)
     tasks, source = load_library(args.tasks, args.world)
@@ -281,32 +277,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     _check_backend_spec(args.backend)
     if args.perturber == "llm" and not args.backend:
         raise CliError("--perturber llm needs --backend SPEC")
-    directory = Path(args.output_dir)
-    if directory.exists() and not directory.is_dir():
-        raise CliError(f"--output-dir: {directory} exists and is not a directory")
+    settings = {"metrics": metrics, "seed": args.seed, "min_nodes": args.min_nodes, "text_only": args.text_only,
+                "perturber": args.perturber, "backend": args.backend, "attempts": args.attempts,
+                "max_new_tokens": args.max_new_tokens, "mcis_budget": args.mcis_budget,
+                "definitions": METRIC_DEFINITIONS}
+    run = RunDirectory(args.output_dir, {"world": config.to_dict(), "tasks_sha256": source["sha256"],
+                                         "calibration": settings},
+                       key=("item_id",), stale=("goldens.json", "scores.png", "sensitivity.png"))
     goldens = golden_workflows(interleave_task_types(selected), config, min_nodes=args.min_nodes, text_only=args.text_only,
                                limit=args.limit)
     if not goldens.goldens:
         raise CliError(f"no selected task has a workflow of at least {args.min_nodes} steps (--min-nodes)")
     plan = plan_calibration(goldens, seed=args.seed, method=args.perturber)
-    settings = {"metrics": metrics, "seed": args.seed, "min_nodes": args.min_nodes, "text_only": args.text_only,
-                "perturber": args.perturber, "backend": args.backend, "attempts": args.attempts,
-                "max_new_tokens": args.max_new_tokens, "mcis_budget": args.mcis_budget,
-                "definitions": METRIC_DEFINITIONS}
     job = _Calibration(
-        plan=plan, metrics=metrics, directory=directory,
+        plan=plan, metrics=metrics, run=run,
         run_config={"world": config.to_dict(), "tasks": source, "split": args.split, "task_types": task_types,
                     "limit": args.limit, "calibration": settings},
-        identity=to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"], "calibration": settings}),
         args=args,
     )
-    lock = directory / ".lock"
-    try:
-        with exclusive_lock(lock):
-            return _execute_calibration(job)
-    except BlockingIOError:
-        raise CliError(f"--output-dir {directory}: another calibration is writing there (lock {lock}); wait for it "
-                       "or use another --output-dir") from None
+    with run.session(args.resume):
+        return _execute_calibration(job)
 
 
 def _execute_calibration(job: _Calibration) -> int:
@@ -315,54 +305,29 @@ def _execute_calibration(job: _Calibration) -> int:
     from resilibench.metrics.perturb import LLMPerturber
     from resilibench.results import run_metadata, write_json_atomic
 
-    args, plan, directory = job.args, job.plan, job.directory
-    paths = {name: directory / name for name in ("results.jsonl", "summary.json", "goldens.json", "scores.png",
-                                                  "sensitivity.png")}
-    existing_rows: list[dict[str, Any]] = []
-    if args.resume:
-        existing_rows = read_existing_results(directory, paths["results.jsonl"], job.identity).rows
-    else:
-        for stale in (paths["summary.json"], paths["scores.png"], paths["sensitivity.png"]):
-            stale.unlink(missing_ok=True)
-    done = {row.get("item_id") for row in existing_rows}
+    args, plan, run = job.args, job.plan, job.run
+    paths = {name: run.path / name for name in ("results.jsonl", "summary.json", "goldens.json", "scores.png",
+                                                 "sensitivity.png")}
+    done = {item_id for (item_id,) in run.done()}
     todo = [item for item in plan.items if item.item_id not in done]
     counts = plan.counts()
     print(f"{counts['tasks']} tasks with >= {plan.goldens.min_nodes} steps ({counts['distinct_goldens']} distinct "
           f"golden workflows) x {len(plan.kinds) * len(plan.rates)} variants = {counts['task_variants']} task "
           f"variants, {counts['distinct_pairs']} distinct pairs; {counts['distinct_pairs'] - len(todo)} already in "
-          f"{paths['results.jsonl']}, {len(todo)} to score", file=sys.stderr)
+          f"{run.results_path}, {len(todo)} to score", file=sys.stderr)
 
-    new_rows: list[dict[str, Any]] = []
     scorer = None
     if todo:
         backend = _backend(args.backend) if args.backend else None
         scorer = _scorer(job.metrics, backend, args)
         perturber = (LLMPerturber(backend, attempts=args.attempts, generation=_generation(args, 1024))
                      if plan.method == "llm" else None)
-        metadata = run_metadata(job.run_config, [plan.seed], extra={"scorer": scorer.settings})
-        writer = open_results_writer(paths["results.jsonl"], metadata, args.resume)
-        bar = progress_bar(len(todo), "pairs")
+        run.open_results(run_metadata(job.run_config, [plan.seed], extra={"scorer": scorer.settings}))
+        with progress_bar(len(todo), "pairs") as bar:
+            run_items(todo, scorer, lambda row: (run.write(row), bar.update(1)), seed=plan.seed,
+                      perturber=perturber, chunk_size=args.batch_size)
 
-        def on_row(row: dict[str, Any]) -> None:
-            writer.write(row)
-            new_rows.append(row)
-            bar.update(1)
-
-        try:
-            run_items(todo, scorer, on_row, seed=plan.seed, perturber=perturber, chunk_size=args.batch_size)
-        except KeyboardInterrupt:
-            bar.close()
-            writer.close()
-            print(f"\ninterrupted after {len(new_rows)} new pairs; they are saved in {paths['results.jsonl']}: "
-                  "rerun the same command to resume", file=sys.stderr)
-            return 130
-        bar.close()
-        writer.close()
-
-    rows: dict[str, dict[str, Any]] = {}
-    for row in [*existing_rows, *new_rows]:
-        rows.setdefault(row["item_id"], row)
-    summary = summarize(plan, rows.values(), job.metrics)
+    summary = summarize(plan, run.rows(), job.metrics)
     document = {
         "metadata": run_metadata(job.run_config, [plan.seed],
                                  extra={"scorer": scorer.settings if scorer else {"metrics": job.metrics}}),
@@ -370,7 +335,7 @@ def _execute_calibration(job: _Calibration) -> int:
         "expected_score": "1 - p for missing and compressed steps, 1 for description changes",
         **summary,
     }
-    write_json_atomic(paths["summary.json"], document)
+    run.write_summary(document)
     write_json_atomic(paths["goldens.json"], [
         {"golden_id": g.golden_id, "tasks": list(g.task_ids), "workflow": g.workflow.to_dict()}
         for g in plan.goldens.goldens])

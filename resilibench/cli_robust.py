@@ -19,17 +19,16 @@ from resilibench.cli import (
     Parser,
     check_bound_turn_limit,
     dedupe,
-    format_table,
-    interleave_task_types,
+    error_text,
     load_library,
     load_world_config,
     nonnegative_int,
-    output_dir,
     positive_int,
-    progress_bar,
     select_tasks,
 )
 from resilibench.cli_options import add_options, option_values
+from resilibench.console import format_table, progress_bar
+from resilibench.rundir import check_directory
 
 # Settings fields with command-line options (built from the fields: resilibench.cli_options).
 TRAINER_OPTIONS = ("epochs", "learning_rate", "batch_size", "gradient_accumulation_steps", "max_steps", "max_length",
@@ -45,6 +44,8 @@ DEMO_OPTIONS = ("train_clusters", "test_clusters", "pretrain_tasks", "seed")
 
 def _per_type(tasks: list[Any], n: int | None) -> list[Any]:
     """The first ``n`` tasks of each task type (all when ``n`` is None), task types in turn."""
+    from resilibench.envs.tasks import interleave_task_types
+
     if n is None:
         return tasks
     seen: Counter[str] = Counter()
@@ -58,7 +59,7 @@ def _per_type(tasks: list[Any], n: int | None) -> list[Any]:
 
 def cmd_clusters(args: argparse.Namespace) -> int:
     from resilibench.agents.base import GenerationConfig
-    from resilibench.results import exclusive_lock
+    from resilibench.envs.tasks import interleave_task_types
     from resilibench.robust_train.clusters import parse_types, write_clusters
     from resilibench.robust_train.instructions import InstructionPerturber
 
@@ -73,9 +74,7 @@ def cmd_clusters(args: argparse.Namespace) -> int:
     check_bound_turn_limit(config, selected)
     if args.limit is not None:
         selected = interleave_task_types(selected)[:args.limit]
-    directory = Path(args.output_dir)
-    if directory.exists() and not directory.is_dir():
-        raise CliError(f"--output-dir: {directory} exists and is not a directory")
+    directory = check_directory(args.output_dir)
     perturber = None
     if args.backend:
         from resilibench.agents.backends import make_backend
@@ -88,26 +87,16 @@ def cmd_clusters(args: argparse.Namespace) -> int:
                                          generation=GenerationConfig(max_new_tokens=args.max_new_tokens, seed=0))
     selection = {"split": args.split, "task_types": task_types, "per_type": args.per_type, "limit": args.limit,
                  "task_count": len(selected)}
-    lock = directory / ".lock"
+    bars: list[Any] = []
     try:
-        with exclusive_lock(lock):
-            bars: list[Any] = []
-            try:
-                result = write_clusters(directory, selected, types=types, variants_per_type=args.variants_per_type,
-                                        seed=args.seed, perturber=perturber, config=config, source=source,
-                                        selection=selection, resume=args.resume, batch_size=args.batch_size,
-                                        on_start=lambda n: bars.append(progress_bar(n, "clusters")),
-                                        on_record=lambda _: bars[0].update(1))
-            except KeyboardInterrupt:
-                print(f"\ninterrupted; the clusters built so far are saved in {directory}: rerun the same command "
-                      "to resume", file=sys.stderr)
-                return 130
-            finally:
-                for bar in bars:
-                    bar.close()
-    except BlockingIOError:
-        raise CliError(f"--output-dir {directory}: another build is writing there (lock {lock}); wait for it or "
-                       "use another --output-dir") from None
+        result = write_clusters(directory, selected, types=types, variants_per_type=args.variants_per_type,
+                                seed=args.seed, perturber=perturber, config=config, source=source,
+                                selection=selection, resume=args.resume, batch_size=args.batch_size,
+                                on_start=lambda n: bars.append(progress_bar(n, "clusters")),
+                                on_record=lambda _: bars[0].update(1))
+    finally:
+        for bar in bars:
+            bar.close()
     _print_summary(result, types)
     print(f"wrote {result.path} and {directory / 'meta.json'} ({result.built} clusters built now, {result.found} "
           "already there)", file=sys.stderr)
@@ -243,7 +232,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     try:
         out = run_sft(model, records, args.output_dir, settings, _format(args), originals_only=args.originals_only)
     except ValueError as exc:
-        raise CliError(f"robust sft: {exc}") from None
+        raise CliError(f"robust sft: {error_text(exc)}") from None
     print(f"model: {out}")
     return 0
 
@@ -262,7 +251,7 @@ def cmd_scpo(args: argparse.Namespace) -> int:
                            seed=args.seed or 0, **changes)
         out = run_scpo(model, records, args.output_dir, settings, _format(args), log=_stderr)
     except ValueError as exc:
-        raise CliError(f"robust scpo: {exc}") from None
+        raise CliError(f"robust scpo: {error_text(exc)}") from None
     print(f"model: {out}")
     return 0
 
@@ -283,7 +272,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
                   for name, model in zip(names, models, strict=True)}
     except ValueError as exc:
-        raise CliError(f"robust evaluate: {exc}") from None
+        raise CliError(f"robust evaluate: {error_text(exc)}") from None
     print(format_tables(tables, ("original", *PERTURBATION_TYPES)))
     print(f"tables and answers in {args.output_dir}/<name>/", file=sys.stderr)
     return 0
@@ -299,7 +288,7 @@ def cmd_scratch(args: argparse.Namespace) -> int:
                               num_layers=args.num_layers, num_heads=args.num_heads, vocab_size=args.vocab_size,
                               seed=args.seed)
     except ValueError as exc:
-        raise CliError(f"robust scratch: {exc}") from None
+        raise CliError(f"robust scratch: {error_text(exc)}") from None
     print(f"model: {out}")
     return 0
 
@@ -315,11 +304,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     settings = replace(defaults, **changes)
     if args.scpo_iterations is not None:
         settings = replace(settings, scpo=replace(settings.scpo, iterations=args.scpo_iterations))
-    output_dir(args.output_dir)
+    check_directory(args.output_dir)
     try:
         run_demo(args.output_dir, settings, log=_stderr)
     except ValueError as exc:
-        raise CliError(f"robust demo: {exc}") from None
+        raise CliError(f"robust demo: {error_text(exc)}") from None
     print((Path(args.output_dir) / "table.txt").read_text(), end="")
     return 0
 

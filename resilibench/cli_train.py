@@ -24,16 +24,18 @@ from resilibench.cli import (
     _RunPlan,
     check_bound_turn_limit,
     dedupe,
-    format_table,
     load_library,
     load_world_config,
     nonnegative_int,
     positive_int,
-    progress_bar,
+    run_directory,
     select_tasks,
 )
 from resilibench.cli_options import add_options, option_values
+from resilibench.console import format_table, progress_bar
 from resilibench.envs.config import ConfigError
+from resilibench.errors import InputError
+from resilibench.rundir import check_directory
 
 # PPOTrainConfig fields that `train ppo` has options for (built from the fields); --set reaches the others.
 TRAIN_OPTIONS = ("task_types", "split", "reward", "curriculum", "encoder", "features", "iterations", "time_budget_min",
@@ -86,28 +88,20 @@ def _train_config(args: argparse.Namespace):
 
 
 def cmd_train_ppo(args: argparse.Namespace) -> int:
-    from resilibench.results import exclusive_lock
-
     cfg = _train_config(args)
     from resilibench.policies.ppo.training import TRAINING_FILE, train
 
-    directory = Path(args.output_dir)
-    if directory.exists() and not directory.is_dir():
-        raise CliError(f"--output-dir: {directory} exists and is not a directory")
+    directory = check_directory(args.output_dir)
     held = (directory / TRAINING_FILE).exists()
     if held and not args.resume:
         raise CliError(f"--output-dir {directory} already holds a training run: add --resume to continue it, "
                        "or use another --output-dir")
     if args.resume and not held:
         print(f"nothing to resume in {directory}; starting a new run", file=sys.stderr)
-    directory.mkdir(parents=True, exist_ok=True)
-    lock = directory / ".lock"
     try:
-        with exclusive_lock(lock):
-            row = train(cfg, directory, resume=held, address=args.address,
-                        log=lambda line: print(line, flush=True))
-    except BlockingIOError:
-        raise CliError(f"--output-dir {directory}: another `resilibench train` is writing there (lock {lock})") from None
+        row = train(cfg, directory, resume=held, address=args.address, log=lambda line: print(line, flush=True))
+    except InputError:
+        raise
     except ValueError as exc:
         raise CliError(f"train ppo: {exc}") from None
     print(f"trained to iteration {row.get('iteration')} ({row.get('env_steps', 0):,} env steps, "
@@ -119,30 +113,9 @@ def cmd_train_ppo(args: argparse.Namespace) -> int:
 # --- eval-policy ---------------------------------------------------------------------------------------
 
 
-def _check_same_policy(directory: Path, digest: str) -> None:
-    """Refuse to add rows of one policy to results of another (``check_same_config`` compares only the
-    world config and the task library)."""
-    from resilibench.results import read_jsonl
-
-    results = directory / "results.jsonl"
-    if not results.exists():
-        return
-    try:
-        recorded = read_jsonl(results).metadata
-    except ValueError as exc:
-        raise CliError(f"--output-dir: {exc}; use another --output-dir or --no-resume") from None
-    for meta in recorded:
-        theirs = (meta.get("config", {}).get("policy") or {}).get("sha256")
-        if theirs is not None and theirs != digest:
-            raise CliError(f"--output-dir {directory}: results.jsonl holds episodes of another policy "
-                           f"(weights sha256 {theirs[:12]}, this checkpoint {digest[:12]}); use another "
-                           "--output-dir, or --no-resume to discard them")
-
-
 def cmd_eval_policy(args: argparse.Namespace) -> int:
     from resilibench.envs.tasks import TASK_TYPE_NAMES
     from resilibench.policies.runner import episode_jobs
-    from resilibench.results import exclusive_lock, to_jsonable
 
     config = load_world_config(args.config, need_bounds=True, world=args.world)
     tasks, source = load_library(args.tasks, args.world)
@@ -156,30 +129,20 @@ def cmd_eval_policy(args: argparse.Namespace) -> int:
     task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
     selected = select_tasks(tasks, args.split, task_types, limit=args.limit)
     check_bound_turn_limit(config, selected)
-    directory = Path(args.output_dir)
-    if directory.exists() and not directory.is_dir():
-        raise CliError(f"--output-dir: {directory} exists and is not a directory")
     digest = checkpoint_digest(planner.checkpoint)
     planners = [planner.name]
     plan = _RunPlan(
         config=config, planners=planners, seeds=seeds, task_types=task_types, tasks=selected,
-        jobs=episode_jobs(planners, selected, seeds), directory=directory,
+        jobs=episode_jobs(planners, selected, seeds),
+        run=run_directory(args.output_dir, {"world": config.to_dict(), "tasks_sha256": source["sha256"],
+                                            "policy_sha256": digest}),
         run_config={"world": config.to_dict(), "tasks": source, "planners": planners, "split": args.split,
                     "task_types": task_types, "limit": args.limit, "task_count": len(selected),
-                    "episodes": len(selected) * len(seeds),
+                    "episodes": len(selected) * len(seeds), "policy_sha256": digest,
                     "policy": {"checkpoint": str(planner.checkpoint), "sha256": digest}},
-        identity=to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"]}),
     )
-    if args.resume:
-        _check_same_policy(directory, digest)
-    lock = directory / ".lock"
-    directory.mkdir(parents=True, exist_ok=True)
-    try:
-        with exclusive_lock(lock), registered_planner(planner):
-            status = _execute_run(plan, resume=args.resume, split=args.split)
-    except BlockingIOError:
-        raise CliError(f"--output-dir {directory}: another run is writing there (lock {lock}); wait for it or "
-                       "use another --output-dir") from None
+    with registered_planner(planner):
+        status = _execute_run(plan, resume=args.resume, split=args.split)
     if status == 0 and args.export_workflows:
         _export_workflows(planner, selected, config, Path(args.export_workflows), plan.run_config, seeds)
     return status

@@ -19,8 +19,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -266,43 +265,6 @@ class JsonlWriter:
         self.close()
 
 
-@contextmanager
-def exclusive_lock(path: str | Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (created if missing) or raise ``BlockingIOError``
-    at once: two runs writing one results file would interleave their rows. No-op without ``fcntl``."""
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        yield
-        return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise BlockingIOError(f"{path} is locked by another process") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
-def append_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
-    """Append rows to ``path`` (created if missing), each flushed as written; returns how many."""
-    count = 0
-    with JsonlWriter(path, resume=True) as writer:
-        for row in rows:
-            writer.write(row)
-            count += 1
-    return count
-
-
-def completed_keys(rows: Iterable[dict[str, Any]], fields: Sequence[str]) -> set[tuple[Any, ...]]:
-    """The keys (values of ``fields``) of rows already done, for skipping them on resume."""
-    return {tuple(row.get(f) for f in fields) for row in rows}
-
-
 # --- summaries of success levels ----------------------------------------------------------------------
 
 LEVEL_NAMES = ("full_success", "partial_success", "failure")
@@ -371,12 +333,7 @@ def summarize_levels(rows: Sequence[dict[str, Any]], group: str = "planner", by:
 def plot_full_success(overall: dict[str, dict[str, Any]], nested: dict[str, dict[str, dict[str, Any]]],
                       path: str | Path, title: str = "Full success by task type") -> Path:
     """Grouped bars of the full-success rate (with 95% intervals) per subgroup (task type) and group
-    (planner), bound (iii) marked as a black line over each group of bars; saved with the Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
+    (planner), bound (iii) marked as a black line over each group of bars."""
     groups = list(overall)
     subgroups = list(dict.fromkeys(s for g in groups for s in nested[g]))
     columns = [*subgroups, "all"]
@@ -385,7 +342,7 @@ def plot_full_success(overall: dict[str, dict[str, Any]], nested: dict[str, dict
         return overall[g] if column == "all" else nested[g].get(column)
 
     width = 0.8 / max(1, len(groups))
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.8 * len(columns)), 4.8))
+    fig, ax = new_figure(figsize=(max(8.0, 1.8 * len(columns)), 4.8))
     for j, g in enumerate(groups):
         xs, heights, lows, highs = [], [], [], []
         for i, column in enumerate(columns):
@@ -416,15 +373,21 @@ def plot_full_success(overall: dict[str, dict[str, Any]], nested: dict[str, dict
     return save_figure(fig, path)
 
 
-def save_figure(fig: Any, path: str | Path) -> Path:
-    """Write a matplotlib figure atomically (temporary file + ``os.replace``) and close it."""
-    import matplotlib.pyplot as plt
+def new_figure(*grid: int, figsize: tuple[float, float] | None = None, **subplots: Any) -> tuple[Any, Any]:
+    """A matplotlib Figure made without pyplot (so no backend is chosen or changed: files are written
+    whatever the user's backend) and its axes: ``Figure.subplots(*grid, **subplots)``."""
+    from matplotlib.figure import Figure
 
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*grid, **subplots)
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Write a matplotlib figure atomically (temporary file + ``os.replace``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
     fig.savefig(tmp, dpi=120)
-    plt.close(fig)
     os.replace(tmp, path)
     return path
 

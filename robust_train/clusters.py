@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from resilibench.envs.tasks import Task
+from resilibench.errors import RunDirectoryError
 from resilibench.metrics.workflow import Workflow
 from resilibench.robust_train.instructions import (
     LLM_TYPES,
@@ -146,6 +147,13 @@ def clusters_path(path: str | Path) -> Path:
     return path / CLUSTERS_FILE if path.is_dir() or not path.suffix else path
 
 
+def clusters_digest(records: Sequence[ClusterRecord]) -> str:
+    """sha256 (first ``training.DIGEST_CHARS``) of the cluster records, in order."""
+    from resilibench.robust_train.training import json_digest
+
+    return json_digest([r.to_dict() for r in records])
+
+
 def load_clusters(path: str | Path) -> list[ClusterRecord]:
     """The clusters of a dataset directory (or of a clusters.jsonl file), in file order, the first record
     of each cluster id kept; FileNotFoundError or ValueError with the path and the problem."""
@@ -186,58 +194,54 @@ def write_clusters(directory: str | Path, tasks: Sequence[Task], *, types: Seque
                    on_record: Callable[[ClusterRecord], None] | None = None) -> WriteResult:
     """Build the clusters of ``tasks`` that ``directory/clusters.jsonl`` lacks and append them one by
     one, then write ``meta.json``. A directory built with other settings, world config or task library
-    (``source``: ``cli.load_library``'s description; default "in-memory", no digest) is refused with a
-    ``cli.CliError``, and so is a task whose stored copy differs; ``resume=False`` starts afresh.
+    (``source``: ``cli.load_library``'s description; default "in-memory", no digest) is refused with
+    ``errors.ConfigChanged``, a task whose stored copy differs with ``errors.RunDirectoryError``;
+    ``resume=False`` starts afresh. The directory is locked while building (``rundir.RunDirectory``).
     ``selection`` (split, limits) is recorded but may differ between runs: each cluster depends only on
     its task and the settings. ``on_start`` is told how many clusters will be built, ``on_record`` gets
     each as it is written (progress bars). The result lists the clusters of ``tasks`` in their order."""
-    from resilibench.cli import CliError, open_results_writer, read_existing_results
     from resilibench.envs.config import WorldConfig
-    from resilibench.results import run_metadata, to_jsonable, write_json_atomic
+    from resilibench.results import run_metadata
+    from resilibench.rundir import RunDirectory
 
     types = parse_types(types)
-    directory = Path(directory)
     world = (config or WorldConfig()).to_dict()
     source = source or {"path": "in-memory", "sha256": None, "count": None}
     settings = {"types": list(types), "variants_per_type": variants_per_type, "seed": seed,
                 "llm": perturber.settings if perturber is not None else None}
     run_config = {"world": world, "tasks": source, "clusters": settings, "selection": selection or {}}
-    identity = to_jsonable({"world": world, "tasks_sha256": source["sha256"], "clusters": settings})
-    path = directory / CLUSTERS_FILE
-    existing: dict[str, ClusterRecord] = {}
-    if resume:
-        rows = read_existing_results(directory, path, identity).rows
-        for number, row in enumerate(rows, 1):
+    run = RunDirectory(directory, {"world": world, "tasks_sha256": source["sha256"], "clusters": settings},
+                       key=("cluster_id",), results=CLUSTERS_FILE, summary=None, meta=META_FILE)
+    with run.session(resume):
+        existing: dict[str, ClusterRecord] = {}
+        for number, row in enumerate(run.existing.rows, 1):
             try:
                 record = ClusterRecord.from_dict(row)
             except ValueError as exc:
-                raise CliError(f"--output-dir {directory}: {CLUSTERS_FILE} record {number}: {exc}; use another "
-                               "directory, or resume=False (--no-resume) to start afresh") from None
+                raise RunDirectoryError(f"{run.path}: {CLUSTERS_FILE} record {number}: {exc}; use another "
+                                        "directory, or start afresh without resuming") from None
             existing.setdefault(record.cluster_id, record)
-    tasks = list({t.instance_id: t for t in tasks}.values())
-    for task in tasks:
-        if task.instance_id in existing and existing[task.instance_id].task != task:
-            raise CliError(f"--output-dir {directory}: cluster {task.instance_id!r} in {CLUSTERS_FILE} was built from "
-                           "a different version of that task; use another directory, or resume=False (--no-resume)")
-    todo = [t for t in tasks if t.instance_id not in existing]
-    built: list[ClusterRecord] = []
-    metadata = run_metadata(run_config, [seed])
-    if on_start is not None:
-        on_start(len(todo))
-    if todo or not path.exists():
-        write_json_atomic(directory / META_FILE, metadata)
-        writer = open_results_writer(path, metadata, resume)
-        try:
+        tasks = list({t.instance_id: t for t in tasks}.values())
+        for task in tasks:
+            if task.instance_id in existing and existing[task.instance_id].task != task:
+                raise RunDirectoryError(f"{run.path}: cluster {task.instance_id!r} in {CLUSTERS_FILE} was built from "
+                                        "a different version of that task; use another directory, or start afresh "
+                                        "without resuming")
+        todo = [t for t in tasks if t.instance_id not in existing]
+        built: list[ClusterRecord] = []
+        metadata = run_metadata(run_config, [seed])
+        if on_start is not None:
+            on_start(len(todo))
+        if todo or not run.results_path.exists():
+            run.write_meta(metadata)
+            run.open_results(metadata)
             for record in build_clusters(todo, types, variants_per_type, seed, perturber, config, batch_size):
-                writer.write(record.to_dict())
+                run.write(record.to_dict())
                 built.append(record)
                 if on_record is not None:
                     on_record(record)
-        finally:
-            writer.close()
-    by_id = existing | {r.cluster_id: r for r in built}
-    found = sum(1 for t in tasks if t.instance_id in existing)
-    write_json_atomic(directory / META_FILE, {**metadata, "files": {"clusters": CLUSTERS_FILE},
-                                              "counts": {"clusters_in_file": len(by_id), "selected": len(tasks),
-                                                         "built_now": len(built)}})
-    return WriteResult(path, tuple(by_id[t.instance_id] for t in tasks), len(built), found)
+        by_id = existing | {r.cluster_id: r for r in built}
+        found = sum(1 for t in tasks if t.instance_id in existing)
+        run.write_meta({**metadata, "files": {"clusters": CLUSTERS_FILE},
+                        "counts": {"clusters_in_file": len(by_id), "selected": len(tasks), "built_now": len(built)}})
+    return WriteResult(run.results_path, tuple(by_id[t.instance_id] for t in tasks), len(built), found)

@@ -23,7 +23,6 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from statistics import fmean
 from typing import Any
 
@@ -38,6 +37,7 @@ from resilibench.robust_train.generator import (
     parse_workflow,
     workflow_text,
 )
+from resilibench.rundir import RunDirectory
 
 COLUMNS = ("node", "graph", "exec", "exec_ratio", "valid", "optimal")
 
@@ -58,20 +58,21 @@ class RobustnessTable:
 
 
 def generate_answers(backend: Backend, records: Sequence[ClusterRecord], fmt: GeneratorFormat,
-                     answers_path: str | Path, *, max_new_tokens: int = 256, clusters_per_batch: int = 16,
+                     run: RunDirectory, *, max_new_tokens: int = 256, clusters_per_batch: int = 16,
                      progress: bool = True) -> dict[str, dict[str, str]]:
     """Greedy answers to every variant of ``records``: ``{cluster_id: {variant_id: text}}``, appended
-    to ``answers_path`` per batch of clusters and read back from it on a rerun."""
+    to ``run``'s results (one row per cluster; its session held) per batch of clusters and read back from
+    it on a rerun."""
     from tqdm.auto import tqdm
 
-    from resilibench.results import JsonlWriter, read_jsonl
+    from resilibench.results import run_metadata
 
-    answers = {row["cluster_id"]: row["answers"] for row in read_jsonl(answers_path, repair=True).rows}
+    answers = {row["cluster_id"]: row["answers"] for row in run.existing.rows}
     pending = [r for r in records if r.cluster_id not in answers]
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0)
-    with JsonlWriter(answers_path) as writer, tqdm(total=len(records), initial=len(records) - len(pending),
-                                                   desc="generating workflows", unit="cluster",
-                                                   disable=not progress, leave=False) as bar:
+    run.open_results(run_metadata(run.identity, None))
+    with tqdm(total=len(records), initial=len(records) - len(pending), desc="generating workflows",
+              unit="cluster", disable=not progress, leave=False) as bar:
         for start in range(0, len(pending), clusters_per_batch):
             batch = pending[start:start + clusters_per_batch]
             jobs = [(r.cluster_id, v.variant_id, fmt.messages(v.text)) for r in batch for v in r.variants]
@@ -81,7 +82,7 @@ def generate_answers(backend: Backend, records: Sequence[ClusterRecord], fmt: Ge
             for (cluster_id, variant_id, _), text in zip(jobs, texts, strict=True):
                 answers[cluster_id][variant_id] = text
             for record in batch:
-                writer.write({"cluster_id": record.cluster_id, "answers": answers[record.cluster_id]})
+                run.write({"cluster_id": record.cluster_id, "answers": answers[record.cluster_id]})
             bar.update(len(batch))
     return answers
 
@@ -160,7 +161,7 @@ def robustness_table(records: Sequence[ClusterRecord], answers: dict[str, dict[s
 def format_tables(tables: dict[str, RobustnessTable], kinds: Sequence[str]) -> str:
     """Stages side by side (RobustFlow Table 2's layout): one row per perturbation type, node / graph /
     exec columns per stage; the original instructions' row has no robustness columns."""
-    from resilibench.cli import format_table
+    from resilibench.console import format_table
 
     headers = ["perturbation"]
     for stage in tables:

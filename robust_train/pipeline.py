@@ -15,12 +15,11 @@ ScPO itself is ``robust_train.scpo.run_scpo``.
 
 A finished stage is reused only when its inputs are the ones recorded in its ``stage.json`` (the input
 model's content digest, the clusters' digest, the settings); other inputs are refused with the
-difference (``StageInputsChanged``), so a rerun never returns a model trained on something else.
+difference (``ConfigChanged``), so a rerun never returns a model trained on something else.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from resilibench.envs.config import AT_LEAST_ONE, Settings, setting
-from resilibench.robust_train.clusters import ClusterRecord
+from resilibench.errors import RunDirectoryError
+from resilibench.results import run_metadata, write_json_atomic
+from resilibench.robust_train.clusters import ClusterRecord, clusters_digest
 from resilibench.robust_train.evaluation import (
     RobustnessTable,
     baseline_tables,
@@ -39,65 +40,36 @@ from resilibench.robust_train.evaluation import (
 )
 from resilibench.robust_train.generator import GeneratorFormat, workflow_text
 from resilibench.robust_train.scpo import ScPOSettings, run_scpo
-from resilibench.robust_train.training import PreferenceSettings, SFTSettings
+from resilibench.robust_train.training import PreferenceSettings, SFTSettings, json_digest, model_digest
+from resilibench.rundir import RunDirectory
 
 MODEL = "model"  # the directory name of a stage's resulting model
 STAGE_FILE = "stage.json"  # a stage's recorded inputs
-WEIGHT_SUFFIXES = (".safetensors", ".bin")
-DIGEST_CHARS = 16  # of a sha256 hex digest: plenty to tell inputs apart, short enough to read in a diff
 
 
-class StageInputsChanged(ValueError):
-    """A stage's output directory holds a stage run with other inputs."""
+def stage_directory(directory: Path, inputs: dict[str, Any], **files: Any) -> RunDirectory:
+    """The RunDirectory of a stage: ``stage.json`` records its inputs (other inputs: ``ConfigChanged``)."""
+    return RunDirectory(directory, inputs, summary=None, meta=STAGE_FILE,
+                        restart="use another output directory, or delete it to start over", **files)
 
 
-def model_digest(model_dir: str | Path) -> str:
-    """sha256 (first ``DIGEST_CHARS``) of a model directory's config.json and weight files: the model's
-    identity, wherever it lies."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(model_dir).iterdir()):
-        if path.name == "config.json" or path.suffix in WEIGHT_SUFFIXES:
-            digest.update(path.name.encode())
-            with path.open("rb") as handle:
-                for chunk in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(chunk)
-    return digest.hexdigest()[:DIGEST_CHARS]
-
-
-def clusters_digest(records: Sequence[ClusterRecord]) -> str:
-    """sha256 (first ``DIGEST_CHARS``) of the cluster records, in order."""
-    return _json_digest([r.to_dict() for r in records])
-
-
-def _json_digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:DIGEST_CHARS]
-
-
-def reuse_stage(record: Path, finished: bool, inputs: dict[str, Any]) -> bool:
-    """Whether the finished stage recorded in ``record`` can be reused for ``inputs``; False when the stage
-    has yet to run (or to finish). Raises ``StageInputsChanged`` with the differences when the recorded
-    inputs are others, or when a finished stage has no record."""
-    from resilibench.results import json_diff, to_jsonable
-
-    if record.is_file():
-        previous = json.loads(record.read_text())
-        changes = json_diff(previous, to_jsonable(inputs))
-        if changes:
-            raise StageInputsChanged(f"{record.parent} holds a {previous.get('stage', 'stage')} run with other inputs "
-                                     f"({'; '.join(changes[:6])}); use another output directory, or delete it to "
-                                     "start over")
+def reuse_stage(directory: Path, finished: bool, inputs: dict[str, Any]) -> bool:
+    """Whether the finished stage in ``directory`` can be reused for ``inputs``; False when the stage has yet
+    to run (or to finish). Raises ``ConfigChanged`` with the differences when the recorded inputs are
+    others, ``RunDirectoryError`` when a finished stage has no record."""
+    run = stage_directory(directory, inputs)
+    if run.meta_path is not None and run.meta_path.is_file():
+        run.check()
         return finished
     if finished:
-        raise StageInputsChanged(f"{record.parent} holds a finished stage whose inputs were not recorded; use "
-                                 "another output directory, or delete it to start over")
+        raise RunDirectoryError(f"{directory} holds a finished stage whose inputs were not recorded; use another "
+                                "output directory, or delete it to start over")
     return False
 
 
-def record_stage(record: Path, inputs: dict[str, Any]) -> None:
-    from resilibench.results import to_jsonable, write_json_atomic
-
-    record.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(record, to_jsonable(inputs))
+def record_stage(directory: Path, inputs: dict[str, Any]) -> None:
+    """Record a stage's inputs in ``directory/stage.json`` (checked by ``reuse_stage``)."""
+    stage_directory(directory, inputs).write_meta(run_metadata(inputs, None))
 
 
 def sft_rows(records: Sequence[ClusterRecord], fmt: GeneratorFormat, originals_only: bool = False
@@ -114,16 +86,16 @@ def run_sft(model_dir: str | Path, records: Sequence[ClusterRecord], output_dir:
             originals_only: bool = False, progress: bool = True) -> Path:
     """Fine-tune ``model_dir`` on the clusters; returns ``output_dir/model`` (the adapter merged in, or
     the fully fine-tuned model). Resumes an interrupted run; returns at once when it is done with the
-    same inputs (model, clusters, format, settings), and refuses other inputs (``StageInputsChanged``)."""
+    same inputs (model, clusters, format, settings), and refuses other inputs (``ConfigChanged``)."""
     from resilibench.robust_train.training import merge_adapter, train_sft
 
     settings, fmt = settings or SFTSettings(), fmt or GeneratorFormat()
     output_dir = Path(output_dir)
     inputs = {"stage": "sft", "model_sha256": model_digest(model_dir), "clusters_sha256": clusters_digest(records),
               "originals_only": originals_only, "format": fmt.to_dict(), "settings": asdict(settings)}
-    if reuse_stage(output_dir / STAGE_FILE, (output_dir / MODEL).is_dir(), inputs):
+    if reuse_stage(output_dir, (output_dir / MODEL).is_dir(), inputs):
         return output_dir / MODEL
-    record_stage(output_dir / STAGE_FILE, inputs)
+    record_stage(output_dir, inputs)
     result = train_sft(model_dir, sft_rows(records, fmt, originals_only), output_dir / "train", settings,
                        progress=progress)
     if settings.lora is None:
@@ -153,22 +125,22 @@ def build_generator(directory: str | Path, records: Sequence[ClusterRecord], fmt
                     hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4, vocab_size: int = 2048,
                     seed: int = 0) -> Path:
     """A random generator whose tokenizer is trained on the clusters (tool names are single tokens);
-    returns ``directory`` (built once; another corpus or size is refused with ``StageInputsChanged``)."""
+    returns ``directory`` (built once; another corpus or size is refused with ``ConfigChanged``)."""
     from resilibench.envs.registry import default_registry
     from resilibench.robust_train.scratch import build_causal_lm
 
     directory = Path(directory)
     corpus = generator_corpus(records, fmt)
-    inputs = {"stage": "scratch", "corpus_sha256": _json_digest(corpus),
+    inputs = {"stage": "scratch", "corpus_sha256": json_digest(corpus),
               "hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads,
               "vocab_size": vocab_size, "seed": seed}
-    if reuse_stage(directory / STAGE_FILE, (directory / "config.json").exists(), inputs):
+    if reuse_stage(directory, (directory / "config.json").exists(), inputs):
         return directory
     tmp = directory.with_name(directory.name + ".tmp")
     build_causal_lm(tmp, corpus, seed=seed, hidden_size=hidden_size,
                     num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size, max_positions=1024,
                     extra_tokens=default_registry().names)
-    record_stage(tmp / STAGE_FILE, inputs)
+    record_stage(tmp, inputs)
     tmp.rename(directory)
     return directory
 
@@ -178,22 +150,22 @@ def evaluate_generator(model_dir: str | Path, records: Sequence[ClusterRecord], 
                        batch_size: int = 64, progress: bool = True) -> RobustnessTable:
     """Greedy answers of the generator in ``model_dir`` to every variant (``answers.jsonl``) and its
     robustness table (``table.json``) in ``output_dir``; both reused when present for the same model,
-    clusters, format and answer length (others are refused with ``StageInputsChanged``)."""
-    from resilibench.results import write_json_atomic
+    clusters, format and answer length (others are refused with ``ConfigChanged``)."""
     from resilibench.robust_train.scpo import sampling_backend
 
     fmt = fmt or GeneratorFormat()
     output_dir = Path(output_dir)
     inputs = {"stage": "evaluation", "model_sha256": model_digest(model_dir),
               "clusters_sha256": clusters_digest(records), "format": fmt.to_dict(), "max_new_tokens": max_new_tokens}
-    if reuse_stage(output_dir / STAGE_FILE, (output_dir / "table.json").exists(), inputs):
+    if reuse_stage(output_dir, (output_dir / "table.json").exists(), inputs):
         return RobustnessTable.from_dict(json.loads((output_dir / "table.json").read_text()))
-    record_stage(output_dir / STAGE_FILE, inputs)
-    backend = sampling_backend(Path(model_dir), batch_size)
-    answers = generate_answers(backend, records, fmt, output_dir / "answers.jsonl",
-                               max_new_tokens=max_new_tokens, progress=progress)
-    table = robustness_table(records, answers)
-    write_json_atomic(output_dir / "table.json", table.to_dict())
+    run = stage_directory(output_dir, inputs, key=("cluster_id",), results="answers.jsonl")
+    with run.session():
+        run.write_meta(run_metadata(inputs, None))
+        backend = sampling_backend(Path(model_dir), batch_size)
+        answers = generate_answers(backend, records, fmt, run, max_new_tokens=max_new_tokens, progress=progress)
+        table = robustness_table(records, answers)
+        write_json_atomic(output_dir / "table.json", table.to_dict())
     return table
 
 
@@ -224,8 +196,7 @@ def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[list[Cluste
                                                                      list[ClusterRecord]]:
     """The demo's cluster datasets (built once, offline): train clusters for SFT and ScPO, test clusters
     for the table, and original-only records of more train tasks for the base generator."""
-    from resilibench.cli import interleave_task_types
-    from resilibench.envs.tasks import load_tasks
+    from resilibench.envs.tasks import interleave_task_types, load_tasks
     from resilibench.robust_train.clusters import write_clusters
     from resilibench.robust_train.instructions import PERTURBATION_TYPES
 
@@ -243,15 +214,15 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
     """Base generator from scratch -> instruction-augmented SFT -> ScPO, with the robustness table on the
     test clusters after each stage, beside the two trivial baselines ("names", "lookup" from the train
     clusters; ``robust_train.evaluation``). Every stage resumes from ``output_dir``."""
-    from resilibench.results import run_metadata, write_json_atomic
+    from resilibench.results import run_metadata
     from resilibench.robust_train.instructions import PERTURBATION_TYPES
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     fmt = GeneratorFormat()
     demo = {"stage": "demo", "demo": settings.to_dict()}
-    reuse_stage(output_dir / STAGE_FILE, False, demo)  # other sizes: refused before anything runs
-    record_stage(output_dir / STAGE_FILE, demo)
+    reuse_stage(output_dir, False, demo)  # other sizes: refused before anything runs
+    record_stage(output_dir, demo)
     write_json_atomic(output_dir / "meta.json", run_metadata({"demo": settings.to_dict()}, [settings.seed]))
     started = time.monotonic()
 

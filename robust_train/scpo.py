@@ -31,7 +31,8 @@ from typing import Any
 
 from resilibench.agents.base import Backend, GenerationConfig
 from resilibench.envs.config import AT_LEAST_ONE, Settings, setting
-from resilibench.robust_train.clusters import ClusterRecord
+from resilibench.results import run_metadata, write_json_atomic
+from resilibench.robust_train.clusters import ClusterRecord, clusters_digest
 from resilibench.robust_train.generator import (
     GeneratorFormat,
     GeneratorOutputError,
@@ -40,7 +41,13 @@ from resilibench.robust_train.generator import (
     parse_workflow,
     workflow_text,
 )
-from resilibench.robust_train.training import PreferenceSettings
+from resilibench.robust_train.training import (
+    PreferenceSettings,
+    merge_adapter,
+    model_digest,
+    train_preferences,
+)
+from resilibench.rundir import RunDirectory
 
 VOTES = ("exact", "soft")
 PAIR_PROMPTS = ("rejected", "all")
@@ -227,34 +234,36 @@ def run_scpo(model_dir: str | Path, records: Sequence[ClusterRecord], output_dir
              log: Callable[[str], None] = print) -> Path:
     """Run ``settings.iterations`` ScPO iterations from the model in ``model_dir`` (M_0, typically the
     merged SFT model) on ``records``; returns the last model's directory. Resumes from ``output_dir``."""
-    from resilibench.results import JsonlWriter, read_jsonl, run_metadata, write_json_atomic
-    from resilibench.robust_train.training import merge_adapter, train_preferences
-
     settings, fmt = settings or ScPOSettings(), fmt or GeneratorFormat()
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    from resilibench.robust_train.pipeline import clusters_digest, model_digest
-
     config = {"model": str(Path(model_dir).resolve()), "model_sha256": model_digest(model_dir),
               "settings": settings.to_dict(), "format": fmt.to_dict(),
               "clusters": [r.cluster_id for r in records], "clusters_sha256": clusters_digest(records)}
-    _check_run_config(output_dir / "meta.json", config)
-    write_json_atomic(output_dir / "meta.json", run_metadata(config, [settings.seed]))
-    state_path = output_dir / "state.json"
+    run = RunDirectory(output_dir, config, summary=None, meta="meta.json")
+    with run.session():
+        run.write_meta(run_metadata(config, [settings.seed]))
+        return _iterate(run, Path(model_dir), records, settings, fmt,
+                        make_backend or (lambda path: sampling_backend(path, settings.batch_size)), progress, log)
+
+
+def _iterate(run: RunDirectory, model: Path, records: Sequence[ClusterRecord], settings: ScPOSettings,
+             fmt: GeneratorFormat, make_backend: Callable[[Path], Backend], progress: bool,
+             log: Callable[[str], None]) -> Path:
+    """The ScPO iterations ``run`` (its session held) lacks, from ``model`` or the last iteration's model."""
+    state_path = run.path / "state.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"iterations": []}
-    model = Path(state["iterations"][-1]["model"]) if state["iterations"] else Path(model_dir)
-    make_backend = make_backend or (lambda path: sampling_backend(path, settings.batch_size))
+    model = Path(state["iterations"][-1]["model"]) if state["iterations"] else model
     for t in range(len(state["iterations"]) + 1, settings.iterations + 1):
-        step = output_dir / f"iter_{t:02d}"
+        step = run.path / f"iter_{t:02d}"
         step.mkdir(exist_ok=True)
-        done = {row["cluster_id"]: row for row in read_jsonl(step / "candidates.jsonl", repair=True).rows}
+        writer = run.writer(f"{step.name}/candidates.jsonl")
+        done = {row["cluster_id"]: row for row in writer.existing.rows}
         pending = [r for r in records if r.cluster_id not in done]
         position = {}  # a batch's sampling seed follows its first cluster's place in ``records``
         for i, record in enumerate(records):
             position.setdefault(record.cluster_id, i)
         if pending:
             backend = make_backend(model)
-            with JsonlWriter(step / "candidates.jsonl") as writer, _bar(len(records), len(done), t, progress) as bar:
+            with _bar(len(records), len(done), t, progress) as bar:
                 for start in range(0, len(pending), settings.clusters_per_batch):
                     batch = pending[start:start + settings.clusters_per_batch]
                     seed = settings.seed + 1_000_003 * t + position[batch[0].cluster_id]
@@ -265,6 +274,7 @@ def run_scpo(model_dir: str | Path, records: Sequence[ClusterRecord], output_dir
                         done[record.cluster_id] = row
                     bar.update(len(batch))
             del backend
+        writer.close()
         rows = rows_from_candidates(records, done, fmt, settings.pair_prompts)
         summary = iteration_summary(records, done, rows)
         log(f"iteration {t}: {summary['pairs']} pairs from {summary['clusters_with_pair']} of "
@@ -287,17 +297,6 @@ def iteration_summary(records: Sequence[ClusterRecord], rows: dict[str, dict[str
             "mean_score": sum(c["score"] for c in candidates) / max(1, len(candidates)),
             "valid": sum(c["error"] is None for c in candidates) / max(1, len(candidates)),
             "mean_weight": sum(p["weight"] for p in pairs) / max(1, len(pairs))}
-
-
-def _check_run_config(path: Path, config: dict[str, Any]) -> None:
-    """Refuse to resume a run directory that was made with another configuration."""
-    if path.exists():
-        previous = json.loads(path.read_text()).get("config")
-        if previous is not None and previous != json.loads(json.dumps(config)):
-            from resilibench.results import json_diff
-
-            raise ValueError(f"{path.parent} holds a run with a different configuration "
-                             f"({'; '.join(json_diff(previous, config)[:5])}); use another output directory")
 
 
 def _bar(total: int, initial: int, iteration: int, enabled: bool):

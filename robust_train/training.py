@@ -43,6 +43,8 @@ CHECKPOINT_DIR = "checkpoints"
 RESULT_FILE = "train_result.json"
 RUN_FILE = "run.json"
 MERGE_FILE = "merge.json"
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+DIGEST_CHARS = 16  # of a sha256 hex digest: plenty to tell inputs apart, short enough to read in a diff
 PROMPT_ROLES = ("system", "user", "assistant")
 
 
@@ -315,33 +317,45 @@ def _quiet_trainer(trainer, progress: bool):
     return trainer
 
 
-def _digest(rows: list[dict]) -> str:
-    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+def json_digest(value: Any) -> str:
+    """sha256 (first ``DIGEST_CHARS``) of ``value`` as JSON with sorted keys."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:DIGEST_CHARS]
 
 
-def _prepare_output(output_dir: Path, run: dict, resume: bool) -> TrainResult | None:
-    """Set up ``output_dir`` for ``run``: the finished result when resuming a finished run, else None.
-    Resuming a run recorded with other settings, rows or model is refused; ``resume=False`` clears the
+def model_digest(model_dir: str | Path) -> str:
+    """sha256 (first ``DIGEST_CHARS``) of a model directory's config.json and weight files: the model's
+    identity, wherever it lies."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(model_dir).iterdir()):
+        if path.name == "config.json" or path.suffix in WEIGHT_SUFFIXES:
+            digest.update(path.name.encode())
+            with path.open("rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()[:DIGEST_CHARS]
+
+
+def _train_in(output_dir: Path, record: dict, resume: bool, make_trainer: Callable[[], Any]) -> TrainResult:
+    """Train ``make_trainer()`` in ``output_dir`` under its lock (``rundir.RunDirectory``), ``record`` kept in
+    ``run.json``. Resuming returns the finished result of the same record at once, and refuses a run
+    recorded with other settings, rows or model (``errors.ConfigChanged``); ``resume=False`` clears the
     previous run's checkpoints and output first."""
-    record = output_dir / RUN_FILE
+    from resilibench.results import run_metadata
+    from resilibench.rundir import RunDirectory
+
+    run = RunDirectory(output_dir, record, summary=None, meta=RUN_FILE)
     final = output_dir / FINAL_DIR
-    if resume and record.is_file():
-        previous = json.loads(record.read_text())
-        if previous != run:
-            changed = sorted(k for k in set(run) | set(previous) if run.get(k) != previous.get(k))
-            raise ValueError(f"output_dir {str(output_dir)!r} holds a run with a different {', '.join(changed)}; "
-                             "use another output_dir or resume=False to start over")
-        if (final / RESULT_FILE).is_file():
+    with run.session(resume):
+        if resume and run.meta_path is not None and run.meta_path.is_file() and (final / RESULT_FILE).is_file():
             result = json.loads((final / RESULT_FILE).read_text())
             return TrainResult(final, result["steps"], result["train_loss"], result["log"], resumed=True)
-    if not resume:
-        for stale in (final, output_dir / CHECKPOINT_DIR):
-            shutil.rmtree(stale, ignore_errors=True)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    tmp = record.with_suffix(".tmp")
-    tmp.write_text(json.dumps(run, indent=1, sort_keys=True))
-    os.replace(tmp, record)
-    return None
+        if not resume:
+            for stale in (final, output_dir / CHECKPOINT_DIR):
+                shutil.rmtree(stale, ignore_errors=True)
+        run.write_meta(run_metadata(record, None))
+        trainer = make_trainer()
+        with _quiet():
+            return _run(trainer, output_dir, resume)
 
 
 def _run(trainer, output_dir: Path, resume: bool) -> TrainResult:
@@ -369,7 +383,7 @@ def _run_record(kind: str, model_path: Path, settings: SFTSettings | PreferenceS
                 rows: list[dict]) -> dict:
     """What a run trains, as stored in ``run.json`` (JSON-normalised so it compares with a re-read)."""
     return json.loads(json.dumps({"kind": kind, "model_path": str(model_path.resolve()),
-                                  "settings": asdict(settings), "rows_sha256": _digest(rows)}))
+                                  "settings": asdict(settings), "rows_sha256": json_digest(rows)}))
 
 
 # --- SFT -----------------------------------------------------------------------------------------------
@@ -407,12 +421,8 @@ def train_sft(model_path: str | Path, rows: Sequence[dict], output_dir: str | Pa
     model_path = _check_model_dir(model_path)
     checked = _check_rows(rows, ("prompt", "completion"))
     output_dir = Path(output_dir)
-    finished = _prepare_output(output_dir, _run_record("sft", model_path, settings, checked), resume)
-    if finished is not None:
-        return finished
-    trainer = make_sft_trainer(model_path, checked, output_dir, settings, progress=progress, callbacks=callbacks)
-    with _quiet():
-        return _run(trainer, output_dir, resume)
+    return _train_in(output_dir, _run_record("sft", model_path, settings, checked), resume, lambda: make_sft_trainer(
+        model_path, checked, output_dir, settings, progress=progress, callbacks=callbacks))
 
 
 # --- weighted DPO --------------------------------------------------------------------------------------
@@ -537,13 +547,9 @@ def train_preferences(model_path: str | Path, rows: Sequence[dict], output_dir: 
     model_path = _check_model_dir(model_path)
     checked = _check_rows(rows, ("prompt", "chosen", "rejected", "weight"))
     output_dir = Path(output_dir)
-    finished = _prepare_output(output_dir, _run_record("preferences", model_path, settings, checked), resume)
-    if finished is not None:
-        return finished
-    trainer = make_preference_trainer(model_path, checked, output_dir, settings, progress=progress,
-                                      callbacks=callbacks)
-    with _quiet():
-        return _run(trainer, output_dir, resume)
+    return _train_in(output_dir, _run_record("preferences", model_path, settings, checked), resume,
+                     lambda: make_preference_trainer(model_path, checked, output_dir, settings, progress=progress,
+                                                     callbacks=callbacks))
 
 
 # --- merging -------------------------------------------------------------------------------------------

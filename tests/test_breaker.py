@@ -71,7 +71,7 @@ def test_runs_and_max_iterations_parsing():
             parse_runs(bad)
     with pytest.raises(ValueError, match="valid: qc, itf, mim, flaw"):
         parse_runs("QC")
-    with pytest.raises(ValueError, match="mim not in --runs"):
+    with pytest.raises(ValueError, match="max_iterations: mim not in the runs"):
         parse_max_iterations("qc:3,mim:2", {"qc": 1})
 
 
@@ -375,7 +375,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     out = str(tmp_path / "out")
     cases = [
         (["--runs", "qc:2,bogus", "--solver", "x"], "unknown taxonomy 'bogus'"),
-        (["--runs", "flaw", "--max-iterations", "qc:3", "--solver", "x"], "qc not in --runs"),
+        (["--runs", "flaw", "--max-iterations", "qc:3", "--solver", "x"], "--max-iterations: qc not in the runs"),
         (["--runs", "qc:3", "--solver", "hf:/nonexistent"], "--generator is required"),
         (["--runs", "flaw", "--solver", "scripted:nope", "--limit", "2"], "--solver scripted:nope"),
         (["--runs", "flaw", "--solver", "hf:/nonexistent"], "--solver hf:/nonexistent"),

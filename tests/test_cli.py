@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from resilibench.cli import main
 from resilibench.envs.registry import default_registry
 from resilibench.envs.tasks import TASK_TYPES, get_task, load_tasks, read_tasks
 from resilibench.policies.bounds import largest_turn_limit, optimal_success
 from resilibench.policies.runner import PLANNER_NAMES
-from resilibench.results import METADATA_KEY, exclusive_lock, read_jsonl
+from resilibench.results import METADATA_KEY, read_jsonl
 
 RUN = ["run", "--limit", "5", "--seeds", "0"]
 LEVELS = ("full_success", "partial_success", "failure")
@@ -135,9 +136,10 @@ def test_run_refuses_a_different_config(first_run, tmp_path, capsys):
 
 
 def test_run_refuses_a_directory_in_use(tmp_path, capsys):
-    with exclusive_lock(tmp_path / "quick" / ".lock"):
+    (tmp_path / "quick").mkdir()
+    with FileLock(tmp_path / "quick" / ".lock"):  # what a second `run` into the same directory holds
         assert _run(tmp_path) == 2
-    assert "another `resilibench run`" in capsys.readouterr().err
+    assert "--output-dir: " in (err := capsys.readouterr().err) and "another process is writing there" in err
     assert not (tmp_path / "quick" / "results.jsonl").exists()
 
 

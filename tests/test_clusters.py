@@ -10,8 +10,9 @@ import json
 import pytest
 
 from helpers import ScriptedBackend
-from resilibench.cli import CliError, interleave_task_types, main
-from resilibench.envs.tasks import load_tasks, write_tasks
+from resilibench.cli import main
+from resilibench.envs.tasks import interleave_task_types, load_tasks, write_tasks
+from resilibench.errors import ConfigChanged, RunDirectoryError
 from resilibench.robust_train.clusters import (
     CLUSTERS_FILE,
     META_FILE,
@@ -124,12 +125,12 @@ def test_other_settings_are_refused(tmp_path):
     directory = tmp_path / "ds"
     write_clusters(directory, TASKS[:1], types=("noise_light",))
     before = (directory / CLUSTERS_FILE).read_bytes()
-    with pytest.raises(CliError, match=r"different config \(clusters\.seed: 0 -> 3\)"):
+    with pytest.raises(ConfigChanged, match=r"different config \(clusters\.seed: 0 -> 3\)"):
         write_clusters(directory, TASKS[:2], types=("noise_light",), seed=3)
-    with pytest.raises(CliError, match="clusters.types"):
+    with pytest.raises(ConfigChanged, match="clusters.types"):
         write_clusters(directory, TASKS[:2], types=("noise_heavy",))
     changed = dataclasses.replace(TASKS[0], description=TASKS[0].description + " Quickly.")
-    with pytest.raises(CliError, match="different version of that task"):
+    with pytest.raises(RunDirectoryError, match="different version of that task"):
         write_clusters(directory, [changed], types=("noise_light",))
     assert (directory / CLUSTERS_FILE).read_bytes() == before
     fresh = write_clusters(directory, TASKS[:1], types=("noise_light",), seed=3, resume=False)

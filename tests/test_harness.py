@@ -54,7 +54,7 @@ def tiny_jobs():
 def tiny_run(tiny_backend, tiny_jobs, tmp_path_factory):
     """A complete run of 6 episodes, 4 at a time (the pool refills), with the conversations kept."""
     path = tmp_path_factory.mktemp("full") / "results.jsonl"
-    rows = run_eval(tiny_backend, tiny_jobs, generation=GENERATION, batch_size=4, results_path=path,
+    rows = run_eval(tiny_backend, tiny_jobs, generation=GENERATION, batch_size=4, output_dir=path.parent,
                     keep_messages=True, metadata={"run": "full"}, progress=False, env_kwargs=ENV)
     return path, rows
 
@@ -89,7 +89,7 @@ def test_llm_run_resumes_after_a_crash_mid_write(tiny_backend, tiny_jobs, tiny_r
     path = tmp_path / "results.jsonl"
     path.write_bytes(b"".join(lines[:4]) + lines[4][:50])
     played: list[tuple] = []
-    rows = run_eval(tiny_backend, tiny_jobs, generation=GENERATION, batch_size=4, results_path=path,
+    rows = run_eval(tiny_backend, tiny_jobs, generation=GENERATION, batch_size=4, output_dir=path.parent,
                     keep_messages=True, on_result=lambda row: played.append(tuple(row[f] for f in EVAL_KEY)),
                     progress=False, env_kwargs=ENV)
     done_before = {tuple(json.loads(line)[f] for f in EVAL_KEY) for line in lines[1:4]}
@@ -108,7 +108,7 @@ def test_resume_after_a_subset_redoes_nothing(tmp_path):
     played: list[tuple] = []
 
     def run(selection):
-        return run_eval(OptimalTextAgent(), selection, batch_size=3, results_path=path, progress=False,
+        return run_eval(OptimalTextAgent(), selection, batch_size=3, output_dir=path.parent, progress=False,
                         on_result=lambda row: played.append(tuple(row[f] for f in EVAL_KEY)))
 
     first = run(jobs[:7])

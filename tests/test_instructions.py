@@ -15,9 +15,8 @@ from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401  (fixture)
 
 from helpers import ScriptedBackend
 from resilibench.agents.base import GenerationConfig
-from resilibench.cli import interleave_task_types
 from resilibench.envs.registry import default_registry, named_tools
-from resilibench.envs.tasks import load_tasks
+from resilibench.envs.tasks import interleave_task_types, load_tasks
 from resilibench.policies.bounds import reference_workflow
 from resilibench.robust_train.instructions import (
     NOISE_RATES,

@@ -22,6 +22,7 @@ from resilibench.cli import main  # noqa: E402
 from resilibench.envs.planner_env import ResiliBenchEnv  # noqa: E402
 from resilibench.envs.registry import default_registry  # noqa: E402
 from resilibench.envs.tasks import load_tasks  # noqa: E402
+from resilibench.errors import ConfigChanged  # noqa: E402
 from resilibench.policies.bounds import (  # noqa: E402
     OptimalPlanner,
     exact_bound,
@@ -45,11 +46,11 @@ from resilibench.policies.ppo.evaluation import (  # noqa: E402
 from resilibench.policies.ppo.training import (  # noqa: E402
     PPOTrainConfig,
     build_ppo_config,
-    check_resumable,
     latest_checkpoint,
     read_state,
     restore_algorithm,
     train,
+    training_directory,
 )
 from resilibench.policies.ppo.wrappers import ACTION_MASK, OBSERVATIONS, MaskedPlannerEnv, episode_observation  # noqa: E402
 from resilibench.results import read_jsonl  # noqa: E402
@@ -349,9 +350,9 @@ def test_resume_continues_the_iteration_count(trained, tmp_path):
             assert set(runner) <= set(saved) and all(torch.equal(runner[k], saved[k]) for k in runner)
     finally:
         algo.stop()
-    with pytest.raises(ValueError, match="different config .*lr"):
-        check_resumable(cfg.to_dict(), PPOTrainConfig(**TINY, lr=0.01))
-    check_resumable(cfg.to_dict(), PPOTrainConfig(**{**TINY, "num_env_runners": 2}))  # resources may change
+    with pytest.raises(ConfigChanged, match=r"different config \(train\.lr: "):
+        training_directory(copy, PPOTrainConfig(**TINY, lr=0.01)).check()
+    training_directory(copy, PPOTrainConfig(**{**TINY, "num_env_runners": 2})).check()  # resources may change
 
 
 def test_the_batch_is_split_across_learners_and_the_learner_count_is_kept_on_resume(trained, tmp_path):

@@ -8,8 +8,7 @@ from functools import cache
 
 import pytest
 
-from resilibench.cli import interleave_task_types
-from resilibench.envs.tasks import load_tasks
+from resilibench.envs.tasks import interleave_task_types, load_tasks
 from resilibench.robust_train.clusters import build_clusters
 from resilibench.robust_train.evaluation import (
     baseline_tables,

@@ -8,6 +8,7 @@ import json
 import pytest
 from tiny_lm import torch_one_thread  # noqa: F401 (fixture)
 
+from resilibench.errors import ConfigChanged
 from resilibench.metrics.workflow import Workflow
 from resilibench.robust_train.generator import GeneratorFormat, canonical_form, parse_workflow, workflow_text
 from resilibench.robust_train.scpo import (
@@ -145,7 +146,7 @@ def test_one_full_iteration(cluster_records, sft_generator, tmp_path):
     assert run_scpo(sft_generator, cluster_records, tmp_path / "scpo", settings, fmt, progress=False,
                     log=logs.append) == model
     assert len(logs) == 1
-    with pytest.raises(ValueError, match="different configuration"):
+    with pytest.raises(ConfigChanged, match=r"meta.json was produced with a different config \(settings\.candidates"):
         run_scpo(sft_generator, cluster_records, tmp_path / "scpo", ScPOSettings(candidates=2), fmt, progress=False)
     table = evaluate_generator(model, cluster_records, tmp_path / "eval", fmt, max_new_tokens=48, progress=False)
     assert set(table.rows) == {"original", "paraphrase", "noise_heavy"}
@@ -174,7 +175,7 @@ def test_cli_sft_scpo_evaluate(cluster_records, sft_generator, tmp_path, capsys)
     assert main(["robust", "sft", str(tmp_path / "sft" / "model"), "--clusters", str(other), "--output-dir",
                  str(tmp_path / "sft"), "--epochs", "5", "--lora-r", "4", "--batch-size", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # after the "SFT on ..." line
-    assert err.startswith("resilibench: error: robust sft: ") and f"{tmp_path / 'sft'} holds a sft run with other inputs" in err
+    assert err.startswith("resilibench: error: robust sft: ") and f"{tmp_path / 'sft'}: stage.json was produced with a different config" in err
     assert all(change in err for change in ("model_sha256: ", "clusters_sha256: ", "settings.epochs: 3.0 -> 5.0"))
     assert (tmp_path / "sft" / "model" / "model.safetensors").read_bytes() == model_bytes
     assert main(["robust", "scpo", str(sft_generator), "--clusters", str(clusters), "--output-dir",
@@ -229,7 +230,7 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
 
     base = (tmp_path / "base" / "model" / "model.safetensors").read_bytes()
     meta = (tmp_path / "meta.json").read_text()
-    with pytest.raises(ValueError, match=r"holds a demo run with other inputs \(demo.pretrain_tasks: 5 -> 4\)"):
+    with pytest.raises(ValueError, match=r"stage.json was produced with a different config \(demo.pretrain_tasks: 5 -> 4\)"):
         run_demo(tmp_path, replace(settings, pretrain_tasks=4), progress=False, log=logs.append)
     assert (tmp_path / "base" / "model" / "model.safetensors").read_bytes() == base
     assert (tmp_path / "meta.json").read_text() == meta
@@ -238,7 +239,7 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
     from resilibench.robust_train.pipeline import run_sft
 
     fewer = load_clusters(tmp_path / "clusters" / "pretrain")[:4]
-    with pytest.raises(ValueError, match="holds a sft run with other inputs .*clusters_sha256"):
+    with pytest.raises(ValueError, match="stage.json was produced with a different config .*clusters_sha256"):
         run_sft(tmp_path / "scratch", fewer, tmp_path / "base", settings.pretrain, GeneratorFormat(), originals_only=True,
                 progress=False)
 

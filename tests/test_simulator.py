@@ -1,4 +1,4 @@
-"""The failure model (SPEC 2) and the episode rules (SPEC 2b)."""
+"""The failure model (paper app. B.3) and the episode rules (docs/envs.md)."""
 
 import math
 

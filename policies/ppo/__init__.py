@@ -12,10 +12,13 @@ curriculum logic; ``require_rl`` says so when they are missing.
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 ENCODERS = ("transformer", "mlp")
+CHECKPOINTS, LATEST = "checkpoints", "latest.json"  # a training directory's checkpoints and its pointer
 # The policy network's settings (``PlannerModule``'s model_config); PPOTrainConfig carries the same fields.
 DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "encoder": "transformer",
@@ -27,6 +30,15 @@ DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "value_hiddens": [64],  # value head (both encoders)
     "features": "full",  # the env's observation features; "no_dependency_hints" also drops the relational ones
 }
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    """The newest checkpoint of a training output directory (None when there is none)."""
+    pointer = Path(directory) / CHECKPOINTS / LATEST
+    if not pointer.is_file():
+        return None
+    path = Path(directory) / CHECKPOINTS / json.loads(pointer.read_text())["checkpoint"]
+    return path if path.is_dir() else None
 
 
 def require_rl() -> None:

@@ -24,8 +24,7 @@ from resilibench.envs.simulator import Episode
 from resilibench.envs.tasks import Task
 from resilibench.metrics.workflow import Workflow
 from resilibench.policies.bounds import path_workflow
-from resilibench.policies.ppo import quiet_logs, require_rl
-from resilibench.policies.ppo.training import CHECKPOINTS, latest_checkpoint
+from resilibench.policies.ppo import CHECKPOINTS, latest_checkpoint, quiet_logs, require_rl
 from resilibench.policies.ppo.wrappers import episode_observation
 
 MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"

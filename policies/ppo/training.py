@@ -29,13 +29,23 @@ from typing import Any
 from resilibench.envs.config import AT_LEAST_ONE, UNIT, ConfigError, Settings, WorldConfig, from_dict, setting
 from resilibench.envs.observation import OBSERVATION_FEATURES
 from resilibench.envs.tasks import SPLITS, TASK_TYPE_NAMES, Task, load_tasks
-from resilibench.policies.ppo import DEFAULT_MODEL_CONFIG, ENCODERS, quiet_logs, require_rl
+from resilibench.errors import RunDirectoryError
+from resilibench.policies.ppo import (
+    CHECKPOINTS,
+    DEFAULT_MODEL_CONFIG,
+    ENCODERS,
+    LATEST,
+    latest_checkpoint,
+    quiet_logs,
+    require_rl,
+)
 from resilibench.policies.ppo.curriculum import CurriculumConfig, stage_pools
+from resilibench.results import run_metadata, write_json_atomic
+from resilibench.rundir import RunDirectory
 
 REWARDS = ("sparse", "shaped")
 ENV_NAME = "ResiliBenchMasked-v0"  # MaskedPlannerEnv over ResiliBench-v0, registered with Ray Tune
-TRAINING_FILE, PROGRESS_FILE, CHECKPOINTS, LATEST, STATE_FILE = (
-    "training.json", "progress.jsonl", "checkpoints", "latest.json", "state.json")
+TRAINING_FILE, PROGRESS_FILE, STATE_FILE = "training.json", "progress.jsonl", "state.json"
 # Fields that may differ between a run and its resumption (resources and stopping rules).
 # The learner count may not change: it splits the batch and shapes the optimizer state in the checkpoint.
 RESUMABLE_CHANGES = frozenset({"iterations", "time_budget_min", "num_env_runners", "num_envs_per_env_runner",
@@ -335,31 +345,17 @@ class TrainingState:
     train_batch_size: int | None = None
 
 
-def latest_checkpoint(directory: str | Path) -> Path | None:
-    """The newest checkpoint of a training output directory (None when there is none)."""
-    pointer = Path(directory) / CHECKPOINTS / LATEST
-    if not pointer.is_file():
-        return None
-    path = Path(directory) / CHECKPOINTS / json.loads(pointer.read_text())["checkpoint"]
-    return path if path.is_dir() else None
-
-
 def read_state(checkpoint: Path) -> TrainingState:
     return TrainingState(**json.loads((checkpoint / STATE_FILE).read_text()))
 
 
-def check_resumable(saved: dict[str, Any], cfg: PPOTrainConfig) -> None:
-    """Refuse to resume a run with a different training config (resources and stopping rules may change)."""
-    current = cfg.to_dict()
-    from resilibench.results import to_jsonable
-
-    saved_j, current_j = to_jsonable(saved), to_jsonable(current)
-    differences = [k for k in sorted(set(saved_j) | set(current_j))
-                   if k not in RESUMABLE_CHANGES and saved_j.get(k) != current_j.get(k)]
-    if differences:
-        shown = ", ".join(f"{k}: {saved_j.get(k)!r} -> {current_j.get(k)!r}" for k in differences[:4])
-        raise ValueError(f"the run in this directory was trained with a different config ({shown}); "
-                         "use another output directory or start afresh without resume")
+def training_directory(directory: str | Path, cfg: PPOTrainConfig) -> RunDirectory:
+    """The RunDirectory of a training run: ``progress.jsonl`` (one row per iteration, after a metadata record
+    per session). Resuming with a different training config is refused (``errors.ConfigChanged``), except
+    for ``RESUMABLE_CHANGES`` (resources and stopping rules)."""
+    return RunDirectory(directory, {"train": cfg.to_dict()}, key=("iteration",), results=PROGRESS_FILE,
+                        summary=None, may_change=[f"train.{key}" for key in sorted(RESUMABLE_CHANGES)],
+                        restart="use another output directory")
 
 
 def format_progress(row: dict[str, Any]) -> str:
@@ -378,27 +374,33 @@ def train(cfg: PPOTrainConfig, output_dir: str | Path, resume: bool = False, add
     """Train until ``cfg.iterations`` or ``cfg.time_budget_min`` (at least one must be set); returns the last
     progress row with ``checkpoint`` (the final checkpoint's path). With ``resume``, continue from the newest
     checkpoint in ``output_dir`` (iteration count, env steps, training time and curriculum stage carry on;
-    iterations logged after that checkpoint are run again and logged again)."""
-    import torch
-
-    from resilibench.results import JsonlWriter, run_metadata, write_json_atomic
-
+    iterations logged after that checkpoint are run again and logged again). The directory is locked while
+    training (``rundir.RunDirectory``); Ctrl-C leaves it resumable (``errors.RunInterrupted``)."""
     if cfg.iterations is None and cfg.time_budget_min is None:
         raise ValueError("set iterations or time_budget_min (or both)")
     directory = Path(output_dir)
     record_path = directory / TRAINING_FILE
     record = json.loads(record_path.read_text()) if resume and record_path.is_file() else None
-    if record is not None:
-        check_resumable(record["train"], cfg)
-    elif (directory / CHECKPOINTS).exists() or record_path.exists():
-        raise ValueError(f"{directory} already holds a training run; resume it or use another output directory")
+    if record is None and ((directory / CHECKPOINTS).exists() or record_path.exists()):
+        raise RunDirectoryError(f"{directory} already holds a training run; resume it or use another directory")
+    with training_directory(directory, cfg).session(resume=record is not None) as run:
+        return _train(cfg, run, record, address, log)
+
+
+def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None, address: str | None,
+           log: Callable[[str], None]) -> dict[str, Any]:
+    """``train`` in its locked directory (``record``: its training.json when resuming)."""
+    import torch
+
+    directory = run.path
+    record_path = directory / TRAINING_FILE
     checkpoint = latest_checkpoint(directory) if record is not None else None
     state = read_state(checkpoint) if checkpoint else TrainingState()
     tasks = cfg.training_tasks()
     pools = stage_pools(tasks) if cfg.curriculum else None
     torch.set_num_threads(cfg.num_torch_threads)  # more threads than cores spin and stall on small batches
     started_ray = init_ray(cfg, address)
-    algo = writer = None
+    algo = None
     row: dict[str, Any] = {}
     try:
         algo = build_ppo_config(cfg, state.stage, cluster=address is not None).build_algo()
@@ -413,7 +415,7 @@ def train(cfg: PPOTrainConfig, output_dir: str | Path, resume: bool = False, add
         record["train"] = cfg.to_dict()
         record["sessions"].append(session)
         write_json_atomic(record_path, record)
-        writer = JsonlWriter(directory / PROGRESS_FILE, metadata=session, resume=checkpoint is not None)
+        run.open_results(session)
 
         bounds: dict[int, float] = {}
 
@@ -435,7 +437,7 @@ def train(cfg: PPOTrainConfig, output_dir: str | Path, resume: bool = False, add
             state = TrainingState(row["iteration"], row["env_steps"], row["train_seconds"],
                                   result["resilibench"]["stage"] if cfg.curriculum else 0,
                                   cfg.num_learners, cfg.train_batch_size)
-            writer.write(row)
+            run.write(row)
             log(format_progress(row))
             if algo.iteration - last_saved >= cfg.checkpoint_every:
                 save_checkpoint(algo, directory, state, cfg.keep_checkpoints)
@@ -446,8 +448,6 @@ def train(cfg: PPOTrainConfig, output_dir: str | Path, resume: bool = False, add
             row = {"iteration": state.iteration, "env_steps": state.env_steps,
                    "train_seconds": state.train_seconds, "checkpoint": str(checkpoint)}
     finally:
-        if writer is not None:
-            writer.close()
         if algo is not None:
             algo.stop()
         if started_ray:
@@ -505,8 +505,6 @@ def save_checkpoint(algo: Any, directory: Path, state: TrainingState, keep: int 
     """Write an RLlib checkpoint with its state.json, point latest.json at it, and delete all but the
     ``keep`` newest checkpoints."""
     import shutil
-
-    from resilibench.results import write_json_atomic
 
     name = f"iter_{state.iteration:06d}"
     path = directory / CHECKPOINTS / name
