@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from resilibench.envs import rng as brng
+from resilibench.envs import stream as rs
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.evaluator import FULL, LEVELS, grade, output_tool_ids
 from resilibench.envs.observation import (
@@ -33,15 +34,10 @@ from resilibench.envs.simulator import (
     NOT_ATTEMPTED,
     OUT_OF_TURNS_CODE,
     SUCCESS,
-    draw_stream,
-    episode_seed,
     success_probability,
     termination_code,
 )
 from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task
-
-_U64 = np.uint64
-_EPISODE_SEED_BOUND = 2**63 - 1  # episode_seed draws integers(2**63 - 1)
 
 
 class ResiliBenchVectorEnv(gym.vector.VectorEnv):
@@ -55,13 +51,11 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     checks this against N single envs). No rule is written twice: at construction the env evaluates the
     rule functions on arrays of every input an episode can reach, ``success_probability`` and
     ``termination_code`` (``resilibench.envs.simulator``), ``grade`` (``resilibench.envs.evaluator``) and
-    ``counter_tables`` (``resilibench.envs.observation``), and a step looks the results up. Each sub-env
-    keeps its own ``np_random`` (PCG64) and draws from it in the single env's order (task index, then
-    ``episode_seed``, then the stream ``draw_stream(default_rng(seed), T)``); those numpy draws are
-    reproduced bit for bit, batched, by ``resilibench.envs.rng`` and computed ahead for a few dozen
-    episodes per sub-env. Rare cases (a rejected bounded-integer draw, a pinned task, or a failed
-    self-check of ``resilibench.envs.rng``) use numpy's own Generator for the rows concerned. Throughput:
-    see ``docs/benchmarks.md``.
+    ``counter_tables`` (``resilibench.envs.observation``), and a step looks the results up. Randomness is
+    the counter-based stream of ``resilibench.envs.stream``, computed on arrays: sub-env ``i`` keeps its
+    env seed's key and episode number, draws each new episode's task and seed as ``EnvEpisodes`` does, and
+    a step computes each drawing sub-env's success draw from (episode seed, draw index). Throughput: see
+    ``docs/benchmarks.md``.
 
     ```python
     import gymnasium as gym
@@ -230,18 +224,21 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self._finished_mask = np.zeros(n + 1, dtype=np.int8)
         self._finished_mask[n] = 1
         self._build_task_tables(self.known_tasks)
-        self._source = _EpisodeSource(self)
+        # The stream: key of each sub-env's env seed, number of its next episode, key of its episode seed;
+        # ``_draw_offset[d]`` turns the episode key into the input of draw 2d (the d-th success draw).
+        self._env_key = np.zeros(N, dtype=np.uint64)
+        self._episode_no = np.zeros(N, dtype=np.int64)
+        self._seeded = np.zeros(N, dtype=bool)
+        self._episode_key = np.zeros(N, dtype=np.uint64)
+        self._draw_offset = rs.offsets(2 * np.arange(T + 1))
 
         # Batched state. The observation and mask buffers carry one extra row: a dump for masked scatters.
         rows = np.arange(N, dtype=np.int64)
         self._row_cols, self._row_obs, self._row_mask = rows * self._cols, rows * self.layout.size, rows * (n + 1)
-        self._row_stream = rows * (T + 1)
         self._dump_obs, self._dump_mask = N * self.layout.size, N * (n + 1)
         self._obs_buf = np.zeros((N + 1, self.layout.size), dtype=np.float32)
         self._mask_buf = np.zeros((N + 1, n + 1), dtype=np.int8)
         self._tc = np.zeros((N, self._cols), dtype=np.uint8)
-        # Success draws of each episode's stream, plus a padding column read by rows that do not draw.
-        self._stream = np.ones((N, T + 1), dtype=np.float64)
         # Integer state as rows of one matrix (a reset writes it in one operation); the last rows are
         # copied from the task tables.
         self._ints = np.zeros((_N_INTS, N), dtype=np.int64)
@@ -354,7 +351,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             if s is not None and not (isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0):
                 raise ValueError(f"seeds must be non-negative integers or None, got {s!r}")
         pinned = self._pinned_rows(task_id, rows)
-        self._source.seed(rows, [seeds[i] for i in rows.tolist()])
+        self._seed_rows(rows, [seeds[i] for i in rows.tolist()])
         self._start_episodes(rows, pinned)
         self._autoreset[rows] = False
         self._started = True
@@ -397,7 +394,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             draw = live ^ strict_fail
         else:
             strict_fail, draw = None, live
-        success = draw & (self._stream.reshape(-1)[self._row_stream + self._draws] < self._p_table[p_index])
+        u = rs.to_uniform(rs.bits_array(self._episode_key, self._draw_offset[self._draws]))
+        success = draw & (u < self._p_table[p_index])
         self._draws += draw
         changed = call & ~replay
         failed = changed ^ success
@@ -505,20 +503,33 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
                 pinned[r] = self._task_row(task_by_id(self.tasks, ids[r], self.world))
         return pinned
 
+    def _seed_rows(self, rows: np.ndarray, seeds: list[int | None]) -> None:
+        """Restart the episode sequence of rows with a seed (as ``EnvEpisodes.next``); rows without one go
+        on, or start from OS entropy when they were never seeded."""
+        fresh = [(r, s) for r, s in zip(rows.tolist(), seeds, strict=True)
+                 if s is not None or not self._seeded[r]]
+        if fresh:
+            r = np.array([x[0] for x in fresh], dtype=np.int64)
+            values = [secrets.randbits(64) if s is None else int(s) & rs.M64 for _, s in fresh]
+            self._env_key[r] = rs.key_array(np.array(values, dtype=np.uint64))
+            self._episode_no[r] = 0
+            self._seeded[r] = True
+
     def _start_episodes(self, rows: np.ndarray, pinned: dict[int, int]) -> None:
-        """Begin new episodes in ``rows``: next task and stream from each row's generator, state cleared."""
-        task, stream = self._source.take(rows, pinned)
+        """Begin new episodes in ``rows``: next task and episode seed of each row's sequence, state cleared."""
+        env_key, e = self._env_key[rows], self._episode_no[rows]
+        task = rs.below_array(rs.bits_array(env_key, rs.offsets(2 * e)), len(self.tasks))
+        self._episode_key[rows] = rs.key_array(rs.bits_array(env_key, rs.offsets(2 * e + 1)))
+        self._episode_no[rows] = e + 1
+        if pinned:
+            for i, r in enumerate(rows.tolist()):
+                task[i] = pinned.get(r, task[i])
         self._ints[:, rows] = self._ints_start[:, task]
-        self._stream[rows, :-1] = stream
         self._tc[rows] = self._tc_init
         self._mask_buf[rows] = 1
         self._obs_buf[rows] = self._init_obs[task]
 
     # --- helpers ---------------------------------------------------------------------------------------
-
-    def generator(self, i: int) -> np.random.Generator:
-        """A copy of sub-env ``i``'s ``np_random`` as a numpy Generator (the state the next reset draws from)."""
-        return self._source.generator(i)
 
     @staticmethod
     def level_names(codes: np.ndarray) -> np.ndarray:
@@ -537,42 +548,7 @@ _CALLS, _SUCCEEDED, _DEPENDENCY_PROBLEM = 63, 64, 128
 (_TASK, _TURNS, _DRAWS, _N_FAILURES, _CONSECUTIVE, _LAST_TOOL, _STREAK, _NEXT_REQ, _COVERED, _DONE_BITS,
  _ORDER_BROKEN, _OUTPUT_DONE, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE) = range(17)
 _N_INTS = 17
-_CHUNK = 8192  # rows per batch of 128-bit arithmetic in queue refills
 _TASK_FIELDS = np.array([_TASK, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE])
-
-
-# Fields of a draw pattern entry (see ``_draw_pattern``).
-_P_CONSUMED, _P_HAS32, _P_BUFFER, _P_TASK, _P_SEED = range(5)
-
-
-def _draw_pattern(m: int, has32: bool, task_draw: bool) -> np.ndarray:
-    """Which outputs of a generator the next ``m`` episodes consume, given whether a 32-bit half is buffered.
-
-    ``Generator.integers(n)`` for n < 2**32 takes the buffered high half of an earlier output when there is
-    one, else the low half of a new output (buffering its high half); ``integers(2**63 - 1)`` takes a whole
-    new output. Row e (and row m: after the last episode) holds: outputs consumed before episode e, the
-    buffer flag and buffered value before it (value index: 0 = the initial buffer, 1 + 2k / 2 + 2k = low /
-    high half of output k), the value index of its task draw, the output index of its seed draw.
-    """
-    rows, consumed, buffer = [], 0, 0
-    for _ in range(m):
-        before = (consumed, int(has32), buffer)
-        task = 0
-        if task_draw:
-            if has32:
-                task, has32 = buffer, False
-            else:
-                task, buffer, consumed, has32 = 1 + 2 * consumed, 2 + 2 * consumed, consumed + 1, True
-        rows.append((*before, task, consumed))
-        consumed += 1
-    rows.append((consumed, int(has32), buffer, 0, 0))
-    return np.array(rows, dtype=np.int64)
-
-
-def _chunks(n: int, size: int):
-    """Slices covering range(n) in pieces of ``size``."""
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
 
 
 def _lowest_zero_bit(bits: np.ndarray) -> np.ndarray:
@@ -585,175 +561,3 @@ def _lowest_zero_bit(bits: np.ndarray) -> np.ndarray:
             return out
         out += more
         ones = np.where(more, ones >> 1, 0)
-
-
-class _EpisodeSource:
-    """Each sub-env's ``np_random`` and the episodes it yields, batched.
-
-    Sub-env ``i`` owns a PCG64 generator, exactly as ``ResiliBenchEnv.np_random``. A new episode draws from
-    it in the single env's order: ``integers(len(tasks))`` (unless the task is pinned), then
-    ``episode_seed``; the episode's stream is ``draw_stream(default_rng(episode seed), T)``, of which the
-    batched env needs the success draws ``stream[:, 0]``. All of this is computed ahead for ``capacity``
-    episodes per sub-env at once (large numpy batches, ``resilibench.envs.rng``), and the generator state
-    before each queued episode is kept, so reseeding or pinning a sub-env recomputes the queue from its
-    current state. Rows where numpy's bounded-integer sampler would reject a draw (about one draw in a
-    million), pinned tasks, and every row when ``rng.checked()`` is False go through numpy's own Generator.
-    """
-
-    def __init__(self, env: ResiliBenchVectorEnv):
-        self.env = env
-        N = env.num_envs
-        self.capacity = M = int(min(64, max(4, 65536 // N)))
-        self.inc_hi, self.inc_lo = np.zeros(N, dtype=_U64), np.zeros(N, dtype=_U64)
-        # Generator state before queued episode e (column M: after the last one).
-        self.r_hi, self.r_lo = np.zeros((N, M + 1), dtype=_U64), np.zeros((N, M + 1), dtype=_U64)
-        self.r_has32, self.r_u32 = np.zeros((N, M + 1), dtype=bool), np.zeros((N, M + 1), dtype=_U64)
-        self.task = np.zeros((N, M), dtype=np.int64)
-        self.stream = np.zeros((N, M, env._turn_limit), dtype=np.float64)
-        self.cursor = np.zeros(N, dtype=np.int64)
-        self.seeded = np.zeros(N, dtype=bool)
-        self.dirty = True
-        self.mult2, self.factor2 = brng.jump(2)
-        self.pattern_draws = np.stack([_draw_pattern(M, bool(h), True) for h in (0, 1)])
-        self.pattern_seed_only = np.stack([_draw_pattern(M, bool(h), False) for h in (0, 1)])
-
-    # --- generator states ---
-
-    def seed(self, rows: np.ndarray, seeds: list[int | None]) -> None:
-        """``np_random = default_rng(seed)`` for rows with a seed (as ``gymnasium.Env.reset(seed=...)``);
-        rows without one keep their generator, or get one from OS entropy when they have none yet."""
-        fast, slow = [], []
-        for r, s in zip(rows.tolist(), seeds, strict=True):
-            if s is None:
-                if not self.seeded[r]:
-                    slow.append((r, np.random.default_rng()))
-            elif brng.checked() and int(s) < 2**64:
-                fast.append((r, int(s)))
-            else:
-                slow.append((r, np.random.default_rng(int(s))))
-        if fast:
-            r = np.array([x[0] for x in fast], dtype=np.int64)
-            hi, lo, inc_hi, inc_lo = brng.seed_states(np.array([x[1] for x in fast], dtype=_U64))
-            self._set_rows(r, hi, lo, inc_hi, inc_lo, False, 0)
-        for r, gen in slow:
-            self._set_generator(r, gen)
-
-    def _set_rows(self, r, hi, lo, inc_hi, inc_lo, has32, u32) -> None:
-        """Set the current generator state of rows ``r`` (the queue is recomputed before the next use)."""
-        self.cursor[r] = 0
-        self.r_hi[r, 0], self.r_lo[r, 0], self.r_has32[r, 0], self.r_u32[r, 0] = hi, lo, has32, u32
-        self.inc_hi[r], self.inc_lo[r] = inc_hi, inc_lo
-        self.seeded[r] = True
-        self.dirty = True
-
-    def _set_generator(self, row: int, gen: np.random.Generator) -> None:
-        state, inc, has32, u32 = brng.generator_state(gen)
-        self._set_rows(np.array([row]), _U64(state >> 64), _U64(state & brng.M64), _U64(inc >> 64),
-                       _U64(inc & brng.M64), bool(has32), _U64(u32))
-
-    def generator(self, row: int) -> np.random.Generator:
-        """A numpy Generator in ``row``'s current state."""
-        c = int(self.cursor[row])
-        state = int(self.r_hi[row, c]) << 64 | int(self.r_lo[row, c])
-        inc = int(self.inc_hi[row]) << 64 | int(self.inc_lo[row])
-        return brng.generator_from_state(state, inc, int(self.r_has32[row, c]), int(self.r_u32[row, c]))
-
-    # --- episodes ---
-
-    def take(self, rows: np.ndarray, pinned: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        """(task row, success draws of the stream) of the next episode of each row."""
-        pin_task = pin_stream = None
-        free = rows
-        if pinned:
-            pin_rows = [i for i, r in enumerate(rows.tolist()) if r in pinned]
-            pin_task, pin_stream = self._pin([int(rows[i]) for i in pin_rows], pinned)
-            free = np.delete(rows, pin_rows)
-        if self.dirty or (free.size and self.cursor[free].max() >= self.capacity):
-            self._refill()
-        slot = self.cursor[rows]
-        self.cursor[free] += 1
-        flat = rows * self.capacity + slot
-        task = self.task.reshape(-1)[flat]
-        stream = self.stream.reshape(-1, self.env._turn_limit)[flat]
-        if pinned:
-            task[pin_rows], stream[pin_rows] = pin_task, pin_stream
-        return task, stream
-
-    def _pin(self, rows: list[int], pinned: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        """Episodes of pinned tasks: the single env then draws only ``episode_seed`` (numpy, row by row)."""
-        seeds = []
-        for r in rows:
-            gen = self.generator(r)
-            seeds.append(episode_seed(gen))
-            self._set_generator(r, gen)
-        task = np.array([pinned[r] for r in rows], dtype=np.int64)
-        return task, self._streams(np.array(seeds, dtype=_U64))
-
-    def _refill(self) -> None:
-        """Recompute ``capacity`` queued episodes for every row from its current generator state."""
-        env, M = self.env, self.capacity
-        N, n_pool = env.num_envs, len(env.tasks)
-        r = np.arange(N)
-        c = self.cursor
-        hi, lo, has32, u32 = self.r_hi[r, c], self.r_lo[r, c], self.r_has32[r, c], self.r_u32[r, c]
-        seeds = np.empty((N, M), dtype=_U64)
-        rejected = np.zeros(N, dtype=bool)
-        pattern = self.pattern_draws if n_pool >= 2 else self.pattern_seed_only
-        n_outputs = int(pattern[:, :, _P_CONSUMED].max())
-        for part in _chunks(N, max(1, _CHUNK // (n_outputs + 1))):
-            # Every output a chunk of generators can consume, then who consumes which (by buffered half).
-            s_hi, s_lo = brng.states_ahead(hi[part], lo[part], self.inc_hi[part], self.inc_lo[part], n_outputs)
-            out = brng.output(s_hi[:, 1:], s_lo[:, 1:])
-            values = np.empty((out.shape[0], 1 + 2 * n_outputs), dtype=_U64)  # 0: buffered; then lo/hi halves
-            values[:, 0] = u32[part]
-            values[:, 1::2] = out & _U64(brng.M32)
-            values[:, 2::2] = out >> _U64(32)
-            p = pattern[has32[part].astype(np.int64)]  # (rows, M + 1, fields)
-            consumed = p[:, :, _P_CONSUMED]
-            self.r_hi[part], self.r_lo[part] = (np.take_along_axis(s_hi, consumed, axis=1),
-                                                np.take_along_axis(s_lo, consumed, axis=1))
-            self.r_has32[part] = p[:, :, _P_HAS32] > 0
-            self.r_u32[part] = np.take_along_axis(values, p[:, :, _P_BUFFER], axis=1)
-            if n_pool >= 2:
-                self.task[part], bad = brng.bounded_uint32(
-                    np.take_along_axis(values, p[:, :M, _P_TASK], axis=1), n_pool)
-                rejected[part] |= bad.any(axis=1)
-            else:
-                self.task[part] = 0
-            seeds[part], bad = brng.bounded_uint64(np.take_along_axis(out, p[:, :M, _P_SEED], axis=1),
-                                                   _EPISODE_SEED_BOUND)
-            rejected[part] |= bad.any(axis=1)
-        self.cursor[:] = 0
-        slow = np.flatnonzero(rejected) if brng.checked() else r
-        for row in slow.tolist():  # numpy's own Generator, episode by episode
-            gen = brng.generator_from_state(int(hi[row]) << 64 | int(lo[row]),
-                                            int(self.inc_hi[row]) << 64 | int(self.inc_lo[row]),
-                                            int(has32[row]), int(u32[row]))
-            for e in range(M + 1):
-                state, _, h, u = brng.generator_state(gen)
-                self.r_hi[row, e], self.r_lo[row, e] = state >> 64, state & brng.M64
-                self.r_has32[row, e], self.r_u32[row, e] = bool(h), u
-                if e < M:
-                    self.task[row, e] = int(gen.integers(n_pool))
-                    seeds[row, e] = episode_seed(gen)
-        self.stream[:] = self._streams(seeds.reshape(-1)).reshape(self.stream.shape)
-        self.dirty = False
-
-    def _streams(self, seeds: np.ndarray) -> np.ndarray:
-        """``draw_stream(default_rng(seed), T)[:, 0]`` for each episode seed: (len(seeds), T)."""
-        T = self.env._turn_limit
-        out = np.empty((seeds.size, T), dtype=np.float64)
-        if not brng.checked():
-            for i, s in enumerate(seeds.tolist()):
-                out[i] = draw_stream(np.random.default_rng(int(s)), T)[:, 0]
-            return out
-        for part in _chunks(seeds.size, _CHUNK):  # chunks: cache-sized temporaries, no page faults
-            s_hi, s_lo, inc_hi, inc_lo = brng.seed_states(seeds[part])
-            gc_hi, gc_lo = brng.mul128(inc_hi, inc_lo, self.factor2)
-            hi, lo = brng.advance(s_hi, s_lo, inc_hi, inc_lo)  # output 0 = stream[0, 0]; then every second one
-            for k in range(T):
-                out[part, k] = brng.to_double(brng.output(hi, lo))
-                if k + 1 < T:
-                    hi, lo = brng.mul128(hi, lo, self.mult2)
-                    hi, lo = brng.add128(hi, lo, gc_hi, gc_lo)
-        return out
