@@ -45,12 +45,12 @@ class SingleEnvLoop:
         """Steps per second over ``actions`` (resets included)."""
         step, reset = self.env.step, self.env.reset
         reset(seed=self.seed)
-        start = time.perf_counter()
+        start = time.process_time()
         for a in actions:
             _, _, terminated, truncated, _ = step(a)
             if terminated or truncated:
                 reset()
-        return len(actions) / (time.perf_counter() - start)
+        return len(actions) / (time.process_time() - start)
 
 
 class VectorEnvLoop:
@@ -70,10 +70,10 @@ class VectorEnvLoop:
     def run(self, actions) -> float:
         """Env-steps per second (vector steps x num_envs / s)."""
         step = self.env.step
-        start = time.perf_counter()
+        start = time.process_time()
         for a in actions:
             step(a)
-        return len(actions) * self.num_envs / (time.perf_counter() - start)
+        return len(actions) * self.num_envs / (time.process_time() - start)
 
 
 def compare(anchor, ours, repeats: int) -> tuple[float, float, float]:

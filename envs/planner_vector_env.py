@@ -1,4 +1,5 @@
-"""``ResiliBench-v0`` natively batched: numpy over N episodes (``gymnasium.make_vec(..., "vector_entry_point")``)."""
+"""``ResiliBench-v0`` natively batched: one compiled loop over N episodes (``gymnasium.make_vec(...,
+"vector_entry_point")``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
+import numba
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
@@ -44,18 +46,18 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     """
     ## Description
 
-    ``ResiliBench-v0`` for N episodes at once, stepped with numpy over the batch (no Python loop over
-    sub-envs). Sub-env ``i`` behaves exactly like a ``ResiliBenchEnv`` (see ``resilibench.envs.planner_env``)
+    ``ResiliBench-v0`` for N episodes at once, stepped by one numba-compiled loop over the batch (no Python
+    loop over sub-envs). Sub-env ``i`` behaves exactly like a ``ResiliBenchEnv`` (see ``resilibench.envs.planner_env``)
     reset with seed ``seed + i``: the same task sampling, the same episode random stream, and step for step
     the same observations, rewards, terminations, truncations, action masks and final levels (a test
     checks this against N single envs). No rule is written twice: at construction the env evaluates the
     rule functions on arrays of every input an episode can reach, ``success_probability`` and
     ``termination_code`` (``resilibench.envs.simulator``), ``grade`` (``resilibench.envs.evaluator``) and
-    ``counter_tables`` (``resilibench.envs.observation``), and a step looks the results up. Randomness is
-    the counter-based stream of ``resilibench.envs.stream``, computed on arrays: sub-env ``i`` keeps its
-    env seed's key and episode number, draws each new episode's task and seed as ``EnvEpisodes`` does, and
-    a step computes each drawing sub-env's success draw from (episode seed, draw index). Throughput: see
-    ``docs/benchmarks.md``.
+    ``counter_tables`` (``resilibench.envs.observation``), and the compiled step (``_advance_rows``) looks
+    the results up. Randomness is the counter-based stream of ``resilibench.envs.stream``, computed with
+    numpy on arrays: sub-env ``i`` keeps its env seed's key and draws its episodes' tasks and seeds as
+    ``EnvEpisodes`` does (a few dozen ahead, in one batch), and a step computes each sub-env's next success
+    draw from (episode seed, draw index). Throughput: see ``docs/benchmarks.md``.
 
     ```python
     import gymnasium as gym
@@ -200,10 +202,10 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         dep_idx = np.full((n, self._n_deps), self._met, dtype=np.int64)
         for t, d in enumerate(deps):
             dep_idx[t, : len(d)] = d
-        self._dep_cols = [np.ascontiguousarray(dep_idx[:, j]) for j in range(self._n_deps)]
+        self._dep_idx = dep_idx
         # The success formula over every (kinds of the dependencies, failed calls so far) it can meet:
-        # index = sum_j kind_j * 3**j * (T + 1) + N_h, read through ``_kind_index[j][code]``.
-        self._kind_index = [(kind * 3**j * (T + 1)).astype(np.int64) for j in range(self._n_deps)]
+        # index = sum_j kind_j * 3**j * (T + 1) + N_h, read through ``_kind_table[j, code]``.
+        self._kind_table = np.stack([(kind * 3**j * (T + 1)).astype(np.int64) for j in range(self._n_deps)])
         combos = np.array(np.meshgrid(*[np.arange(3)] * self._n_deps, indexing="ij")).reshape(self._n_deps, -1)
         combo = (combos * (3 ** np.arange(self._n_deps))[:, None]).sum(axis=0)
         order = np.argsort(combo)
@@ -224,27 +226,27 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self._finished_mask = np.zeros(n + 1, dtype=np.int8)
         self._finished_mask[n] = 1
         self._build_task_tables(self.known_tasks)
-        # The stream: key of each sub-env's env seed, number of its next episode, key of its episode seed;
-        # ``_draw_offset[d]`` turns the episode key into the input of draw 2d (the d-th success draw).
+        # The stream. Per sub-env: the key of its env seed; its next episodes (numbers ``_queue_start`` +
+        # column) computed ahead in one batch, as (task row, key of the episode seed), read at ``_cursor``;
+        # the key of the running episode. ``_draw_offset[d]`` turns an episode key into the input of draw
+        # 2d (the d-th success draw).
         self._env_key = np.zeros(N, dtype=np.uint64)
-        self._episode_no = np.zeros(N, dtype=np.int64)
         self._seeded = np.zeros(N, dtype=bool)
+        self._queue_start = np.zeros(N, dtype=np.int64)
+        self._cursor = np.zeros(N, dtype=np.int64)
+        self._queue_task = np.zeros((N, _QUEUE), dtype=np.int64)
+        self._queue_key = np.zeros((N, _QUEUE), dtype=np.uint64)
         self._episode_key = np.zeros(N, dtype=np.uint64)
         self._draw_offset = rs.offsets(2 * np.arange(T + 1))
 
-        # Batched state. The observation and mask buffers carry one extra row: a dump for masked scatters.
-        rows = np.arange(N, dtype=np.int64)
-        self._row_cols, self._row_obs, self._row_mask = rows * self._cols, rows * self.layout.size, rows * (n + 1)
-        self._dump_obs, self._dump_mask = N * self.layout.size, N * (n + 1)
-        self._obs_buf = np.zeros((N + 1, self.layout.size), dtype=np.float32)
-        self._mask_buf = np.zeros((N + 1, n + 1), dtype=np.int8)
+        # Batched state.
+        self._obs_buf = np.zeros((N, self.layout.size), dtype=np.float32)
+        self._mask_buf = np.zeros((N, n + 1), dtype=np.int8)
         self._tc = np.zeros((N, self._cols), dtype=np.uint8)
-        # Integer state as rows of one matrix (a reset writes it in one operation); the last rows are
-        # copied from the task tables.
-        self._ints = np.zeros((_N_INTS, N), dtype=np.int64)
-        (self._task, self._turns, self._draws, self._n_failures, self._consecutive, self._last_tool, self._streak,
-         self._next_req, self._covered, self._done_bits, self._order_broken, self._output_done, self._max_calls_row,
-         self._task_tools, self._task_req, self._n_req_row, self._grade_base) = self._ints
+        # Integer state, one row per sub-env (an episode start copies the task's row of ``_ints_start``);
+        # the last columns come from the task tables.
+        self._ints = np.zeros((N, _N_INTS), dtype=np.int64)
+        self._task, self._draws = self._ints[:, _TASK], self._ints[:, _DRAWS]
         self._autoreset = np.zeros(N, dtype=bool)
         self._started = False
 
@@ -289,8 +291,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             self._init_obs[i] = initial_observation(task, reg, lay, self.features)
         self._pos_bit, self._out_mask, self._next_obs = pos_bit.reshape(-1), out_mask.reshape(-1), next_obs.reshape(-1)
         fields[_LAST_TOOL] = -1
-        self._ints_start = fields
-        self._task_fields = fields[_TASK_FIELDS]
+        self._ints_start = np.ascontiguousarray(fields.T)
         # The evaluator's ``grade`` over every (class, covered, order broken, output, completion, failure
         # termination) an episode can end in: index = base + covered * 16 + broken * 8 + output * 4
         # + completed * 2 + failed; the sequence holds when a required tool succeeded and none out of order.
@@ -315,7 +316,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         if row is None or self.known_tasks[row] is not task:
             self.known_tasks.append(task)
             self._build_task_tables(self.known_tasks)
-            self._ints[_TASK_FIELDS] = self._task_fields[:, self._task]  # tables may have a new layout
+            self._ints[:, _TASK_FIELDS] = self._ints_start[self._task][:, _TASK_FIELDS]  # a new layout
             row = len(self.known_tasks) - 1
         return row
 
@@ -352,136 +353,62 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
                 raise ValueError(f"seeds must be non-negative integers or None, got {s!r}")
         pinned = self._pinned_rows(task_id, rows)
         self._seed_rows(rows, [seeds[i] for i in rows.tolist()])
-        self._start_episodes(rows, pinned)
+        start_task = np.full(N, _GO_ON, dtype=np.int64)
+        start_task[rows] = [pinned.get(r, _DRAWN) for r in rows.tolist()]
+        self._advance(None, start_task)
         self._autoreset[rows] = False
         self._started = True
-        return self._obs_buf[:N].copy(), self._info_arrays()
+        return self._obs_buf.copy(), self._info_arrays()
 
     def step(self, actions):
         if not self._started:
             raise RuntimeError("call reset() before step()")
-        N, n, T, lay = self.num_envs, self.n_tools, self._turn_limit, self.layout
+        N, n = self.num_envs, self.n_tools
         a = np.asarray(actions)
         if a.shape != (N,) or a.dtype.kind not in "iu":
             raise ValueError(f"actions must be an integer array of shape ({N},), got {a.dtype} {a.shape}")
         a = a.astype(np.int64, copy=False)
         if (a.view(np.uint64) > n).any():  # negative actions wrap to huge values
             raise ValueError(f"actions must be in [0, {n}] (FINISH = {n}), got {a[(a < 0) | (a > n)][:5]}")
-        autoreset = self._autoreset
-        if autoreset.any():
-            self._start_episodes(autoreset.nonzero()[0], {})
-        acting = ~autoreset
-        finish = acting & (a == n)
-        tool_action = acting ^ finish
-        out_of_turns = tool_action & (self._turns >= T)
-        call = tool_action ^ out_of_turns
-        # Rows without a call read tool min(a, n - 1); every write below leaves them unchanged.
-        at = np.minimum(a, n - 1)
-        tc_flat, obs_flat, mask_flat = self._tc.reshape(-1), self._obs_buf.reshape(-1), self._mask_buf.reshape(-1)
-
-        cell = self._row_cols + at
-        tc = tc_flat[cell]
-        replay = (tc & _SUCCEEDED) > 0
-        calls_before = tc & _CALLS
-        max_calls = self._max_calls_row
-        live = call & ~replay & (calls_before < max_calls)  # neither a replay nor over the call cap
-        p_index = self._n_failures.copy()
-        for j in range(self._n_deps):
-            p_index += self._kind_index[j][tc_flat[self._row_cols + self._dep_cols[j][at]]]
-        unmet = self._unmet_table[p_index]
-        if self._strict:
-            strict_fail = live & unmet
-            draw = live ^ strict_fail
-        else:
-            strict_fail, draw = None, live
-        u = rs.to_uniform(rs.bits_array(self._episode_key, self._draw_offset[self._draws]))
-        success = draw & (u < self._p_table[p_index])
-        self._draws += draw
-        changed = call & ~replay
-        failed = changed ^ success
-        dependency_problem = draw & unmet if strict_fail is None else strict_fail | (draw & unmet)
-        new_tc = np.where(changed, calls_before + live + success * _SUCCEEDED
-                          + (failed & dependency_problem) * _DEPENDENCY_PROBLEM, tc)
-        tc_flat[cell] = new_tc
-        block = self._row_obs + (lay.status + N_STATUS * at)
-        obs_flat[block + self._status_of[tc]] = 0.0
-        obs_flat[block + self._status_of[new_tc]] = 1.0
-        mask_off = success | (failed & (calls_before + live >= max_calls))
-        mask_flat[np.where(mask_off, self._row_mask + at, self._dump_mask)] = 0
-
-        self._turns += call
-        limit = (call & (self._turns == T)).nonzero()[0]
-        if limit.size:
-            self._mask_buf[limit, :n] = 0
-        self._n_failures += failed
-        consecutive = (self._consecutive + failed) * ~success
-        self._consecutive[:] = consecutive
-        streak = self._streak
-        np.copyto(streak, failed * (1 + (at == self._last_tool) * streak), where=changed)
-        np.copyto(self._last_tool, at, where=changed)
-        end_code = self._end_table[consecutive * (T + 1) + streak] * failed
-
-        task_cell = self._task_tools + at
-        self._output_done |= success & self._out_mask[task_cell]
-        pos_bit = self._pos_bit[task_cell] * success  # first success of a required tool: 1 << its position
-        hit = pos_bit.nonzero()[0]
-        if hit.size:
-            self._required_success(hit, pos_bit[hit])
-        obs = self._obs_buf
-        obs[:N, lay.step] = self._step_table[self._turns]
-        obs[:N, lay.failures] = self._failures_table[self._n_failures]
-        obs[:N, lay.consecutive] = self._consecutive_table[consecutive]
-
-        ended = finish | out_of_turns | (end_code > 0)
-        end_code = end_code + finish * FINISHED_CODE + out_of_turns * OUT_OF_TURNS_CODE
-        level = np.full(N, -1, dtype=np.int8)
-        reward = np.zeros(N, dtype=np.float64)
-        rows = ended.nonzero()[0]
-        if rows.size:
-            code = self._grade(rows, finish[rows], end_code[rows])
-            level[rows] = code
-            reward[rows] = code == FULL
-            self._mask_buf[rows] = self._finished_mask
+        reward, level, end_code, ended, truncated = self._advance(a, np.where(self._autoreset, _DRAWN, _GO_ON))
         self._autoreset = ended
         info = self._info_arrays()
         info["level"], info["_level"] = level, ended.copy()
-        info["end_reason"], info["_end_reason"] = end_code.astype(np.int8), ended.copy()
-        return obs[:N].copy(), reward, ended ^ out_of_turns, out_of_turns, info
+        info["end_reason"], info["_end_reason"] = end_code, ended.copy()
+        return self._obs_buf.copy(), reward, ended ^ truncated, truncated, info
+
+    def _advance(self, actions: np.ndarray | None, start_task: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Start new episodes where ``start_task`` is a task row or ``_DRAWN``, and (given ``actions``) step
+        the other sub-envs: (reward, level, end code, ended, truncated) per sub-env (``_advance_rows``)."""
+        N = self.num_envs
+        if self._cursor.max() >= _QUEUE:
+            self._refill()
+        # Each sub-env's next success draw, uniform(episode seed, 2 * draws used); rows that do not draw
+        # (or start a new episode) ignore theirs.
+        u = rs.to_uniform(rs.bits_array(self._episode_key, self._draw_offset[self._draws]))
+        out = (np.zeros(N, dtype=np.float64), np.full(N, -1, dtype=np.int8), np.zeros(N, dtype=np.int8),
+               np.zeros(N, dtype=bool), np.zeros(N, dtype=bool))
+        lay = self.layout
+        _advance_rows(
+            start_task if actions is None else actions, start_task, actions is not None, u,
+            (self._queue_task, self._queue_key, self._cursor, self._episode_key, self._ints, self._ints_start,
+             self._tc, self._tc_init, self._mask_buf, self._obs_buf, self._init_obs),
+            (self._status_of, self._kind_table, self._dep_idx, self._p_table, self._unmet_table, self._end_table,
+             self._step_table, self._failures_table, self._consecutive_table, self._pos_bit, self._out_mask,
+             self._next_obs, self._next_of_bits, self._grade_table, self._finished_mask),
+            (self.n_tools, self._turn_limit, self._strict, lay.status, lay.progress, lay.step, lay.failures,
+             lay.consecutive),
+            *out)
+        return out
 
     def close_extras(self, **kwargs: Any) -> None:
         pass
-
-    # --- pieces ----------------------------------------------------------------------------------------
-
-    def _required_success(self, rows: np.ndarray, pos_bit: np.ndarray) -> None:
-        """First successes of required tools (``pos_bit`` = 1 << position): order, coverage, next required
-        tool and progress, in the state and the observation."""
-        obs_flat = self._obs_buf.reshape(-1)
-        bits = self._done_bits[rows]
-        self._order_broken[rows] |= bits > pos_bit  # an earlier success at a later position
-        bits |= pos_bit
-        self._done_bits[rows] = bits
-        covered = self._covered[rows] + 1
-        self._covered[rows] = covered
-        task_req, base = self._task_req[rows], self._row_obs[rows]
-        old_next, new_next = self._next_req[rows], self._next_of_bits[bits]
-        self._next_req[rows] = new_next
-        for position, value in ((old_next, 0.0), (new_next, 1.0)):  # unchanged rows: 0 then 1, same cell
-            offset = self._next_obs[task_req + position]
-            obs_flat[np.where(offset >= 0, base + offset, self._dump_obs)] = value
-        obs_flat[base + self.layout.progress] = covered / self._n_req_row[rows]  # a hit implies n_req >= 1
-
-    def _grade(self, rows: np.ndarray, completed: np.ndarray, end_code: np.ndarray) -> np.ndarray:
-        """Level codes of the episodes ending in ``rows``: the evaluator's ``grade`` (tabulated) on counters."""
-        index = (self._grade_base[rows] + self._covered[rows] * 16 + self._order_broken[rows] * 8
-                 + self._output_done[rows] * 4 + completed * 2 + (end_code >= CONSECUTIVE_FAILURES_CODE))
-        return self._grade_table[index]
 
     def _info_arrays(self) -> dict[str, Any]:
         N = self.num_envs
         everywhere = np.ones(N, dtype=bool)
         return {
-            "action_mask": self._mask_buf[:N].copy(),
+            "action_mask": self._mask_buf.copy(),
             "_action_mask": everywhere,
             "task_index": self._task.copy(),
             "_task_index": everywhere.copy(),
@@ -512,22 +439,18 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             r = np.array([x[0] for x in fresh], dtype=np.int64)
             values = [secrets.randbits(64) if s is None else int(s) & rs.M64 for _, s in fresh]
             self._env_key[r] = rs.key_array(np.array(values, dtype=np.uint64))
-            self._episode_no[r] = 0
             self._seeded[r] = True
+            self._queue_start[r], self._cursor[r] = -_QUEUE, _QUEUE  # next: episode 0, after a refill
 
-    def _start_episodes(self, rows: np.ndarray, pinned: dict[int, int]) -> None:
-        """Begin new episodes in ``rows``: next task and episode seed of each row's sequence, state cleared."""
-        env_key, e = self._env_key[rows], self._episode_no[rows]
-        task = rs.below_array(rs.bits_array(env_key, rs.offsets(2 * e)), len(self.tasks))
-        self._episode_key[rows] = rs.key_array(rs.bits_array(env_key, rs.offsets(2 * e + 1)))
-        self._episode_no[rows] = e + 1
-        if pinned:
-            for i, r in enumerate(rows.tolist()):
-                task[i] = pinned.get(r, task[i])
-        self._ints[:, rows] = self._ints_start[:, task]
-        self._tc[rows] = self._tc_init
-        self._mask_buf[rows] = 1
-        self._obs_buf[rows] = self._init_obs[task]
+    def _refill(self) -> None:
+        """Compute the next ``_QUEUE`` episodes of every sub-env from where its sequence stands: episode e
+        of env key k has task row ``below(bits(k, 2e), pool size)`` and episode key ``key(bits(k, 2e + 1))``."""
+        e = (self._queue_start + self._cursor)[:, None] + np.arange(_QUEUE)
+        env_key = self._env_key[:, None]
+        self._queue_task[:] = rs.below_array(rs.bits_array(env_key, rs.offsets(2 * e)), len(self.tasks))
+        self._queue_key[:] = rs.key_array(rs.bits_array(env_key, rs.offsets(2 * e + 1)))
+        self._queue_start += self._cursor
+        self._cursor[:] = 0
 
     # --- helpers ---------------------------------------------------------------------------------------
 
@@ -548,6 +471,8 @@ _CALLS, _SUCCEEDED, _DEPENDENCY_PROBLEM = 63, 64, 128
 (_TASK, _TURNS, _DRAWS, _N_FAILURES, _CONSECUTIVE, _LAST_TOOL, _STREAK, _NEXT_REQ, _COVERED, _DONE_BITS,
  _ORDER_BROKEN, _OUTPUT_DONE, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE) = range(17)
 _N_INTS = 17
+_QUEUE = 32  # episodes per sub-env computed ahead in one batch
+_DRAWN, _GO_ON = -1, -2  # ``start_task`` of ``_advance_rows``: start with the drawn task; no new episode
 _TASK_FIELDS = np.array([_TASK, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE])
 
 
@@ -561,3 +486,113 @@ def _lowest_zero_bit(bits: np.ndarray) -> np.ndarray:
             return out
         out += more
         ones = np.where(more, ones >> 1, 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _advance_rows(actions, start_task, act, u, state, tables, sizes, reward, level, end_code, ended, truncated):
+    """Advance every sub-env one step, row by row (compiled). A row with ``start_task[i] != _GO_ON`` starts
+    the next episode of its sequence (task row ``start_task[i]``, or the drawn one if ``_DRAWN``); when
+    ``act``, the other rows act under the tabulated rules of the single env (``Episode.call``), filling reward, level,
+    end_code, ended and truncated. The loop body makes no calls: this is the vector env's hot path."""
+    queue_task, queue_key, cursor, episode_key, ints, ints_start, tc, tc_init, mask, obs, init_obs = state
+    (status_of, kind_table, dep_idx, p_table, unmet_table, end_table, step_table, failures_table,
+     consecutive_table, pos_bit_table, out_mask, next_obs, next_of_bits, grade_table, finished_mask) = tables
+    n, T, strict, status_at, progress_at, step_at, failures_at, consecutive_at = sizes
+    for i in range(start_task.shape[0]):
+        task = start_task[i]
+        if task != _GO_ON:  # a new episode: the next of the row's sequence
+            c = cursor[i]
+            cursor[i] = c + 1
+            if task == _DRAWN:
+                task = queue_task[i, c]
+            episode_key[i] = queue_key[i, c]
+            for j in range(ints.shape[1]):  # element loops: faster than slice assignment here
+                ints[i, j] = ints_start[task, j]
+            for j in range(tc.shape[1]):
+                tc[i, j] = tc_init[j]
+            for j in range(mask.shape[1]):
+                mask[i, j] = 1
+            for j in range(obs.shape[1]):
+                obs[i, j] = init_obs[task, j]
+            continue
+        if not act:
+            continue
+        t = actions[i]
+        finish = t == n
+        code = 0
+        if finish:
+            code = FINISHED_CODE
+        elif ints[i, _TURNS] >= T:
+            code = OUT_OF_TURNS_CODE
+            truncated[i] = True
+        else:  # a tool call, as Episode.call
+            before = tc[i, t]
+            success = failed = False
+            new = before
+            if not before & _SUCCEEDED:  # else a replay: costs the turn, changes nothing else
+                calls = before & _CALLS
+                live = calls < ints[i, _MAX_CALLS]  # under the call cap
+                p_index = ints[i, _N_FAILURES]
+                for j in range(dep_idx.shape[1]):
+                    p_index += kind_table[j, tc[i, dep_idx[t, j]]]
+                unmet = unmet_table[p_index]
+                draw = live and not (strict and unmet)
+                success = draw and u[i] < p_table[p_index]
+                failed = not success
+                if draw:
+                    ints[i, _DRAWS] += 1
+                problem = failed and live and unmet  # a failure with unmet dependencies (not a capped call)
+                new = calls + live + _SUCCEEDED * success + _DEPENDENCY_PROBLEM * problem
+                tc[i, t] = new
+                if success or calls + live >= ints[i, _MAX_CALLS]:
+                    mask[i, t] = 0
+            block = status_at + N_STATUS * t
+            obs[i, block + status_of[before]] = 0.0
+            obs[i, block + status_of[new]] = 1.0
+            turns = ints[i, _TURNS] + 1
+            ints[i, _TURNS] = turns
+            if turns == T:
+                for j in range(n):
+                    mask[i, j] = 0
+            if failed:
+                ints[i, _N_FAILURES] += 1
+                consecutive = ints[i, _CONSECUTIVE] + 1
+                streak = ints[i, _STREAK] + 1 if t == ints[i, _LAST_TOOL] else 1
+                code = end_table[consecutive * (T + 1) + streak]
+                ints[i, _CONSECUTIVE], ints[i, _STREAK], ints[i, _LAST_TOOL] = consecutive, streak, t
+            elif success:
+                ints[i, _CONSECUTIVE], ints[i, _STREAK], ints[i, _LAST_TOOL] = 0, 0, t
+                cell = ints[i, _TASK_TOOLS] + t
+                if out_mask[cell]:
+                    ints[i, _OUTPUT_DONE] = 1
+                bit = pos_bit_table[cell]
+                if bit:  # first success of a required tool (1 << its position): order, coverage, next, progress
+                    bits = ints[i, _DONE_BITS]
+                    if bits > bit:  # an earlier success at a later position
+                        ints[i, _ORDER_BROKEN] = 1
+                    bits |= bit
+                    ints[i, _DONE_BITS] = bits
+                    covered = ints[i, _COVERED] + 1
+                    ints[i, _COVERED] = covered
+                    base = ints[i, _TASK_REQ]
+                    old_offset = next_obs[base + ints[i, _NEXT_REQ]]
+                    new_next = next_of_bits[bits]
+                    ints[i, _NEXT_REQ] = new_next
+                    new_offset = next_obs[base + new_next]
+                    if old_offset >= 0:
+                        obs[i, old_offset] = 0.0
+                    if new_offset >= 0:
+                        obs[i, new_offset] = 1.0
+                    obs[i, progress_at] = covered / ints[i, _N_REQ]
+            obs[i, step_at] = step_table[turns]
+            obs[i, failures_at] = failures_table[ints[i, _N_FAILURES]]
+            obs[i, consecutive_at] = consecutive_table[ints[i, _CONSECUTIVE]]
+        if code:
+            g = grade_table[ints[i, _GRADE_BASE] + ints[i, _COVERED] * 16 + ints[i, _ORDER_BROKEN] * 8
+                            + ints[i, _OUTPUT_DONE] * 4 + finish * 2 + (code >= CONSECUTIVE_FAILURES_CODE)]
+            level[i] = g
+            reward[i] = 1.0 if g == FULL else 0.0
+            end_code[i] = code
+            ended[i] = True
+            for j in range(mask.shape[1]):
+                mask[i, j] = finished_mask[j]
