@@ -48,7 +48,9 @@ def task_by_id(tasks: TaskPool, task_id: str, world: str = DEFAULT_WORLD) -> Tas
 
 def reset_task_id(options: dict[str, Any] | None) -> str | None:
     """The task pinned by ``options["task_id"]`` (None: draw one); other options are an error."""
-    options = dict(options or {})
+    if not options:
+        return None
+    options = dict(options)
     task_id = options.pop("task_id", None)
     if options:
         raise ValueError(f"unknown reset option(s) {sorted(options)}; accepted: ['task_id']")
@@ -222,6 +224,7 @@ class ResiliBenchEnv(gym.Env):
         self._finished_mask = _finished_mask(self.n_tools)
         self._counters = counter_tables(self.config.rules)
         self._episodes = EnvEpisodes()
+        self._action_hint = f"FINISH = {self.n_tools}"
         self._trace: list[dict] = []  # ``info["trace"]``: the episode's calls as dicts, one per record
 
     # --- Gymnasium API -------------------------------------------------------------------------------
@@ -241,7 +244,7 @@ class ResiliBenchEnv(gym.Env):
             raise RuntimeError("call reset() before step()")
         if episode.end_reason is not None:
             raise RuntimeError("episode has ended; call reset()")
-        action = discrete_action(action, self.n_tools + 1, hint=f"FINISH = {self.n_tools}")
+        action = discrete_action(action, self.n_tools + 1, hint=self._action_hint)
         reward, truncated = 0.0, False
         if action == self.finish_action:
             episode.finish()
@@ -327,8 +330,8 @@ class ResiliBenchEnv(gym.Env):
         task = ep.task
         evaluation = ep.evaluation
         trace, records = self._trace, ep.trace
-        if len(trace) < len(records):
-            trace.extend(r.to_dict() for r in records[len(trace):])
+        for record in records[len(trace):]:
+            trace.append(record.to_dict())
         if evaluation is None:
             return {
                 "action_mask": ep.action_mask.copy(),

@@ -92,8 +92,11 @@ def draw_stream(seed: int, turn_limit: int) -> np.ndarray:
 
 def env_episode(env_seed: int, episode: int, n_tasks: int) -> tuple[int, int]:
     """(task index in a pool of ``n_tasks``, episode seed) of episode number ``episode`` (0 = the first
-    after seeding) of an env seeded ``env_seed``: ``bits(S, 2e)`` and ``bits(S, 2e + 1)``."""
-    k = rs.key(env_seed)
+    after seeding) of an env seeded ``env_seed``: ``below(bits(S, 2e), n_tasks)`` and ``bits(S, 2e + 1)``."""
+    return _episode_of_key(rs.key(env_seed), episode, n_tasks)
+
+
+def _episode_of_key(k: int, episode: int, n_tasks: int) -> tuple[int, int]:
     return rs.below(rs.bits(k, 2 * episode), n_tasks), rs.bits(k, 2 * episode + 1)
 
 
@@ -107,12 +110,11 @@ class EnvEpisodes:
         self.count = 0
 
     def next(self, seed: int | None, n_tasks: int) -> tuple[int, int]:
-        if seed is not None:
-            self.env_seed, self.count = int(seed) & rs.M64, 0
-        elif self.env_seed is None:
-            self.env_seed, self.count = secrets.randbits(64), 0
+        if seed is not None or self.env_seed is None:
+            self.env_seed = secrets.randbits(64) if seed is None else int(seed) & rs.M64
+            self.count, self._key = 0, rs.key(self.env_seed)
         self.count += 1
-        return env_episode(self.env_seed, self.count - 1, n_tasks)
+        return _episode_of_key(self._key, self.count - 1, n_tasks)
 
 
 # --- per-registry and per-task tables, built once (hot-path lookups) ----------------------------------
@@ -123,14 +125,17 @@ _TASK_TABLES: dict[tuple[int, int], tuple] = {}
 _TASK_TABLES_MAX = 1 << 16
 
 
-def registry_tables(registry: ToolRegistry) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...], tuple]:
-    """(names, dependency ids, error codes) per tool of ``registry``, cached."""
+def registry_tables(registry: ToolRegistry) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...], tuple,
+                                                     np.ndarray]:
+    """(names, dependency ids, error codes per tool, a fresh episode's action mask) of ``registry``,
+    cached; copy the mask before changing it."""
     entry = _REGISTRY_TABLES.get(id(registry))
     if entry is None or entry[0] is not registry:
         codes = tuple(t.error_codes for t in registry.tools)
-        entry = (registry, registry.names, registry.dependency_ids, codes)
+        mask = np.ones(len(registry.names) + 1, dtype=np.int8)  # tools, then the completion signal
+        entry = (registry, registry.names, registry.dependency_ids, codes, mask)
         _REGISTRY_TABLES[id(registry)] = entry
-    return entry[1], entry[2], entry[3]
+    return entry[1:]
 
 
 def task_tables(task: Task, registry: ToolRegistry) -> tuple[tuple[int, ...], dict[int, int]]:
@@ -165,9 +170,10 @@ class CallRecord(NamedTuple):
     replayed: bool = False
 
     def to_dict(self) -> dict:
-        data = self._asdict()
-        data["unmet_dependencies"] = list(self.unmet_dependencies)
-        return data
+        """The record as a JSON-friendly dict (the form of ``info["trace"]`` entries in every env)."""
+        tool, success, error_code, turn, probability, unmet, replayed = self
+        return {"tool": tool, "success": success, "error_code": error_code, "turn": turn,
+                "probability": probability, "unmet_dependencies": list(unmet), "replayed": replayed}
 
 
 @dataclass
@@ -195,9 +201,9 @@ class Episode:
     evaluation: Evaluation | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        names, dependency_ids, error_codes = registry_tables(self.registry)
+        names, dependency_ids, error_codes, mask = registry_tables(self.registry)
         n = len(names)
-        self.action_mask = np.ones(n + 1, dtype=np.int8)  # tools, then the completion signal
+        self.action_mask = mask.copy()
         self.calls = [0] * n
         self.status = [NOT_ATTEMPTED] * n
         self.succeeded = [False] * n
