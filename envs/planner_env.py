@@ -330,8 +330,8 @@ class ResiliBenchEnv(gym.Env):
         task = ep.task
         evaluation = ep.evaluation
         trace, records = self._trace, ep.trace
-        for record in records[len(trace):]:
-            trace.append(record.to_dict())
+        while len(trace) < len(records):  # one new call per step, usually
+            trace.append(records[len(trace)].to_dict())
         if evaluation is None:
             return {
                 "action_mask": ep.action_mask.copy(),

@@ -120,7 +120,7 @@ class EnvEpisodes:
 # --- per-registry and per-task tables, built once (hot-path lookups) ----------------------------------
 
 _REGISTRY_TABLES: dict[int, tuple] = {}
-_PROBABILITY_MEMO: dict = {}  # FailureModel -> {(N_u, N_f, N_h): p}
+_PROBABILITY_MEMO: dict[int, tuple] = {}  # id(FailureModel) -> (model, {(N_u, N_f, N_h): p})
 _TASK_TABLES: dict[tuple[int, int], tuple] = {}
 _TASK_TABLES_MAX = 1 << 16
 
@@ -138,18 +138,29 @@ def registry_tables(registry: ToolRegistry) -> tuple[tuple[str, ...], tuple[tupl
     return entry[1:]
 
 
-def task_tables(task: Task, registry: ToolRegistry) -> tuple[tuple[int, ...], dict[int, int]]:
-    """(required tool ids, position of each required tool) of ``task``, cached per task object.
-    The position dict is shared: copy it before changing it."""
+def task_tables(task: Task, registry: ToolRegistry) -> tuple[tuple[int, ...], dict[int, int], int]:
+    """(required tool ids, position of each required tool, calls allowed per tool) of ``task``, cached per
+    task object. The position dict is shared: copy it before changing it."""
     key = (id(task), id(registry))
     entry = _TASK_TABLES.get(key)
     if entry is None or entry[0] is not task or entry[1] is not registry:
         if len(_TASK_TABLES) >= _TASK_TABLES_MAX:
             _TASK_TABLES.clear()
         required = task.required_ids(registry)
-        entry = (task, registry, required, {t: i for i, t in enumerate(required)})
+        entry = (task, registry, required, {t: i for i, t in enumerate(required)}, 1 + task.max_retries)
         _TASK_TABLES[key] = entry
-    return entry[2], entry[3]
+    return entry[2:]
+
+
+def probability_memo(failure) -> dict:
+    """The memo {(N_u, N_f, N_h): success probability} shared by every episode of a failure model (looked
+    up by identity: hashing the model costs more than an episode start's other work)."""
+    entry = _PROBABILITY_MEMO.get(id(failure))
+    if entry is None or entry[0] is not failure:
+        if len(_PROBABILITY_MEMO) >= _TASK_TABLES_MAX:
+            _PROBABILITY_MEMO.clear()
+        entry = _PROBABILITY_MEMO[id(failure)] = (failure, {})
+    return entry[1]
 
 
 def task_seed(task_id: str, seed: int) -> int:
@@ -207,15 +218,13 @@ class Episode:
         self.calls = [0] * n
         self.status = [NOT_ATTEMPTED] * n
         self.succeeded = [False] * n
-        self.required, position = task_tables(self.task, self.registry)
-        self.required_position = dict(position)
-        self.max_calls = 1 + self.task.max_retries
+        self.required, self.required_position, self.max_calls = task_tables(self.task, self.registry)
         # Hot-path constants (the config is frozen; the registry is read-only).
         rules = self.config.rules
         self._names, self._dependency_ids, self._error_codes, self._n_tools = names, dependency_ids, error_codes, n
         self._rules, self._turn_limit = rules, rules.turn_limit
         self._strict, self._training = rules.strict_dependencies, rules.profile == "training"
-        self._probabilities = _PROBABILITY_MEMO.setdefault(self.config.failure, {})
+        self._probabilities = probability_memo(self.config.failure)
         self._key = rs.key(self.seed)
         self._stream: np.ndarray | None = None  # set once ``stream`` is read or replaced
 
