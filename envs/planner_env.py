@@ -40,6 +40,15 @@ def make_world_config(
     return config.replace(rules=overrides) if overrides else config
 
 
+class TaskPool(tuple):
+    """An env's task pool: a tuple of tasks with an id index (``by_id``) for pinned resets."""
+
+    def __new__(cls, tasks=()):
+        pool = super().__new__(cls, tasks)
+        pool.by_id = {t.instance_id: t for t in pool}
+        return pool
+
+
 def task_by_id(tasks: TaskPool, task_id: str, world: str = DEFAULT_WORLD) -> Task:
     """A task of ``tasks`` by id (a dict look-up), else from ``world``'s shipped library (any split);
     KeyError naming the id."""
@@ -62,8 +71,9 @@ def choose_task(tasks: TaskPool, episodes: EnvEpisodes, seed: int | None, option
     """(task, episode seed) of a reset: the next episode of ``episodes`` (``EnvEpisodes.next``, the same
     in every front end, so seeds pair across them); ``options["task_id"]`` pins the task."""
     task_id = reset_task_id(options)
+    pinned = None if task_id is None else task_by_id(tasks, task_id, world)  # a bad id raises before any draw
     index, seed_of_episode = episodes.next(seed, len(tasks))
-    return (tasks[index] if task_id is None else task_by_id(tasks, task_id, world)), seed_of_episode
+    return pinned or tasks[index], seed_of_episode
 
 
 def discrete_action(action, n: int, name: str = "action", hint: str = "") -> int:
@@ -80,15 +90,6 @@ def discrete_action(action, n: int, name: str = "action", hint: str = "") -> int
     if not 0 <= action < n:
         raise ValueError(f"{name} must be in [0, {n - 1}]{f' ({hint})' if hint else ''}, got {action}")
     return action
-
-
-class TaskPool(tuple):
-    """An env's task pool: a tuple of tasks with an id index (``by_id``) for pinned resets."""
-
-    def __new__(cls, tasks=()):
-        pool = super().__new__(cls, tasks)
-        pool.by_id = {t.instance_id: t for t in pool}
-        return pool
 
 
 def select_tasks(tasks: Sequence[Task] | None, split: str | None, task_types, world: str = DEFAULT_WORLD

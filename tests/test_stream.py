@@ -96,3 +96,13 @@ def test_every_front_end_reads_the_same_stream():
         assert episode.seed == expected_seed
         np.testing.assert_array_equal(episode.stream, draw_stream(expected_seed, 10))
     assert Episode.start(task, expected_seed).stream.tolist() == mcp.stream.tolist()
+
+
+def test_a_bad_pinned_task_draws_nothing():
+    """A reset that fails on an unknown task id leaves the env's episode sequence where it was."""
+    env = gym.make("ResiliBench-v1")
+    env.reset(seed=3)
+    with pytest.raises(KeyError, match="no task"):
+        env.reset(options={"task_id": "task_does_not_exist"})
+    env.reset()
+    assert env.unwrapped.episode.seed == env_episode(3, 1, len(env.unwrapped.tasks))[1]
