@@ -24,7 +24,7 @@ import numpy as np
 
 from resilibench.envs import stream as rs
 from resilibench.envs.config import WorldConfig
-from resilibench.envs.evaluator import Evaluation, evaluate
+from resilibench.envs.evaluator import Evaluation, evaluate, task_tables
 from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, ToolRegistry, default_registry
 from resilibench.envs.tasks import Task
 
@@ -120,8 +120,7 @@ class EnvEpisodes:
 
 _REGISTRY_TABLES: dict[int, tuple] = {}
 _PROBABILITY_MEMO: dict[int, tuple] = {}  # id(FailureModel) -> (model, {(N_u, N_f, N_h): p})
-_TASK_TABLES: dict[tuple[int, int], tuple] = {}
-_TASK_TABLES_MAX = 1 << 16
+_MEMO_MAX = 1 << 16
 
 
 def registry_tables(registry: ToolRegistry) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...], tuple,
@@ -137,26 +136,12 @@ def registry_tables(registry: ToolRegistry) -> tuple[tuple[str, ...], tuple[tupl
     return entry[1:]
 
 
-def task_tables(task: Task, registry: ToolRegistry) -> tuple[tuple[int, ...], dict[int, int], int]:
-    """(required tool ids, position of each required tool, calls allowed per tool) of ``task``, cached per
-    task object. The position dict is shared: copy it before changing it."""
-    key = (id(task), id(registry))
-    entry = _TASK_TABLES.get(key)
-    if entry is None or entry[0] is not task or entry[1] is not registry:
-        if len(_TASK_TABLES) >= _TASK_TABLES_MAX:
-            _TASK_TABLES.clear()
-        required = task.required_ids(registry)
-        entry = (task, registry, required, {t: i for i, t in enumerate(required)}, 1 + task.max_retries)
-        _TASK_TABLES[key] = entry
-    return entry[2:]
-
-
 def probability_memo(failure) -> dict:
     """The memo {(N_u, N_f, N_h): success probability} shared by every episode of a failure model (looked
     up by identity: hashing the model costs more than an episode start's other work)."""
     entry = _PROBABILITY_MEMO.get(id(failure))
     if entry is None or entry[0] is not failure:
-        if len(_PROBABILITY_MEMO) >= _TASK_TABLES_MAX:
+        if len(_PROBABILITY_MEMO) >= _MEMO_MAX:
             _PROBABILITY_MEMO.clear()
         entry = _PROBABILITY_MEMO[id(failure)] = (failure, {})
     return entry[1]
@@ -217,7 +202,7 @@ class Episode:
         self.calls = [0] * n
         self.status = [NOT_ATTEMPTED] * n
         self.succeeded = [False] * n
-        self.required, self.required_position, self.max_calls = task_tables(self.task, self.registry)
+        self.required, self.required_position, _, self.max_calls = task_tables(self.task, self.registry)
         # Hot-path constants (the config is frozen; the registry is read-only).
         rules = self.config.rules
         self._names, self._dependency_ids, self._error_codes, self._n_tools = names, dependency_ids, error_codes, n
