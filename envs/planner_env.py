@@ -334,8 +334,9 @@ class ResiliBenchEnv(gym.Env):
         task = ep.task
         evaluation = ep.evaluation
         trace, records = self._trace, ep.trace
-        while len(trace) < len(records):  # one new call per step, usually
-            trace.append(records[len(trace)].to_dict())
+        n = len(trace)
+        if n < len(records):  # one new call per step, unless the episode was driven directly
+            trace.extend([r.to_dict() for r in records[n:]])
         if evaluation is None:
             return {
                 "action_mask": ep.action_mask.copy(),
