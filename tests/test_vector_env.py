@@ -169,7 +169,7 @@ def test_reset_options_match_single_envs():
         ref_out = ref.step(actions)
         assert_same_step(out, ref_out, "after pinned reset")
         mask = out[4]["action_mask"]
-    # Partial reset: only rows 1 and 3, continuing their generators.
+    # Partial reset: only rows 1 and 3, continuing their episode sequences.
     reset_mask = np.array([False, True, False, True])
     obs, info = vec.reset(options={"reset_mask": reset_mask})
     r_obs, _ = ref.reset(options={"reset_mask": reset_mask.copy()})
