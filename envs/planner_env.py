@@ -143,7 +143,8 @@ class ResiliBenchEnv(gym.Env):
 
     ## Starting State
 
-    A task sampled uniformly from the pool (split and task types chosen at make), or the task named by
+    A task drawn uniformly from the pool (split and task types chosen at make) by the env's counter-based
+    stream (``EnvEpisodes``; docs/envs.md, "The random stream"), or the task named by
     ``reset(options={"task_id": ...})``; every tool NOT_ATTEMPTED.
 
     ## Episode End
