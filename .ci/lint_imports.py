@@ -36,8 +36,7 @@ def link_tree(root: Path, target: Path) -> Path:
 
 def lint_imports(tree: Path, root: Path = ROOT) -> subprocess.CompletedProcess[str]:
     """Run ``lint-imports`` on the mirrored package in ``tree`` with ``root``'s contracts."""
-    command = [str(Path(sys.executable).with_name("lint-imports")), "--config", str(root / "pyproject.toml"),
-               "--no-cache"]
+    command = [str(Path(sys.executable).with_name("lint-imports")), str(root / "pyproject.toml"), "--no-cache"]
     return subprocess.run(command, cwd=tree, capture_output=True, text=True, check=False)
 
 

@@ -485,7 +485,7 @@ class raw_env(AECEnv):
         base = {"task_id": task.instance_id, "task_type": task.task_type, "injections": injections}
         self.infos = {
             ADVERSARY: dict(base),
-            EXECUTOR: {**base, "trace": tuple(self.planner.episode.trace), **self._end_info},
+            EXECUTOR: {**base, "trace": [r.to_dict() for r in self.planner.episode.trace], **self._end_info},
         }
         self.infos = {agent: info for agent, info in self.infos.items() if agent in self.agents}
 

@@ -31,8 +31,8 @@ from resilibench.errors import InputError
 
 T = TypeVar("T", bound="Settings")
 
-# The largest turn limit: an episode draws its random stream for every turn up front (the batched env holds
-# num_envs x turn_limit draws), and no task can use more than 30 tools x (1 + max_retries) calls.
+# The largest turn limit: the batched env tabulates success probabilities and draw offsets per call count
+# (turn_limit + 1 rows), and no task can use more than 30 tools x (1 + max_retries) calls.
 MAX_TURN_LIMIT = 1000
 UNIT = (0, 1)  # bounds of a probability
 AT_LEAST_ONE = (1, None)
@@ -273,7 +273,7 @@ class EpisodeRules(Settings):
 
     section = "rules"
     turn_limit: int = setting(10, bounds=(1, MAX_TURN_LIMIT), help="tool calls per episode",
-                              reason="an episode draws its random stream for every turn up front")
+                              reason="the batched env tabulates every call count up to it")
     max_consecutive_failures: int = setting(5, bounds=AT_LEAST_ONE, help="failures in a row that end an episode")
     max_same_tool_failures: int = setting(3, bounds=AT_LEAST_ONE,
                                           help="failures in a row of one tool that end an episode")

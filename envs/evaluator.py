@@ -93,6 +93,27 @@ def output_tool_ids(required: Sequence[int], registry: ToolRegistry) -> tuple[in
     return (required[-1],)
 
 
+_TASK_TABLES: dict[tuple[int, int], tuple] = {}
+_TASK_TABLES_MAX = 1 << 16
+
+
+def task_tables(task: Task, registry: ToolRegistry
+                ) -> tuple[tuple[int, ...], dict[int, int], tuple[int, ...], int]:
+    """(required tool ids, position of each, output tool ids, calls allowed per tool) of ``task``, cached
+    per task object (the evaluator and every episode read them). The position dict is shared: copy it
+    before changing it."""
+    key = (id(task), id(registry))
+    entry = _TASK_TABLES.get(key)
+    if entry is None or entry[0] is not task or entry[1] is not registry:
+        if len(_TASK_TABLES) >= _TASK_TABLES_MAX:
+            _TASK_TABLES.clear()
+        required = task.required_ids(registry)
+        entry = (task, registry, required, {t: i for i, t in enumerate(required)},
+                 output_tool_ids(required, registry), 1 + task.max_retries)
+        _TASK_TABLES[key] = entry
+    return entry[2:]
+
+
 def evaluate(
     task: Task,
     trace: Iterable,
@@ -113,8 +134,7 @@ def evaluate(
     """
     config = config or EvaluatorConfig()
     registry = registry or default_registry()
-    required = task.required_ids(registry)
-    position = {t: i for i, t in enumerate(required)}
+    required, position, outputs, _ = task_tables(task, registry)
     first_successes: list[int] = []
     succeeded: set[int] = set()
     for record in trace:
@@ -126,7 +146,6 @@ def evaluate(
             if tool in position:
                 first_successes.append(position[tool])
     sequence_correct = bool(first_successes) and all(a < b for a, b in pairwise(first_successes))
-    outputs = output_tool_ids(required, registry)
     output_generated = any(t in succeeded for t in outputs) if outputs else True
     try:
         min_coverage = config.min_coverage[task.task_type]

@@ -32,7 +32,6 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-import numpy as np
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
@@ -43,8 +42,7 @@ from resilibench import __version__
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.evaluator import evaluate
 from resilibench.envs.registry import ToolRegistry, default_registry, schema_problem
-from resilibench.envs.rng import scratch_default_rng
-from resilibench.envs.simulator import FINISHED, Episode, episode_seed, task_seed
+from resilibench.envs.simulator import FINISHED, Episode, env_episode, run_episode_seed
 from resilibench.envs.tasks import SPLITS, Task, load_tasks
 from resilibench.envs.toolbox import (
     SEARCH_METHODS,
@@ -103,9 +101,8 @@ def start_episode(task: Task, seed: int, config: WorldConfig | None = None,
                   registry: ToolRegistry | None = None) -> Episode:
     """The episode of ``task`` for run seed ``seed``: the stream ``ResiliBench-v0`` meets when reset with
     ``task_seed(task_id, seed)``, as ``resilibench run`` and the bounds do (paired across front ends,
-    independent across tasks)."""
-    return Episode.start(task, episode_seed(scratch_default_rng(task_seed(task.instance_id, seed))), config,
-                         registry)
+    independent across tasks: `simulator.run_episode_seed`)."""
+    return Episode.start(task, run_episode_seed(task.instance_id, seed), config, registry)
 
 
 class UnknownEpisodeError(KeyError):
@@ -464,7 +461,7 @@ class ResiliBenchMCP:
                 return _error(UNKNOWN_TASK, f"start_task: no task of split {split!r} in this library; "
                               f"splits here: {sorted({t.split for t in self.tasks})}")
             # The task ResiliBench-v0 (on that split) draws when reset with this seed.
-            task = pool[int(np.random.default_rng(seed).integers(len(pool)))]
+            task = pool[env_episode(seed, 0, len(pool))[0]]
         else:
             task = self.tasks_by_id.get(task_id)
             if task is None:

@@ -19,7 +19,7 @@ from resilibench.envs.observation import (
 )
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import REWARD_MODES, ShapedRewarder
-from resilibench.envs.simulator import SUCCESS, Episode, episode_seed
+from resilibench.envs.simulator import SUCCESS, EnvEpisodes, Episode
 from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task, get_task, load_tasks
 
 
@@ -40,24 +40,40 @@ def make_world_config(
     return config.replace(rules=overrides) if overrides else config
 
 
-def task_by_id(tasks: Sequence[Task], task_id: str, world: str = DEFAULT_WORLD) -> Task:
-    """A task of ``tasks`` by id, else from ``world``'s shipped library (any split); KeyError naming the id."""
-    return next((t for t in tasks if t.instance_id == task_id), None) or get_task(task_id, world=world)
+class TaskPool(tuple):
+    """An env's task pool: a tuple of tasks with an id index (``by_id``) for pinned resets."""
+
+    def __new__(cls, tasks=()):
+        pool = super().__new__(cls, tasks)
+        pool.by_id = {t.instance_id: t for t in pool}
+        return pool
 
 
-def choose_task(tasks: Sequence[Task], np_random: np.random.Generator, options: dict[str, Any] | None,
-                world: str = DEFAULT_WORLD) -> Task:
-    """The task of a reset: ``options["task_id"]`` pins it, else one drawn with the env's ``np_random``
-    (the same draw in every front end, so seeds pair across them). Other options are an error."""
-    task_id = None
+def task_by_id(tasks: TaskPool, task_id: str, world: str = DEFAULT_WORLD) -> Task:
+    """A task of ``tasks`` by id (a dict look-up), else from ``world``'s shipped library (any split);
+    KeyError naming the id."""
+    return tasks.by_id.get(task_id) or get_task(task_id, world=world)
+
+
+def reset_task_id(options: dict[str, Any] | None) -> str | None:
+    """The task pinned by ``options["task_id"]`` (None: draw one); other options are an error."""
+    if not options:
+        return None
+    options = dict(options)
+    task_id = options.pop("task_id", None)
     if options:
-        options = dict(options)
-        task_id = options.pop("task_id", None)
-        if options:
-            raise ValueError(f"unknown reset option(s) {sorted(options)}; accepted: ['task_id']")
-    if task_id is not None:
-        return task_by_id(tasks, task_id, world)
-    return tasks[int(np_random.integers(len(tasks)))]
+        raise ValueError(f"unknown reset option(s) {sorted(options)}; accepted: ['task_id']")
+    return task_id
+
+
+def choose_task(tasks: TaskPool, episodes: EnvEpisodes, seed: int | None, options: dict[str, Any] | None,
+                world: str = DEFAULT_WORLD) -> tuple[Task, int]:
+    """(task, episode seed) of a reset: the next episode of ``episodes`` (``EnvEpisodes.next``, the same
+    in every front end, so seeds pair across them); ``options["task_id"]`` pins the task."""
+    task_id = reset_task_id(options)
+    pinned = None if task_id is None else task_by_id(tasks, task_id, world)  # a bad id raises before any draw
+    index, seed_of_episode = episodes.next(seed, len(tasks))
+    return pinned or tasks[index], seed_of_episode
 
 
 def discrete_action(action, n: int, name: str = "action", hint: str = "") -> int:
@@ -77,12 +93,12 @@ def discrete_action(action, n: int, name: str = "action", hint: str = "") -> int
 
 
 def select_tasks(tasks: Sequence[Task] | None, split: str | None, task_types, world: str = DEFAULT_WORLD
-                 ) -> list[Task]:
+                 ) -> TaskPool:
     """The env's task pool: given tasks, or ``world``'s shipped library filtered by split and task types."""
     if task_types is not None and not isinstance(task_types, str) and (
             not isinstance(task_types, Sequence) or not all(isinstance(t, str) for t in task_types)):
         raise ValueError(f"task_types must be a task type name or a list of them, got {task_types!r}")
-    pool = list(tasks) if tasks is not None else load_tasks(split=split, task_types=task_types, world=world)
+    pool = TaskPool(tasks if tasks is not None else load_tasks(split=split, task_types=task_types, world=world))
     if not pool:
         raise ValueError(f"no tasks for split={split!r}, task_types={task_types!r}")
     return pool
@@ -127,7 +143,8 @@ class ResiliBenchEnv(gym.Env):
 
     ## Starting State
 
-    A task sampled uniformly from the pool (split and task types chosen at make), or the task named by
+    A task drawn uniformly from the pool (split and task types chosen at make) by the env's counter-based
+    stream (``EnvEpisodes``; docs/envs.md, "The random stream"), or the task named by
     ``reset(options={"task_id": ...})``; every tool NOT_ATTEMPTED.
 
     ## Episode End
@@ -135,7 +152,9 @@ class ResiliBenchEnv(gym.Env):
     Terminated on FINISH, after ``max_consecutive_failures`` (5) consecutive failed calls, or when the same
     tool fails ``max_same_tool_failures`` (3) times in a row (both grade as failure). Truncated when a tool
     action is chosen after the turn limit (10 calls). ``info["level"]`` and ``info["evaluation"]`` are set
-    at the end; ``info["trace"]`` always holds the calls so far (tool, success, error_code, ...).
+    at the end; ``info["trace"]`` always holds the calls so far as a list of dicts (tool, success,
+    error_code, turn, probability, unmet_dependencies, replayed), as in the text env (the dicts are shared
+    by the infos of one episode: copy one before changing it).
 
     ## Arguments
 
@@ -206,14 +225,21 @@ class ResiliBenchEnv(gym.Env):
         self._initial_obs: dict[int, tuple[Task, np.ndarray]] = {}  # id(task) -> (task, first observation)
         self._finished_mask = _finished_mask(self.n_tools)
         self._counters = counter_tables(self.config.rules)
+        self._episodes = EnvEpisodes()
+        self._training = self.config.rules.profile == "training"
+        self._action_hint = f"FINISH = {self.n_tools}"
+        self._trace: list[dict] = []  # ``info["trace"]``: the episode's calls as dicts, one per record
 
     # --- Gymnasium API -------------------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        task = choose_task(self.tasks, self.np_random, options, self.world)
-        self.episode = Episode.start(task, episode_seed(self.np_random), self.config, self.registry,
-                                     success_rate=self.rewarder.success_rate)
+        task, seed_of_episode = choose_task(self.tasks, self._episodes, seed, options, self.world)
+        # The running success rate matters to the training profile only (summing the window costs a reset
+        # more than a microsecond).
+        rate = self.rewarder.success_rate if self._training else 0.0
+        self.episode = Episode.start(task, seed_of_episode, self.config, self.registry, success_rate=rate)
+        self._trace = []
         self._obs = self._initial_observation(task)
         return self._obs.copy(), self._info()
 
@@ -223,7 +249,7 @@ class ResiliBenchEnv(gym.Env):
             raise RuntimeError("call reset() before step()")
         if episode.end_reason is not None:
             raise RuntimeError("episode has ended; call reset()")
-        action = discrete_action(action, self.n_tools + 1, hint=f"FINISH = {self.n_tools}")
+        action = discrete_action(action, self.n_tools + 1, hint=self._action_hint)
         reward, truncated = 0.0, False
         if action == self.finish_action:
             episode.finish()
@@ -308,16 +334,20 @@ class ResiliBenchEnv(gym.Env):
         ep = self.episode
         task = ep.task
         evaluation = ep.evaluation
+        trace, records = self._trace, ep.trace
+        n = len(trace)
+        if n < len(records):  # one new call per step, unless the episode was driven directly
+            trace.extend([r.to_dict() for r in records[n:]])
         if evaluation is None:
             return {
                 "action_mask": ep.action_mask.copy(),
-                "trace": tuple(ep.trace),
+                "trace": trace.copy(),
                 "task_id": task.instance_id,
                 "task_type": task.task_type,
             }
         return {
             "action_mask": self._finished_mask.copy(),
-            "trace": tuple(ep.trace),
+            "trace": trace.copy(),
             "task_id": task.instance_id,
             "task_type": task.task_type,
             "level": evaluation.level,

@@ -1,17 +1,20 @@
-"""``ResiliBench-v0`` natively batched: numpy over N episodes (``gymnasium.make_vec(..., "vector_entry_point")``)."""
+"""``ResiliBench-v0`` natively batched: one compiled loop over N episodes (``gymnasium.make_vec(...,
+"vector_entry_point")``)."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
+import numba
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from resilibench.envs import rng as brng
+from resilibench.envs import stream as rs
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.evaluator import FULL, LEVELS, grade, output_tool_ids
 from resilibench.envs.observation import (
@@ -33,35 +36,28 @@ from resilibench.envs.simulator import (
     NOT_ATTEMPTED,
     OUT_OF_TURNS_CODE,
     SUCCESS,
-    draw_stream,
-    episode_seed,
     success_probability,
     termination_code,
 )
 from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task
-
-_U64 = np.uint64
-_EPISODE_SEED_BOUND = 2**63 - 1  # episode_seed draws integers(2**63 - 1)
 
 
 class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     """
     ## Description
 
-    ``ResiliBench-v0`` for N episodes at once, stepped with numpy over the batch (no Python loop over
-    sub-envs). Sub-env ``i`` behaves exactly like a ``ResiliBenchEnv`` (see ``resilibench.envs.planner_env``)
+    ``ResiliBench-v0`` for N episodes at once, stepped by one numba-compiled loop over the batch (no Python
+    loop over sub-envs). Sub-env ``i`` behaves exactly like a ``ResiliBenchEnv`` (see ``resilibench.envs.planner_env``)
     reset with seed ``seed + i``: the same task sampling, the same episode random stream, and step for step
     the same observations, rewards, terminations, truncations, action masks and final levels (a test
     checks this against N single envs). No rule is written twice: at construction the env evaluates the
     rule functions on arrays of every input an episode can reach, ``success_probability`` and
     ``termination_code`` (``resilibench.envs.simulator``), ``grade`` (``resilibench.envs.evaluator``) and
-    ``counter_tables`` (``resilibench.envs.observation``), and a step looks the results up. Each sub-env
-    keeps its own ``np_random`` (PCG64) and draws from it in the single env's order (task index, then
-    ``episode_seed``, then the stream ``draw_stream(default_rng(seed), T)``); those numpy draws are
-    reproduced bit for bit, batched, by ``resilibench.envs.rng`` and computed ahead for a few dozen
-    episodes per sub-env. Rare cases (a rejected bounded-integer draw, a pinned task, or a failed
-    self-check of ``resilibench.envs.rng``) use numpy's own Generator for the rows concerned. Throughput:
-    see ``docs/benchmarks.md``.
+    ``counter_tables`` (``resilibench.envs.observation``), and the compiled step (``_advance_rows``) looks
+    the results up. Randomness is the counter-based stream of ``resilibench.envs.stream``, computed with
+    numpy on arrays: sub-env ``i`` keeps its env seed's key and draws its episodes' tasks and seeds as
+    ``EnvEpisodes`` does (a few dozen ahead, in one batch), and a step computes each sub-env's next success
+    draw from (episode seed, draw index). Throughput: see ``docs/benchmarks.md``.
 
     ```python
     import gymnasium as gym
@@ -206,10 +202,10 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         dep_idx = np.full((n, self._n_deps), self._met, dtype=np.int64)
         for t, d in enumerate(deps):
             dep_idx[t, : len(d)] = d
-        self._dep_cols = [np.ascontiguousarray(dep_idx[:, j]) for j in range(self._n_deps)]
+        self._dep_idx = dep_idx
         # The success formula over every (kinds of the dependencies, failed calls so far) it can meet:
-        # index = sum_j kind_j * 3**j * (T + 1) + N_h, read through ``_kind_index[j][code]``.
-        self._kind_index = [(kind * 3**j * (T + 1)).astype(np.int64) for j in range(self._n_deps)]
+        # index = sum_j kind_j * 3**j * (T + 1) + N_h, read through ``_kind_table[j, code]``.
+        self._kind_table = np.stack([(kind * 3**j * (T + 1)).astype(np.int64) for j in range(self._n_deps)])
         combos = np.array(np.meshgrid(*[np.arange(3)] * self._n_deps, indexing="ij")).reshape(self._n_deps, -1)
         combo = (combos * (3 ** np.arange(self._n_deps))[:, None]).sum(axis=0)
         order = np.argsort(combo)
@@ -230,24 +226,27 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self._finished_mask = np.zeros(n + 1, dtype=np.int8)
         self._finished_mask[n] = 1
         self._build_task_tables(self.known_tasks)
-        self._source = _EpisodeSource(self)
+        # The stream. Per sub-env: the key of its env seed; its next episodes (numbers ``_queue_start`` +
+        # column) computed ahead in one batch, as (task row, key of the episode seed), read at ``_cursor``;
+        # the key of the running episode. ``_draw_offset[d]`` turns an episode key into the input of draw
+        # 2d (the d-th success draw).
+        self._env_key = np.zeros(N, dtype=np.uint64)
+        self._seeded = np.zeros(N, dtype=bool)
+        self._queue_start = np.zeros(N, dtype=np.int64)
+        self._cursor = np.zeros(N, dtype=np.int64)
+        self._queue_task = np.zeros((N, _QUEUE), dtype=np.int64)
+        self._queue_key = np.zeros((N, _QUEUE), dtype=np.uint64)
+        self._episode_key = np.zeros(N, dtype=np.uint64)
+        self._draw_offset = rs.offsets(2 * np.arange(T + 1))
 
-        # Batched state. The observation and mask buffers carry one extra row: a dump for masked scatters.
-        rows = np.arange(N, dtype=np.int64)
-        self._row_cols, self._row_obs, self._row_mask = rows * self._cols, rows * self.layout.size, rows * (n + 1)
-        self._row_stream = rows * (T + 1)
-        self._dump_obs, self._dump_mask = N * self.layout.size, N * (n + 1)
-        self._obs_buf = np.zeros((N + 1, self.layout.size), dtype=np.float32)
-        self._mask_buf = np.zeros((N + 1, n + 1), dtype=np.int8)
+        # Batched state.
+        self._obs_buf = np.zeros((N, self.layout.size), dtype=np.float32)
+        self._mask_buf = np.zeros((N, n + 1), dtype=np.int8)
         self._tc = np.zeros((N, self._cols), dtype=np.uint8)
-        # Success draws of each episode's stream, plus a padding column read by rows that do not draw.
-        self._stream = np.ones((N, T + 1), dtype=np.float64)
-        # Integer state as rows of one matrix (a reset writes it in one operation); the last rows are
-        # copied from the task tables.
-        self._ints = np.zeros((_N_INTS, N), dtype=np.int64)
-        (self._task, self._turns, self._draws, self._n_failures, self._consecutive, self._last_tool, self._streak,
-         self._next_req, self._covered, self._done_bits, self._order_broken, self._output_done, self._max_calls_row,
-         self._task_tools, self._task_req, self._n_req_row, self._grade_base) = self._ints
+        # Integer state, one row per sub-env (an episode start copies the task's row of ``_ints_start``);
+        # the last columns come from the task tables.
+        self._ints = np.zeros((N, _N_INTS), dtype=np.int64)
+        self._task, self._draws = self._ints[:, _TASK], self._ints[:, _DRAWS]
         self._autoreset = np.zeros(N, dtype=bool)
         self._started = False
 
@@ -292,8 +291,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             self._init_obs[i] = initial_observation(task, reg, lay, self.features)
         self._pos_bit, self._out_mask, self._next_obs = pos_bit.reshape(-1), out_mask.reshape(-1), next_obs.reshape(-1)
         fields[_LAST_TOOL] = -1
-        self._ints_start = fields
-        self._task_fields = fields[_TASK_FIELDS]
+        self._ints_start = np.ascontiguousarray(fields.T)
         # The evaluator's ``grade`` over every (class, covered, order broken, output, completion, failure
         # termination) an episode can end in: index = base + covered * 16 + broken * 8 + output * 4
         # + completed * 2 + failed; the sequence holds when a required tool succeeded and none out of order.
@@ -318,7 +316,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         if row is None or self.known_tasks[row] is not task:
             self.known_tasks.append(task)
             self._build_task_tables(self.known_tasks)
-            self._ints[_TASK_FIELDS] = self._task_fields[:, self._task]  # tables may have a new layout
+            self._ints[:, _TASK_FIELDS] = self._ints_start[self._task][:, _TASK_FIELDS]  # a new layout
             row = len(self.known_tasks) - 1
         return row
 
@@ -354,136 +352,63 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             if s is not None and not (isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0):
                 raise ValueError(f"seeds must be non-negative integers or None, got {s!r}")
         pinned = self._pinned_rows(task_id, rows)
-        self._source.seed(rows, [seeds[i] for i in rows.tolist()])
-        self._start_episodes(rows, pinned)
+        self._seed_rows(rows, [seeds[i] for i in rows.tolist()])
+        start_task = np.full(N, _GO_ON, dtype=np.int64)
+        start_task[rows] = [pinned.get(r, _DRAWN) for r in rows.tolist()]
+        self._advance(None, start_task)
         self._autoreset[rows] = False
         self._started = True
-        return self._obs_buf[:N].copy(), self._info_arrays()
+        return self._obs_buf.copy(), self._info_arrays()
 
     def step(self, actions):
         if not self._started:
             raise RuntimeError("call reset() before step()")
-        N, n, T, lay = self.num_envs, self.n_tools, self._turn_limit, self.layout
+        N, n = self.num_envs, self.n_tools
         a = np.asarray(actions)
         if a.shape != (N,) or a.dtype.kind not in "iu":
             raise ValueError(f"actions must be an integer array of shape ({N},), got {a.dtype} {a.shape}")
         a = a.astype(np.int64, copy=False)
         if (a.view(np.uint64) > n).any():  # negative actions wrap to huge values
             raise ValueError(f"actions must be in [0, {n}] (FINISH = {n}), got {a[(a < 0) | (a > n)][:5]}")
-        autoreset = self._autoreset
-        if autoreset.any():
-            self._start_episodes(autoreset.nonzero()[0], {})
-        acting = ~autoreset
-        finish = acting & (a == n)
-        tool_action = acting ^ finish
-        out_of_turns = tool_action & (self._turns >= T)
-        call = tool_action ^ out_of_turns
-        # Rows without a call read tool min(a, n - 1); every write below leaves them unchanged.
-        at = np.minimum(a, n - 1)
-        tc_flat, obs_flat, mask_flat = self._tc.reshape(-1), self._obs_buf.reshape(-1), self._mask_buf.reshape(-1)
-
-        cell = self._row_cols + at
-        tc = tc_flat[cell]
-        replay = (tc & _SUCCEEDED) > 0
-        calls_before = tc & _CALLS
-        max_calls = self._max_calls_row
-        live = call & ~replay & (calls_before < max_calls)  # neither a replay nor over the call cap
-        p_index = self._n_failures.copy()
-        for j in range(self._n_deps):
-            p_index += self._kind_index[j][tc_flat[self._row_cols + self._dep_cols[j][at]]]
-        unmet = self._unmet_table[p_index]
-        if self._strict:
-            strict_fail = live & unmet
-            draw = live ^ strict_fail
-        else:
-            strict_fail, draw = None, live
-        success = draw & (self._stream.reshape(-1)[self._row_stream + self._draws] < self._p_table[p_index])
-        self._draws += draw
-        changed = call & ~replay
-        failed = changed ^ success
-        dependency_problem = draw & unmet if strict_fail is None else strict_fail | (draw & unmet)
-        new_tc = np.where(changed, calls_before + live + success * _SUCCEEDED
-                          + (failed & dependency_problem) * _DEPENDENCY_PROBLEM, tc)
-        tc_flat[cell] = new_tc
-        block = self._row_obs + (lay.status + N_STATUS * at)
-        obs_flat[block + self._status_of[tc]] = 0.0
-        obs_flat[block + self._status_of[new_tc]] = 1.0
-        mask_off = success | (failed & (calls_before + live >= max_calls))
-        mask_flat[np.where(mask_off, self._row_mask + at, self._dump_mask)] = 0
-
-        self._turns += call
-        limit = (call & (self._turns == T)).nonzero()[0]
-        if limit.size:
-            self._mask_buf[limit, :n] = 0
-        self._n_failures += failed
-        consecutive = (self._consecutive + failed) * ~success
-        self._consecutive[:] = consecutive
-        streak = self._streak
-        np.copyto(streak, failed * (1 + (at == self._last_tool) * streak), where=changed)
-        np.copyto(self._last_tool, at, where=changed)
-        end_code = self._end_table[consecutive * (T + 1) + streak] * failed
-
-        task_cell = self._task_tools + at
-        self._output_done |= success & self._out_mask[task_cell]
-        pos_bit = self._pos_bit[task_cell] * success  # first success of a required tool: 1 << its position
-        hit = pos_bit.nonzero()[0]
-        if hit.size:
-            self._required_success(hit, pos_bit[hit])
-        obs = self._obs_buf
-        obs[:N, lay.step] = self._step_table[self._turns]
-        obs[:N, lay.failures] = self._failures_table[self._n_failures]
-        obs[:N, lay.consecutive] = self._consecutive_table[consecutive]
-
-        ended = finish | out_of_turns | (end_code > 0)
-        end_code = end_code + finish * FINISHED_CODE + out_of_turns * OUT_OF_TURNS_CODE
-        level = np.full(N, -1, dtype=np.int8)
-        reward = np.zeros(N, dtype=np.float64)
-        rows = ended.nonzero()[0]
-        if rows.size:
-            code = self._grade(rows, finish[rows], end_code[rows])
-            level[rows] = code
-            reward[rows] = code == FULL
-            self._mask_buf[rows] = self._finished_mask
+        reward, level, end_code, ended, truncated = self._advance(a, np.where(self._autoreset, _DRAWN, _GO_ON))
         self._autoreset = ended
         info = self._info_arrays()
         info["level"], info["_level"] = level, ended.copy()
-        info["end_reason"], info["_end_reason"] = end_code.astype(np.int8), ended.copy()
-        return obs[:N].copy(), reward, ended ^ out_of_turns, out_of_turns, info
+        info["end_reason"], info["_end_reason"] = end_code, ended.copy()
+        return self._obs_buf.copy(), reward, ended ^ truncated, truncated, info
+
+    def _advance(self, actions: np.ndarray | None, start_task: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Start new episodes where ``start_task`` is a task row or ``_DRAWN``, and (given ``actions``) step
+        the other sub-envs: (reward, level, end code, ended, truncated) per sub-env (``_advance_rows``)."""
+        N = self.num_envs
+        if self._cursor.max() >= _QUEUE:
+            self._refill()
+        # Each sub-env's next success draw, uniform(episode seed, 2 * draws used); rows that do not draw
+        # (or start a new episode) ignore theirs.
+        u = rs.to_uniform(rs.bits_array(self._episode_key, self._draw_offset[self._draws]))
+        out = (np.zeros(N, dtype=np.float64), np.full(N, -1, dtype=np.int8), np.zeros(N, dtype=np.int8),
+               np.zeros(N, dtype=bool), np.zeros(N, dtype=bool))
+        lay = self.layout
+        _advance_rows(
+            start_task if actions is None else actions, start_task, actions is not None, u,
+            (self._queue_task, self._queue_key, self._cursor, self._episode_key, self._ints, self._ints_start,
+             self._tc, self._tc_init, self._mask_buf, self._obs_buf, self._init_obs),
+            (self._status_of, self._kind_table, self._dep_idx, self._p_table, self._unmet_table, self._end_table,
+             self._step_table, self._failures_table, self._consecutive_table, self._pos_bit, self._out_mask,
+             self._next_obs, self._next_of_bits, self._grade_table, self._finished_mask),
+            (self.n_tools, self._turn_limit, self._strict, lay.status, lay.progress, lay.step, lay.failures,
+             lay.consecutive),
+            *out)
+        return out
 
     def close_extras(self, **kwargs: Any) -> None:
         pass
-
-    # --- pieces ----------------------------------------------------------------------------------------
-
-    def _required_success(self, rows: np.ndarray, pos_bit: np.ndarray) -> None:
-        """First successes of required tools (``pos_bit`` = 1 << position): order, coverage, next required
-        tool and progress, in the state and the observation."""
-        obs_flat = self._obs_buf.reshape(-1)
-        bits = self._done_bits[rows]
-        self._order_broken[rows] |= bits > pos_bit  # an earlier success at a later position
-        bits |= pos_bit
-        self._done_bits[rows] = bits
-        covered = self._covered[rows] + 1
-        self._covered[rows] = covered
-        task_req, base = self._task_req[rows], self._row_obs[rows]
-        old_next, new_next = self._next_req[rows], self._next_of_bits[bits]
-        self._next_req[rows] = new_next
-        for position, value in ((old_next, 0.0), (new_next, 1.0)):  # unchanged rows: 0 then 1, same cell
-            offset = self._next_obs[task_req + position]
-            obs_flat[np.where(offset >= 0, base + offset, self._dump_obs)] = value
-        obs_flat[base + self.layout.progress] = covered / self._n_req_row[rows]  # a hit implies n_req >= 1
-
-    def _grade(self, rows: np.ndarray, completed: np.ndarray, end_code: np.ndarray) -> np.ndarray:
-        """Level codes of the episodes ending in ``rows``: the evaluator's ``grade`` (tabulated) on counters."""
-        index = (self._grade_base[rows] + self._covered[rows] * 16 + self._order_broken[rows] * 8
-                 + self._output_done[rows] * 4 + completed * 2 + (end_code >= CONSECUTIVE_FAILURES_CODE))
-        return self._grade_table[index]
 
     def _info_arrays(self) -> dict[str, Any]:
         N = self.num_envs
         everywhere = np.ones(N, dtype=bool)
         return {
-            "action_mask": self._mask_buf[:N].copy(),
+            "action_mask": self._mask_buf.copy(),
             "_action_mask": everywhere,
             "task_index": self._task.copy(),
             "_task_index": everywhere.copy(),
@@ -505,20 +430,29 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
                 pinned[r] = self._task_row(task_by_id(self.tasks, ids[r], self.world))
         return pinned
 
-    def _start_episodes(self, rows: np.ndarray, pinned: dict[int, int]) -> None:
-        """Begin new episodes in ``rows``: next task and stream from each row's generator, state cleared."""
-        task, stream = self._source.take(rows, pinned)
-        self._ints[:, rows] = self._ints_start[:, task]
-        self._stream[rows, :-1] = stream
-        self._tc[rows] = self._tc_init
-        self._mask_buf[rows] = 1
-        self._obs_buf[rows] = self._init_obs[task]
+    def _seed_rows(self, rows: np.ndarray, seeds: list[int | None]) -> None:
+        """Restart the episode sequence of rows with a seed (as ``EnvEpisodes.next``); rows without one go
+        on, or start from OS entropy when they were never seeded."""
+        fresh = [(r, s) for r, s in zip(rows.tolist(), seeds, strict=True)
+                 if s is not None or not self._seeded[r]]
+        if fresh:
+            r = np.array([x[0] for x in fresh], dtype=np.int64)
+            values = [secrets.randbits(64) if s is None else int(s) & rs.M64 for _, s in fresh]
+            self._env_key[r] = rs.key_array(np.array(values, dtype=np.uint64))
+            self._seeded[r] = True
+            self._queue_start[r], self._cursor[r] = -_QUEUE, _QUEUE  # next: episode 0, after a refill
+
+    def _refill(self) -> None:
+        """Compute the next ``_QUEUE`` episodes of every sub-env from where its sequence stands: episode e
+        of env key k has task row ``below(bits(k, 2e), pool size)`` and episode key ``key(bits(k, 2e + 1))``."""
+        e = (self._queue_start + self._cursor)[:, None] + np.arange(_QUEUE)
+        env_key = self._env_key[:, None]
+        self._queue_task[:] = rs.below_array(rs.bits_array(env_key, rs.offsets(2 * e)), len(self.tasks))
+        self._queue_key[:] = rs.key_array(rs.bits_array(env_key, rs.offsets(2 * e + 1)))
+        self._queue_start += self._cursor
+        self._cursor[:] = 0
 
     # --- helpers ---------------------------------------------------------------------------------------
-
-    def generator(self, i: int) -> np.random.Generator:
-        """A copy of sub-env ``i``'s ``np_random`` as a numpy Generator (the state the next reset draws from)."""
-        return self._source.generator(i)
 
     @staticmethod
     def level_names(codes: np.ndarray) -> np.ndarray:
@@ -537,42 +471,9 @@ _CALLS, _SUCCEEDED, _DEPENDENCY_PROBLEM = 63, 64, 128
 (_TASK, _TURNS, _DRAWS, _N_FAILURES, _CONSECUTIVE, _LAST_TOOL, _STREAK, _NEXT_REQ, _COVERED, _DONE_BITS,
  _ORDER_BROKEN, _OUTPUT_DONE, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE) = range(17)
 _N_INTS = 17
-_CHUNK = 8192  # rows per batch of 128-bit arithmetic in queue refills
+_QUEUE = 32  # episodes per sub-env computed ahead in one batch
+_DRAWN, _GO_ON = -1, -2  # ``start_task`` of ``_advance_rows``: start with the drawn task; no new episode
 _TASK_FIELDS = np.array([_TASK, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE])
-
-
-# Fields of a draw pattern entry (see ``_draw_pattern``).
-_P_CONSUMED, _P_HAS32, _P_BUFFER, _P_TASK, _P_SEED = range(5)
-
-
-def _draw_pattern(m: int, has32: bool, task_draw: bool) -> np.ndarray:
-    """Which outputs of a generator the next ``m`` episodes consume, given whether a 32-bit half is buffered.
-
-    ``Generator.integers(n)`` for n < 2**32 takes the buffered high half of an earlier output when there is
-    one, else the low half of a new output (buffering its high half); ``integers(2**63 - 1)`` takes a whole
-    new output. Row e (and row m: after the last episode) holds: outputs consumed before episode e, the
-    buffer flag and buffered value before it (value index: 0 = the initial buffer, 1 + 2k / 2 + 2k = low /
-    high half of output k), the value index of its task draw, the output index of its seed draw.
-    """
-    rows, consumed, buffer = [], 0, 0
-    for _ in range(m):
-        before = (consumed, int(has32), buffer)
-        task = 0
-        if task_draw:
-            if has32:
-                task, has32 = buffer, False
-            else:
-                task, buffer, consumed, has32 = 1 + 2 * consumed, 2 + 2 * consumed, consumed + 1, True
-        rows.append((*before, task, consumed))
-        consumed += 1
-    rows.append((consumed, int(has32), buffer, 0, 0))
-    return np.array(rows, dtype=np.int64)
-
-
-def _chunks(n: int, size: int):
-    """Slices covering range(n) in pieces of ``size``."""
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
 
 
 def _lowest_zero_bit(bits: np.ndarray) -> np.ndarray:
@@ -587,173 +488,111 @@ def _lowest_zero_bit(bits: np.ndarray) -> np.ndarray:
         ones = np.where(more, ones >> 1, 0)
 
 
-class _EpisodeSource:
-    """Each sub-env's ``np_random`` and the episodes it yields, batched.
-
-    Sub-env ``i`` owns a PCG64 generator, exactly as ``ResiliBenchEnv.np_random``. A new episode draws from
-    it in the single env's order: ``integers(len(tasks))`` (unless the task is pinned), then
-    ``episode_seed``; the episode's stream is ``draw_stream(default_rng(episode seed), T)``, of which the
-    batched env needs the success draws ``stream[:, 0]``. All of this is computed ahead for ``capacity``
-    episodes per sub-env at once (large numpy batches, ``resilibench.envs.rng``), and the generator state
-    before each queued episode is kept, so reseeding or pinning a sub-env recomputes the queue from its
-    current state. Rows where numpy's bounded-integer sampler would reject a draw (about one draw in a
-    million), pinned tasks, and every row when ``rng.checked()`` is False go through numpy's own Generator.
-    """
-
-    def __init__(self, env: ResiliBenchVectorEnv):
-        self.env = env
-        N = env.num_envs
-        self.capacity = M = int(min(64, max(4, 65536 // N)))
-        self.inc_hi, self.inc_lo = np.zeros(N, dtype=_U64), np.zeros(N, dtype=_U64)
-        # Generator state before queued episode e (column M: after the last one).
-        self.r_hi, self.r_lo = np.zeros((N, M + 1), dtype=_U64), np.zeros((N, M + 1), dtype=_U64)
-        self.r_has32, self.r_u32 = np.zeros((N, M + 1), dtype=bool), np.zeros((N, M + 1), dtype=_U64)
-        self.task = np.zeros((N, M), dtype=np.int64)
-        self.stream = np.zeros((N, M, env._turn_limit), dtype=np.float64)
-        self.cursor = np.zeros(N, dtype=np.int64)
-        self.seeded = np.zeros(N, dtype=bool)
-        self.dirty = True
-        self.mult2, self.factor2 = brng.jump(2)
-        self.pattern_draws = np.stack([_draw_pattern(M, bool(h), True) for h in (0, 1)])
-        self.pattern_seed_only = np.stack([_draw_pattern(M, bool(h), False) for h in (0, 1)])
-
-    # --- generator states ---
-
-    def seed(self, rows: np.ndarray, seeds: list[int | None]) -> None:
-        """``np_random = default_rng(seed)`` for rows with a seed (as ``gymnasium.Env.reset(seed=...)``);
-        rows without one keep their generator, or get one from OS entropy when they have none yet."""
-        fast, slow = [], []
-        for r, s in zip(rows.tolist(), seeds, strict=True):
-            if s is None:
-                if not self.seeded[r]:
-                    slow.append((r, np.random.default_rng()))
-            elif brng.checked() and int(s) < 2**64:
-                fast.append((r, int(s)))
-            else:
-                slow.append((r, np.random.default_rng(int(s))))
-        if fast:
-            r = np.array([x[0] for x in fast], dtype=np.int64)
-            hi, lo, inc_hi, inc_lo = brng.seed_states(np.array([x[1] for x in fast], dtype=_U64))
-            self._set_rows(r, hi, lo, inc_hi, inc_lo, False, 0)
-        for r, gen in slow:
-            self._set_generator(r, gen)
-
-    def _set_rows(self, r, hi, lo, inc_hi, inc_lo, has32, u32) -> None:
-        """Set the current generator state of rows ``r`` (the queue is recomputed before the next use)."""
-        self.cursor[r] = 0
-        self.r_hi[r, 0], self.r_lo[r, 0], self.r_has32[r, 0], self.r_u32[r, 0] = hi, lo, has32, u32
-        self.inc_hi[r], self.inc_lo[r] = inc_hi, inc_lo
-        self.seeded[r] = True
-        self.dirty = True
-
-    def _set_generator(self, row: int, gen: np.random.Generator) -> None:
-        state, inc, has32, u32 = brng.generator_state(gen)
-        self._set_rows(np.array([row]), _U64(state >> 64), _U64(state & brng.M64), _U64(inc >> 64),
-                       _U64(inc & brng.M64), bool(has32), _U64(u32))
-
-    def generator(self, row: int) -> np.random.Generator:
-        """A numpy Generator in ``row``'s current state."""
-        c = int(self.cursor[row])
-        state = int(self.r_hi[row, c]) << 64 | int(self.r_lo[row, c])
-        inc = int(self.inc_hi[row]) << 64 | int(self.inc_lo[row])
-        return brng.generator_from_state(state, inc, int(self.r_has32[row, c]), int(self.r_u32[row, c]))
-
-    # --- episodes ---
-
-    def take(self, rows: np.ndarray, pinned: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        """(task row, success draws of the stream) of the next episode of each row."""
-        pin_task = pin_stream = None
-        free = rows
-        if pinned:
-            pin_rows = [i for i, r in enumerate(rows.tolist()) if r in pinned]
-            pin_task, pin_stream = self._pin([int(rows[i]) for i in pin_rows], pinned)
-            free = np.delete(rows, pin_rows)
-        if self.dirty or (free.size and self.cursor[free].max() >= self.capacity):
-            self._refill()
-        slot = self.cursor[rows]
-        self.cursor[free] += 1
-        flat = rows * self.capacity + slot
-        task = self.task.reshape(-1)[flat]
-        stream = self.stream.reshape(-1, self.env._turn_limit)[flat]
-        if pinned:
-            task[pin_rows], stream[pin_rows] = pin_task, pin_stream
-        return task, stream
-
-    def _pin(self, rows: list[int], pinned: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        """Episodes of pinned tasks: the single env then draws only ``episode_seed`` (numpy, row by row)."""
-        seeds = []
-        for r in rows:
-            gen = self.generator(r)
-            seeds.append(episode_seed(gen))
-            self._set_generator(r, gen)
-        task = np.array([pinned[r] for r in rows], dtype=np.int64)
-        return task, self._streams(np.array(seeds, dtype=_U64))
-
-    def _refill(self) -> None:
-        """Recompute ``capacity`` queued episodes for every row from its current generator state."""
-        env, M = self.env, self.capacity
-        N, n_pool = env.num_envs, len(env.tasks)
-        r = np.arange(N)
-        c = self.cursor
-        hi, lo, has32, u32 = self.r_hi[r, c], self.r_lo[r, c], self.r_has32[r, c], self.r_u32[r, c]
-        seeds = np.empty((N, M), dtype=_U64)
-        rejected = np.zeros(N, dtype=bool)
-        pattern = self.pattern_draws if n_pool >= 2 else self.pattern_seed_only
-        n_outputs = int(pattern[:, :, _P_CONSUMED].max())
-        for part in _chunks(N, max(1, _CHUNK // (n_outputs + 1))):
-            # Every output a chunk of generators can consume, then who consumes which (by buffered half).
-            s_hi, s_lo = brng.states_ahead(hi[part], lo[part], self.inc_hi[part], self.inc_lo[part], n_outputs)
-            out = brng.output(s_hi[:, 1:], s_lo[:, 1:])
-            values = np.empty((out.shape[0], 1 + 2 * n_outputs), dtype=_U64)  # 0: buffered; then lo/hi halves
-            values[:, 0] = u32[part]
-            values[:, 1::2] = out & _U64(brng.M32)
-            values[:, 2::2] = out >> _U64(32)
-            p = pattern[has32[part].astype(np.int64)]  # (rows, M + 1, fields)
-            consumed = p[:, :, _P_CONSUMED]
-            self.r_hi[part], self.r_lo[part] = (np.take_along_axis(s_hi, consumed, axis=1),
-                                                np.take_along_axis(s_lo, consumed, axis=1))
-            self.r_has32[part] = p[:, :, _P_HAS32] > 0
-            self.r_u32[part] = np.take_along_axis(values, p[:, :, _P_BUFFER], axis=1)
-            if n_pool >= 2:
-                self.task[part], bad = brng.bounded_uint32(
-                    np.take_along_axis(values, p[:, :M, _P_TASK], axis=1), n_pool)
-                rejected[part] |= bad.any(axis=1)
-            else:
-                self.task[part] = 0
-            seeds[part], bad = brng.bounded_uint64(np.take_along_axis(out, p[:, :M, _P_SEED], axis=1),
-                                                   _EPISODE_SEED_BOUND)
-            rejected[part] |= bad.any(axis=1)
-        self.cursor[:] = 0
-        slow = np.flatnonzero(rejected) if brng.checked() else r
-        for row in slow.tolist():  # numpy's own Generator, episode by episode
-            gen = brng.generator_from_state(int(hi[row]) << 64 | int(lo[row]),
-                                            int(self.inc_hi[row]) << 64 | int(self.inc_lo[row]),
-                                            int(has32[row]), int(u32[row]))
-            for e in range(M + 1):
-                state, _, h, u = brng.generator_state(gen)
-                self.r_hi[row, e], self.r_lo[row, e] = state >> 64, state & brng.M64
-                self.r_has32[row, e], self.r_u32[row, e] = bool(h), u
-                if e < M:
-                    self.task[row, e] = int(gen.integers(n_pool))
-                    seeds[row, e] = episode_seed(gen)
-        self.stream[:] = self._streams(seeds.reshape(-1)).reshape(self.stream.shape)
-        self.dirty = False
-
-    def _streams(self, seeds: np.ndarray) -> np.ndarray:
-        """``draw_stream(default_rng(seed), T)[:, 0]`` for each episode seed: (len(seeds), T)."""
-        T = self.env._turn_limit
-        out = np.empty((seeds.size, T), dtype=np.float64)
-        if not brng.checked():
-            for i, s in enumerate(seeds.tolist()):
-                out[i] = draw_stream(np.random.default_rng(int(s)), T)[:, 0]
-            return out
-        for part in _chunks(seeds.size, _CHUNK):  # chunks: cache-sized temporaries, no page faults
-            s_hi, s_lo, inc_hi, inc_lo = brng.seed_states(seeds[part])
-            gc_hi, gc_lo = brng.mul128(inc_hi, inc_lo, self.factor2)
-            hi, lo = brng.advance(s_hi, s_lo, inc_hi, inc_lo)  # output 0 = stream[0, 0]; then every second one
-            for k in range(T):
-                out[part, k] = brng.to_double(brng.output(hi, lo))
-                if k + 1 < T:
-                    hi, lo = brng.mul128(hi, lo, self.mult2)
-                    hi, lo = brng.add128(hi, lo, gc_hi, gc_lo)
-        return out
+@numba.njit(cache=True, nogil=True)
+def _advance_rows(actions, start_task, act, u, state, tables, sizes, reward, level, end_code, ended, truncated):
+    """Advance every sub-env one step, row by row (compiled). A row with ``start_task[i] != _GO_ON`` starts
+    the next episode of its sequence (task row ``start_task[i]``, or the drawn one if ``_DRAWN``); when
+    ``act``, the other rows act under the tabulated rules of the single env (``Episode.call``), filling reward, level,
+    end_code, ended and truncated. The loop body makes no calls: this is the vector env's hot path."""
+    queue_task, queue_key, cursor, episode_key, ints, ints_start, tc, tc_init, mask, obs, init_obs = state
+    (status_of, kind_table, dep_idx, p_table, unmet_table, end_table, step_table, failures_table,
+     consecutive_table, pos_bit_table, out_mask, next_obs, next_of_bits, grade_table, finished_mask) = tables
+    n, T, strict, status_at, progress_at, step_at, failures_at, consecutive_at = sizes
+    for i in range(start_task.shape[0]):
+        task = start_task[i]
+        if task != _GO_ON:  # a new episode: the next of the row's sequence
+            c = cursor[i]
+            cursor[i] = c + 1
+            if task == _DRAWN:
+                task = queue_task[i, c]
+            episode_key[i] = queue_key[i, c]
+            for j in range(ints.shape[1]):  # element loops: faster than slice assignment here
+                ints[i, j] = ints_start[task, j]
+            for j in range(tc.shape[1]):
+                tc[i, j] = tc_init[j]
+            for j in range(mask.shape[1]):
+                mask[i, j] = 1
+            for j in range(obs.shape[1]):
+                obs[i, j] = init_obs[task, j]
+            continue
+        if not act:
+            continue
+        t = actions[i]
+        finish = t == n
+        code = 0
+        if finish:
+            code = FINISHED_CODE
+        elif ints[i, _TURNS] >= T:
+            code = OUT_OF_TURNS_CODE
+            truncated[i] = True
+        else:  # a tool call, as Episode.call
+            before = tc[i, t]
+            success = failed = False
+            new = before
+            if not before & _SUCCEEDED:  # else a replay: costs the turn, changes nothing else
+                calls = before & _CALLS
+                live = calls < ints[i, _MAX_CALLS]  # under the call cap
+                p_index = ints[i, _N_FAILURES]
+                for j in range(dep_idx.shape[1]):
+                    p_index += kind_table[j, tc[i, dep_idx[t, j]]]
+                unmet = unmet_table[p_index]
+                draw = live and not (strict and unmet)
+                success = draw and u[i] < p_table[p_index]
+                failed = not success
+                if draw:
+                    ints[i, _DRAWS] += 1
+                problem = failed and live and unmet  # a failure with unmet dependencies (not a capped call)
+                new = calls + live + _SUCCEEDED * success + _DEPENDENCY_PROBLEM * problem
+                tc[i, t] = new
+                if success or calls + live >= ints[i, _MAX_CALLS]:
+                    mask[i, t] = 0
+            block = status_at + N_STATUS * t
+            obs[i, block + status_of[before]] = 0.0
+            obs[i, block + status_of[new]] = 1.0
+            turns = ints[i, _TURNS] + 1
+            ints[i, _TURNS] = turns
+            if turns == T:
+                for j in range(n):
+                    mask[i, j] = 0
+            if failed:
+                ints[i, _N_FAILURES] += 1
+                consecutive = ints[i, _CONSECUTIVE] + 1
+                streak = ints[i, _STREAK] + 1 if t == ints[i, _LAST_TOOL] else 1
+                code = end_table[consecutive * (T + 1) + streak]
+                ints[i, _CONSECUTIVE], ints[i, _STREAK], ints[i, _LAST_TOOL] = consecutive, streak, t
+            elif success:
+                ints[i, _CONSECUTIVE], ints[i, _STREAK], ints[i, _LAST_TOOL] = 0, 0, t
+                cell = ints[i, _TASK_TOOLS] + t
+                if out_mask[cell]:
+                    ints[i, _OUTPUT_DONE] = 1
+                bit = pos_bit_table[cell]
+                if bit:  # first success of a required tool (1 << its position): order, coverage, next, progress
+                    bits = ints[i, _DONE_BITS]
+                    if bits > bit:  # an earlier success at a later position
+                        ints[i, _ORDER_BROKEN] = 1
+                    bits |= bit
+                    ints[i, _DONE_BITS] = bits
+                    covered = ints[i, _COVERED] + 1
+                    ints[i, _COVERED] = covered
+                    base = ints[i, _TASK_REQ]
+                    old_offset = next_obs[base + ints[i, _NEXT_REQ]]
+                    new_next = next_of_bits[bits]
+                    ints[i, _NEXT_REQ] = new_next
+                    new_offset = next_obs[base + new_next]
+                    if old_offset >= 0:
+                        obs[i, old_offset] = 0.0
+                    if new_offset >= 0:
+                        obs[i, new_offset] = 1.0
+                    obs[i, progress_at] = covered / ints[i, _N_REQ]
+            obs[i, step_at] = step_table[turns]
+            obs[i, failures_at] = failures_table[ints[i, _N_FAILURES]]
+            obs[i, consecutive_at] = consecutive_table[ints[i, _CONSECUTIVE]]
+        if code:
+            g = grade_table[ints[i, _GRADE_BASE] + ints[i, _COVERED] * 16 + ints[i, _ORDER_BROKEN] * 8
+                            + ints[i, _OUTPUT_DONE] * 4 + finish * 2 + (code >= CONSECUTIVE_FAILURES_CODE)]
+            level[i] = g
+            reward[i] = 1.0 if g == FULL else 0.0
+            end_code[i] = code
+            ended[i] = True
+            for j in range(mask.shape[1]):
+                mask[i, j] = finished_mask[j]

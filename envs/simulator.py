@@ -2,29 +2,36 @@
 
 Every front end (planner env, text env, MCP server, harness) drives an ``Episode``; the batched vector
 env applies the same rule functions (``success_probability``, ``termination_code``, which
-``termination_reason`` names) to arrays. The episode pre-draws its uniform stream (two numbers per possible draw: success, error code), so a run is
-reproducible from its seed and the clairvoyant bound can read the same stream.
+``termination_reason`` names) to arrays. Randomness comes from the counter-based source of
+``resilibench.envs.stream``; this module fixes which draw feeds which use (docs/envs.md, "The random
+stream"):
+
+* episode of seed ``s``: the k-th drawing call reads ``uniform(s, 2k)`` (success if below the call's
+  probability) and, when it fails, ``uniform(s, 2k + 1)`` (its error code);
+* env seeded ``S``, its e-th episode since the seeding (``EnvEpisodes``): task index
+  ``below(bits(S, 2e), pool size)``, episode seed ``bits(S, 2e + 1)``;
+* run seed ``r`` of task ``t`` (``task_seed``): the env seed ``bits(r, crc32(t))``.
 """
 
 from __future__ import annotations
 
+import secrets
 import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
+from resilibench.envs import stream as rs
 from resilibench.envs.config import WorldConfig
-from resilibench.envs.evaluator import Evaluation, evaluate
+from resilibench.envs.evaluator import Evaluation, evaluate, task_tables
 from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, ToolRegistry, default_registry
-from resilibench.envs.rng import scratch_default_rng
 from resilibench.envs.tasks import Task
 
 RETRY_LIMIT_ERROR = "RETRY_LIMIT_EXCEEDED"
 
 # Tool status codes shared by observations and traces.
 NOT_ATTEMPTED, SUCCESS, FAILED, DEPENDENCY_FAILED = 0, 1, 2, 3
-STATUS_NAMES = ("NOT_ATTEMPTED", "SUCCESS", "FAILED", "DEPENDENCY_FAILED")
 
 # Why an episode ended.
 FINISHED, OUT_OF_TURNS, CONSECUTIVE_FAILURES, REPETITION_LOOP = (
@@ -37,7 +44,7 @@ FINISHED, OUT_OF_TURNS, CONSECUTIVE_FAILURES, REPETITION_LOOP = (
 
 # Codes of end reasons, for array front ends (the vector env): index into END_REASONS; 0 = still running.
 END_REASONS = (None, FINISHED, OUT_OF_TURNS, CONSECUTIVE_FAILURES, REPETITION_LOOP)
-RUNNING_CODE, FINISHED_CODE, OUT_OF_TURNS_CODE, CONSECUTIVE_FAILURES_CODE, REPETITION_LOOP_CODE = range(5)
+FINISHED_CODE, OUT_OF_TURNS_CODE, CONSECUTIVE_FAILURES_CODE, REPETITION_LOOP_CODE = range(1, 5)
 
 
 def _table_power(factor: float, exponent: np.ndarray) -> np.ndarray:
@@ -75,52 +82,82 @@ def termination_reason(consecutive_failures: int, same_tool_streak: int, rules) 
     return END_REASONS[termination_code(consecutive_failures, same_tool_streak, rules)]
 
 
-def draw_stream(rng: np.random.Generator, turn_limit: int) -> np.ndarray:
-    """The episode's uniform stream: row i = (success draw, error-code draw) of the i-th draw."""
-    return rng.random((turn_limit, 2))
+def draw_stream(seed: int, turn_limit: int) -> np.ndarray:
+    """The episode's uniform stream as an array: row k = (success draw, error-code draw) of the k-th
+    drawing call, ``uniform(seed, 2k)`` and ``uniform(seed, 2k + 1)``."""
+    k = rs.key(seed)
+    return np.array([rs.uniform(k, i) for i in range(2 * turn_limit)], dtype=np.float64).reshape(turn_limit, 2)
 
 
-def episode_seed(np_random: np.random.Generator) -> int:
-    """The seed of the next episode drawn from an env's generator (the same rule in every front end)."""
-    return int(np_random.integers(2**63 - 1))
+def env_episode(env_seed: int, episode: int, n_tasks: int) -> tuple[int, int]:
+    """(task index in a pool of ``n_tasks``, episode seed) of episode number ``episode`` (0 = the first
+    after seeding) of an env seeded ``env_seed``: ``below(bits(S, 2e), n_tasks)`` and ``bits(S, 2e + 1)``."""
+    return _episode_of_key(rs.key(env_seed), episode, n_tasks)
+
+
+def _episode_of_key(k: int, episode: int, n_tasks: int) -> tuple[int, int]:
+    return rs.below(rs.bits(k, 2 * episode), n_tasks), rs.bits(k, 2 * episode + 1)
+
+
+class EnvEpisodes:
+    """The sequence of episodes of one env (every front end resets through one): ``next(seed, n_tasks)``
+    restarts the sequence at ``seed`` when one is given (an unseeded env starts from OS entropy) and
+    returns the next (task index, episode seed) of ``env_episode``."""
+
+    def __init__(self) -> None:
+        self.env_seed: int | None = None
+        self.count = 0
+
+    def next(self, seed: int | None, n_tasks: int) -> tuple[int, int]:
+        if seed is not None or self.env_seed is None:
+            self.env_seed = secrets.randbits(64) if seed is None else int(seed) & rs.M64
+            self.count, self._key = 0, rs.key(self.env_seed)
+        self.count += 1
+        return _episode_of_key(self._key, self.count - 1, n_tasks)
 
 
 # --- per-registry and per-task tables, built once (hot-path lookups) ----------------------------------
 
 _REGISTRY_TABLES: dict[int, tuple] = {}
-_PROBABILITY_MEMO: dict = {}  # FailureModel -> {(N_u, N_f, N_h): p}
-_TASK_TABLES: dict[tuple[int, int], tuple] = {}
-_TASK_TABLES_MAX = 1 << 16
+_PROBABILITY_MEMO: dict[int, tuple] = {}  # id(FailureModel) -> (model, {(N_u, N_f, N_h): p})
+_MEMO_MAX = 1 << 16
 
 
-def registry_tables(registry: ToolRegistry) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...], tuple]:
-    """(names, dependency ids, error codes) per tool of ``registry``, cached."""
+def registry_tables(registry: ToolRegistry) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...], tuple,
+                                                     np.ndarray]:
+    """(names, dependency ids, error codes per tool, a fresh episode's action mask) of ``registry``,
+    cached; copy the mask before changing it."""
     entry = _REGISTRY_TABLES.get(id(registry))
     if entry is None or entry[0] is not registry:
         codes = tuple(t.error_codes for t in registry.tools)
-        entry = (registry, registry.names, registry.dependency_ids, codes)
+        mask = np.ones(len(registry.names) + 1, dtype=np.int8)  # tools, then the completion signal
+        entry = (registry, registry.names, registry.dependency_ids, codes, mask)
         _REGISTRY_TABLES[id(registry)] = entry
-    return entry[1], entry[2], entry[3]
+    return entry[1:]
 
 
-def task_tables(task: Task, registry: ToolRegistry) -> tuple[tuple[int, ...], dict[int, int]]:
-    """(required tool ids, position of each required tool) of ``task``, cached per task object.
-    The position dict is shared: copy it before changing it."""
-    key = (id(task), id(registry))
-    entry = _TASK_TABLES.get(key)
-    if entry is None or entry[0] is not task or entry[1] is not registry:
-        if len(_TASK_TABLES) >= _TASK_TABLES_MAX:
-            _TASK_TABLES.clear()
-        required = task.required_ids(registry)
-        entry = (task, registry, required, {t: i for i, t in enumerate(required)})
-        _TASK_TABLES[key] = entry
-    return entry[2], entry[3]
+def probability_memo(failure) -> dict:
+    """The memo {(N_u, N_f, N_h): success probability} shared by every episode of a failure model (looked
+    up by identity: hashing the model costs more than an episode start's other work)."""
+    entry = _PROBABILITY_MEMO.get(id(failure))
+    if entry is None or entry[0] is not failure:
+        if len(_PROBABILITY_MEMO) >= _MEMO_MAX:
+            _PROBABILITY_MEMO.clear()
+        entry = _PROBABILITY_MEMO[id(failure)] = (failure, {})
+    return entry[1]
 
 
 def task_seed(task_id: str, seed: int) -> int:
-    """The env seed of a run's episode of (task, run seed): every planner meets the same stream on the same
-    task and seed, and different tasks get independent streams."""
-    return int(np.random.SeedSequence([seed, zlib.crc32(task_id.encode())]).generate_state(1)[0])
+    """The env seed of a run's episode of (task, run seed), ``bits(seed, crc32(task_id))``: every planner
+    meets the same stream on the same task and seed, and different tasks get independent streams."""
+    return rs.bits(rs.key(seed), zlib.crc32(task_id.encode()))
+
+
+def run_episode_seed(task_id: str, seed: int) -> int:
+    """The episode seed that a run seeded ``seed`` meets on task ``task_id``: the first episode of an env
+    reset with ``task_seed(task_id, seed)`` and the task pinned. Every front end (``resilibench run``, the
+    harness, the MCP server, bound (ii)) plays or reads this episode, so they pair across front ends."""
+    return env_episode(task_seed(task_id, seed), 0, 1)[1]
 
 
 class CallRecord(NamedTuple):
@@ -135,9 +172,10 @@ class CallRecord(NamedTuple):
     replayed: bool = False
 
     def to_dict(self) -> dict:
-        data = self._asdict()
-        data["unmet_dependencies"] = list(self.unmet_dependencies)
-        return data
+        """The record as a JSON-friendly dict (the form of ``info["trace"]`` entries in every env)."""
+        tool, success, error_code, turn, probability, unmet, replayed = self
+        return {"tool": tool, "success": success, "error_code": error_code, "turn": turn,
+                "probability": probability, "unmet_dependencies": list(unmet), "replayed": replayed}
 
 
 @dataclass
@@ -147,7 +185,7 @@ class Episode:
     task: Task
     config: WorldConfig
     registry: ToolRegistry
-    stream: np.ndarray
+    seed: int
     success_rate: float = 0.0  # running success rate, read only by the training profile
     calls: list[int] = field(init=False)
     status: list[int] = field(init=False)
@@ -165,37 +203,48 @@ class Episode:
     evaluation: Evaluation | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        names, dependency_ids, error_codes = registry_tables(self.registry)
+        names, dependency_ids, error_codes, mask = registry_tables(self.registry)
         n = len(names)
-        self.action_mask = np.ones(n + 1, dtype=np.int8)  # tools, then the completion signal
+        self.action_mask = mask.copy()
         self.calls = [0] * n
         self.status = [NOT_ATTEMPTED] * n
         self.succeeded = [False] * n
-        self.required, position = task_tables(self.task, self.registry)
-        self.required_position = dict(position)
-        self.max_calls = 1 + self.task.max_retries
+        self.required, self.required_position, _, self.max_calls = task_tables(self.task, self.registry)
         # Hot-path constants (the config is frozen; the registry is read-only).
         rules = self.config.rules
         self._names, self._dependency_ids, self._error_codes, self._n_tools = names, dependency_ids, error_codes, n
         self._rules, self._turn_limit = rules, rules.turn_limit
         self._strict, self._training = rules.strict_dependencies, rules.profile == "training"
-        self._probabilities = _PROBABILITY_MEMO.setdefault(self.config.failure, {})
+        self._probabilities = probability_memo(self.config.failure)
+        self._key = rs.key(self.seed)
+        self._stream: np.ndarray | None = None  # set once ``stream`` is read or replaced
 
     @classmethod
     def start(
         cls,
         task: Task,
-        seed: int | np.random.Generator | None = None,
+        seed: int | None = None,
         config: WorldConfig | None = None,
         registry: ToolRegistry | None = None,
         success_rate: float = 0.0,
     ) -> Episode:
-        """Begin an episode; its whole random stream comes from ``seed``."""
-        config = config or WorldConfig()
-        # ``scratch_default_rng(seed)`` is ``np.random.default_rng(seed)`` without the SeedSequence cost.
-        rng = seed if isinstance(seed, np.random.Generator) else scratch_default_rng(seed)
-        return cls(task, config, registry or default_registry(), draw_stream(rng, config.rules.turn_limit),
-                   success_rate)
+        """Begin an episode; its whole random stream comes from ``seed`` (an int, taken modulo 2**64;
+        None: OS entropy)."""
+        seed = secrets.randbits(64) if seed is None else int(seed) & rs.M64
+        return cls(task, config or WorldConfig(), registry or default_registry(), seed, success_rate)
+
+    @property
+    def stream(self) -> np.ndarray:
+        """The episode's draws as a (turn limit, 2) array, ``draw_stream(seed, turn limit)``. Reading it
+        fixes it: the episode then draws from this array, so writing into it (or assigning another
+        array) changes what later calls draw; the bounds and their tests branch episodes that way."""
+        if self._stream is None:
+            self._stream = draw_stream(self.seed, self._turn_limit)
+        return self._stream
+
+    @stream.setter
+    def stream(self, value: np.ndarray) -> None:
+        self._stream = value
 
     # --- queries -------------------------------------------------------------------------------------
 
@@ -293,7 +342,8 @@ class Episode:
             return self._record_failure(tool_id, record, dependency_problem=True)
         p = self.probability(tool_id)
         draw = self.draws_used
-        u_success = self.stream.item(draw, 0)
+        stream = self._stream
+        u_success = rs.uniform(self._key, 2 * draw) if stream is None else stream.item(draw, 0)
         self.draws_used = draw + 1
         calls[tool_id] += 1
         if u_success < p:
@@ -302,7 +352,8 @@ class Episode:
             self._record_success(tool_id)
             return record
         codes = self._error_codes[tool_id]
-        code = codes[min(int(self.stream.item(draw, 1) * len(codes)), len(codes) - 1)]
+        u_code = rs.uniform(self._key, 2 * draw + 1) if stream is None else stream.item(draw, 1)
+        code = codes[min(int(u_code * len(codes)), len(codes) - 1)]
         record = CallRecord(name, False, code, turn, p, unmet_names)
         return self._record_failure(tool_id, record, dependency_problem=bool(unmet_names))
 

@@ -11,10 +11,10 @@ import numpy as np
 from gymnasium import spaces
 
 from resilibench.envs.config import WorldConfig
-from resilibench.envs.planner_env import make_world_config, select_tasks, task_by_id
+from resilibench.envs.planner_env import choose_task, make_world_config, select_tasks
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import ShapedRewarder
-from resilibench.envs.simulator import Episode, episode_seed
+from resilibench.envs.simulator import EnvEpisodes, Episode
 from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task
 from resilibench.envs.toolbox import (
     SEARCH_METHODS,
@@ -200,6 +200,7 @@ class ResiliBenchTextEnv(gym.Env):
         self.action_space = spaces.Text(max_length, min_length=0, charset=CHARSET)
         self.observation_space = spaces.Text(max_length, min_length=0, charset=CHARSET)
         self.episode: Episode | None = None
+        self._episodes = EnvEpisodes()
         self.task: Task | None = None
         self.prompt = None  # the Prompt of the episode (text, variant, plan, injection, plan_style)
         self.messages: list[dict[str, str]] = []
@@ -226,11 +227,7 @@ class ResiliBenchTextEnv(gym.Env):
             _check_option("workflow", settings["workflow"], Workflow)
             _check_option("shown_prompt", shown, Prompt)
         super().reset(seed=seed)
-        if task_id is not None:
-            task = task_by_id(self.tasks, task_id, self.world)
-        else:
-            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        seed_of_episode = episode_seed(self.np_random)
+        task, seed_of_episode = choose_task(self.tasks, self._episodes, seed, {"task_id": task_id}, self.world)
         prompt = shown or build_prompt(
             task, settings["prompt"], flaw_type=settings["flaw_type"], severity=settings["severity"],
             seed=flaw_seed(seed_of_episode), plan_style=settings["plan_style"], workflow=settings["workflow"],

@@ -14,6 +14,7 @@ from resilibench.envs.config import WorldConfig
 from resilibench.envs.observation import N_TASK_FEATURES, task_features
 from resilibench.envs.planner_env import choose_task, discrete_action, select_tasks
 from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
+from resilibench.envs.simulator import EnvEpisodes
 from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task
 from resilibench.metrics.structural import chain_f1, reachability_f1
 from resilibench.metrics.workflow import Node, Workflow
@@ -138,6 +139,7 @@ class WorkflowGenEnv(gym.Env):
         self.config = config or WorldConfig.for_world(world)
         self.registry = registry or default_registry()
         self.tasks = select_tasks(tasks, split, task_types, world)
+        self._episodes = EnvEpisodes()
         self.w_exec, self.w_struct = float(w_exec), float(w_struct)
         self.max_nodes, self.max_copies = max_nodes, max_copies
         self.max_steps = max_steps if max_steps is not None else max_nodes + max_nodes * (max_nodes - 1) // 2 + 1
@@ -159,7 +161,7 @@ class WorkflowGenEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        task = choose_task(self.tasks, self.np_random, options, self.world)
+        task, _ = choose_task(self.tasks, self._episodes, seed, options, self.world)
         self.task = task
         self.nodes: list[int] = []
         self.edges: list[tuple[int, int]] = []

@@ -29,9 +29,14 @@ from typing import NamedTuple
 import numpy as np
 
 from resilibench.envs.config import EpisodeRules, FailureModel, WorldConfig
-from resilibench.envs.planner_env import ResiliBenchEnv
 from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
-from resilibench.envs.simulator import Episode, success_probability, task_seed, termination_reason
+from resilibench.envs.simulator import (
+    Episode,
+    draw_stream,
+    run_episode_seed,
+    success_probability,
+    termination_reason,
+)
 from resilibench.envs.tasks import Task, dependency_sort
 from resilibench.metrics.workflow import Node, Workflow
 from resilibench.policies.base import Planner
@@ -385,14 +390,11 @@ def optimal_success(task: Task, config: WorldConfig | None = None) -> float:
 
 def clairvoyant_success(task: Task, seeds: Sequence[int], config: WorldConfig | None = None) -> float:
     """Bound (ii) averaged over the streams that a run's episodes of ``task`` meet for run seeds ``seeds``
-    (``ResiliBench-v0`` reset with ``task_seed(task_id, seed)``, as ``policies.runner`` does)."""
+    (``simulator.run_episode_seed``, as ``policies.runner`` plays them)."""
     config = config or WorldConfig()
     bound = exact_bound(task, config)
-    env = ResiliBenchEnv(tasks=[task], split=None, config=config)
-    hits = []
-    for seed in seeds:
-        env.reset(seed=task_seed(task.instance_id, seed), options={"task_id": task.instance_id})
-        hits.append(bound.clairvoyant(env.episode.stream))
+    turn_limit = config.rules.turn_limit
+    hits = [bound.clairvoyant(draw_stream(run_episode_seed(task.instance_id, seed), turn_limit)) for seed in seeds]
     return float(np.mean(hits)) if hits else float("nan")
 
 

@@ -59,7 +59,7 @@ def run_episode(env: ResiliBenchEnv, planner: Planner, task: Task, seed: int) ->
         "failed_calls": episode.n_failures,
         "coverage": info["evaluation"].coverage,
         "return": total_reward,
-        "tools": [r.tool for r in info["trace"]],
+        "tools": [r["tool"] for r in info["trace"]],
     }
 
 

@@ -243,7 +243,7 @@ def test_executor_observation_follows_the_plan(tasks):
             env.step(int(hint[0]) if len(hint) else FINISH)
         single.reset(seed=seed)
         PlanFollower(env.plan).play(single.episode)
-        assert env.infos[EXECUTOR]["trace"] == tuple(single.episode.trace)
+        assert env.infos[EXECUTOR]["trace"] == [r.to_dict() for r in single.episode.trace]
 
 
 def test_zero_sum_rewards(tasks):

@@ -20,7 +20,7 @@ def rollout(env, seed, policy_seed=0, options=None):
         obs, reward, terminated, truncated, info = env.step(int(rng.choice(legal)))
         steps.append((obs, reward))
         done = terminated or truncated
-    return [(r.tool, r.success, r.error_code) for r in info["trace"]], info["level"], steps
+    return [(r["tool"], r["success"], r["error_code"]) for r in info["trace"]], info["level"], steps
 
 
 def test_check_env_passes():
@@ -35,7 +35,7 @@ def test_spaces_and_info():
     assert obs.dtype == np.float32 and obs.shape == (ObservationLayout(30).size,)
     assert env.observation_space.contains(obs)
     assert info["action_mask"].dtype == np.int8 and info["action_mask"].shape == (31,)
-    assert info["trace"] == () and "level" not in info
+    assert info["trace"] == [] and "level" not in info
 
 
 def test_same_seed_same_trace_across_instances_and_repeats():
@@ -87,7 +87,7 @@ def test_full_success_pays_one():
                     break
                 obs, r, term, trunc, info = env.step(env.unwrapped.registry.id_of(tool))
                 total += r
-                if term or info["trace"][-1].success:
+                if term or info["trace"][-1]["success"]:
                     break
             if term:
                 break
@@ -165,7 +165,7 @@ def test_numpy_integer_actions_are_accepted(good):
     env = gym.make("ResiliBench-v1")
     env.reset(seed=0)
     info = env.step(good)[4]
-    assert info["trace"][-1].tool == env.unwrapped.registry.names[2]
+    assert info["trace"][-1]["tool"] == env.unwrapped.registry.names[2]
 
 
 def test_render_ansi():
