@@ -39,7 +39,7 @@ def _load(tmp_path, text: str, suffix: str = ".yaml") -> WorldConfig:
         ("failure:\n  base_success:\n", "failure.base_success must be a finite number, got None"),
         ("rules:\n  turn_limit: 10.0\n", "rules.turn_limit must be an integer"),
         ("rules:\n  turn_limit: 0\n", "rules.turn_limit must be an integer in [1, 1000]"),
-        ("rules:\n  turn_limit: 1000000000\n", "in [1, 1000] (an episode draws its random stream"),
+        ("rules:\n  turn_limit: 1000000000\n", "in [1, 1000] (the batched env tabulates every call count"),
         ("rules:\n  strict_dependencies: 'yes'\n", "rules.strict_dependencies must be true or false"),
         ("rules:\n  strict_dependencies: 1\n", "rules.strict_dependencies must be true or false"),
         ("rules:\n  profile: fast\n", "rules.profile must be one of ('test', 'training')"),
