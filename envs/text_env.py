@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import string
 from collections.abc import Sequence
 from typing import Any
@@ -17,14 +19,21 @@ from resilibench.envs.rewards import ShapedRewarder
 from resilibench.envs.simulator import Episode, episode_seed
 from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task
 from resilibench.envs.toolbox import (
+    INFO_FUNCTION,
+    PROTOCOLS,
+    SEARCH_FUNCTION,
     SEARCH_METHODS,
+    WORDINGS,
     ParsedMessage,
     UnknownToolError,
     call_tool,
+    call_with_arguments,
     describe_text,
     describe_tool,
     end_text,
     feedback_text,
+    function_schemas,
+    message_completes,
     parse_message,
     progress_text,
     search_text,
@@ -37,7 +46,8 @@ from resilibench.metrics.workflow import Workflow
 CHARSET = (frozenset(string.printable) | frozenset(map(chr, range(0xA0, 0x100)))
            | frozenset("\u2013\u2014\u2018\u2019\u201c\u201d\u2026\u2022\u2192"))
 RESET_OPTIONS = ("task_id", "prompt", "flaw_type", "severity", "plan_style", "workflow", "shown_prompt")
-TRUNCATION_MARK = "\n[... truncated]"
+TRUNCATION_MARK = "\n[... {n} characters cut ...]\n"
+TAIL_CHARS = 1000  # a text cut to fit keeps its last TAIL_CHARS characters (the progress line is there)
 # The work of one message is capped, whatever its length: at most MAX_REQUESTS searches and info requests
 # are answered (in order; the rest are counted as not answered), and a search query is cut to
 # MAX_QUERY_CHARS characters (MiniLM reads at most 256 word pieces of it anyway).
@@ -50,6 +60,11 @@ REMINDER = (
     "- <tool_info>tool_name</tool_info> to read a tool's parameters\n"
     '- <tool_call>tool_name {"argument": "value"}</tool_call> to run one tool (arguments optional)\n'
     "When every step is done, say \"task completed\"."
+)
+
+TOOLS_REMINDER = (
+    "No tool call found in your message. Call tool_search to find tools, tool_info to read a tool's "
+    "parameters, or one of the tools to run it (one tool call per message)."
 )
 
 
@@ -175,7 +190,13 @@ class ResiliBenchTextEnv(gym.Env):
         search: str = "auto",
         matcher: str = "auto",
         world: str = DEFAULT_WORLD,
+        protocol: str = "tags",
+        wording: str = "plain",
     ):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+        if wording not in WORDINGS:
+            raise ValueError(f"wording must be one of {WORDINGS}, got {wording!r}")
         if split is not None and split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -191,6 +212,9 @@ class ResiliBenchTextEnv(gym.Env):
         self.world = world
         self.config = make_world_config(config, turn_limit, strict_dependencies, None, world)
         self.registry = registry or default_registry()
+        self.protocol, self.wording = protocol, wording
+        # The function schemas offered to a model of the tools protocol (None with tags).
+        self.tools = function_schemas(self.registry) if protocol == "tools" else None
         self.tasks = select_tasks(tasks, split, task_types, world)
         self.prompt_defaults = {"prompt": prompt, "flaw_type": flaw_type, "severity": severity,
                                 "plan_style": plan_style, "workflow": None}
@@ -202,7 +226,7 @@ class ResiliBenchTextEnv(gym.Env):
         self.episode: Episode | None = None
         self.task: Task | None = None
         self.prompt = None  # the Prompt of the episode (text, variant, plan, injection, plan_style)
-        self.messages: list[dict[str, str]] = []
+        self.messages: list[dict[str, Any]] = []
         self._parsed: ParsedMessage | None = None
         self._injection: dict[str, Any] | None = None  # the prompt's flaw injection as a dict
         # The running full-success rate read by the training profile, kept as ResiliBench-v0 keeps it.
@@ -234,7 +258,8 @@ class ResiliBenchTextEnv(gym.Env):
         prompt = shown or build_prompt(
             task, settings["prompt"], flaw_type=settings["flaw_type"], severity=settings["severity"],
             seed=flaw_seed(seed_of_episode), plan_style=settings["plan_style"], workflow=settings["workflow"],
-            config=self.config, registry=self.registry, matcher=self.matcher,
+            config=self.config, registry=self.registry, matcher=self.matcher, protocol=self.protocol,
+            wording=self.wording,
         )
         self.task, self.prompt = task, prompt
         self._injection = None if prompt.injection is None else prompt.injection.to_dict()
@@ -245,7 +270,7 @@ class ResiliBenchTextEnv(gym.Env):
         self.messages = [{"role": "user", "content": observation}]
         if self.render_mode == "human":
             print(_blocks(self.messages))
-        return observation, self._info()
+        return observation, self.info()
 
     def step(self, action):
         episode = self.episode
@@ -253,38 +278,41 @@ class ResiliBenchTextEnv(gym.Env):
             raise RuntimeError("call reset() before step()")
         if episode.done:
             raise RuntimeError("episode has ended; call reset()")
-        if not isinstance(action, str):
-            raise ValueError(f"action must be a string (an assistant message), got {type(action).__name__}")
-        parsed = self._parsed = parse_message(action, self.config.evaluator)
+        parsed, assistant, ids = self._read(action)
+        self._parsed = parsed
         truncated = False
+        parts: list[tuple[Any, str]] = []  # (request key or None, text)
         if episode.turns_left == 0:
-            parts = ["No turns left: the tool call was not executed."] if parsed.calls else []
+            if parsed.calls:
+                parts.append((None, "No turns left: the tool call was not executed."))
             if parsed.completes:
                 episode.finish()
             else:
                 episode.end_out_of_turns()
                 truncated = True
-                parts.append("No turns left and no completion signal.")
+                parts.append((None, "No turns left and no completion signal."))
         elif parsed.completes and not parsed.has_tags:
             episode.finish()  # the completion signal alone costs no turn, as FINISH in ResiliBench-v0
-            parts = []
         else:
             parts = self._play(parsed)
             if parsed.completes and not episode.done:
                 episode.finish()
             elif not episode.done and episode.turns_left == 0:
-                parts.append("No turns left: reply \"task completed\" to finish, or the episode ends unfinished.")
-        if episode.done:
-            parts.append(end_text(episode))
-        observation = self._fit("\n\n".join(parts))
-        self.messages += [{"role": "assistant", "content": action}, {"role": "user", "content": observation}]
+                parts.append((None, "No turns left: reply \"task completed\" to finish, or the episode ends "
+                                    "unfinished."))
+        end = end_text(episode) if episode.done else None
+        if end is not None and not any(end in text for _, text in parts):  # a call's feedback may hold it
+            parts.append((None, end))
+        replies = self._replies(parts, ids)
+        self.messages += [assistant, *replies]
+        observation = "\n\n".join(m["content"] for m in replies)
         evaluation = episode.evaluation
         full = evaluation is not None and evaluation.level == "full_success"
         if evaluation is not None:
             self._success_tracker.recent.append(full)
         if self.render_mode == "human":
-            print(_blocks(self.messages[-2:]))
-        return observation, 1.0 if full else 0.0, episode.done and not truncated, truncated, self._info()
+            print(_blocks([assistant, *replies]))
+        return observation, 1.0 if full else 0.0, episode.done and not truncated, truncated, self.info()
 
     def render(self):
         if self.render_mode == "ansi":
@@ -301,21 +329,56 @@ class ResiliBenchTextEnv(gym.Env):
             return "(not reset)"
         return _blocks(self.messages)
 
-    def _play(self, parsed: ParsedMessage) -> list[str]:
+    def _read(self, action: Any) -> tuple[ParsedMessage, dict[str, Any], dict[tuple[str, int], str]]:
+        """(what the message asks, the assistant message as kept in ``messages``, the tool call id of each
+        request). Tags: a string whose tags are read. Tools: an assistant message with ``tool_calls``
+        (or a string, a message without calls) whose ``content`` is read for completion only."""
+        if self.protocol == "tags":
+            if not isinstance(action, str):
+                raise ValueError(f"action must be a string (an assistant message), got {type(action).__name__}")
+            return parse_message(action, self.config.evaluator), {"role": "assistant", "content": action}, {}
+        return read_tool_calls(action, self.config.evaluator, f"call_{self.episode.turns_used}")
+
+    def _replies(self, parts: list[tuple[Any, str]], ids: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
+        """The feedback messages: with tags one user message; with tools one tool message per tool call
+        (its requests' answers; the message-wide parts go to the last one) or a user message when the
+        assistant made no call."""
+        if self.protocol == "tags":
+            return [{"role": "user", "content": self._fit("\n\n".join(text for _, text in parts))}]
+        answers: dict[Any, list[str]] = {key: [] for key in ids}
+        general = []
+        for key, text in parts:
+            (answers[key] if key is not None else general).append(text)
+        replies = [{"role": "tool", "tool_call_id": call_id, "content": "\n\n".join(answers[key]) or "Not executed."}
+                   for key, call_id in ids.items()]
+        if replies and general:
+            replies[-1]["content"] += "\n\n" + "\n\n".join(general)
+        elif general or not replies:
+            replies.append({"role": "user", "content": "\n\n".join(general)})
+        for reply in replies:
+            reply["content"] = self._fit(reply["content"])
+        return replies
+
+    def _play(self, parsed: ParsedMessage) -> list[tuple[Any, str]]:
         """Answer a message's searches and info requests, run its first tool call (or spend the turn
-        when it has none) and return the feedback parts."""
+        when it has none) and return the feedback parts, each keyed by its request (None: the message's)."""
         episode, parts = self.episode, []
-        requests = [("search", q) for q in parsed.searches] + [("info", n) for n in parsed.infos]
-        if len(requests) > MAX_REQUESTS:  # said first, so that a cut of the feedback never hides it
-            parts.append(f"Only {MAX_REQUESTS} searches and info requests are answered per message: "
-                         f"{len(requests) - MAX_REQUESTS} not answered.")
-        for kind, text in requests[:MAX_REQUESTS]:
-            parts.append(self._search(text) if kind == "search" else self._tool_info(text))
+        requests = ([(("search", i), q) for i, q in enumerate(parsed.searches)]
+                    + [(("info", i), n) for i, n in enumerate(parsed.infos)])
+        unanswered = requests[MAX_REQUESTS:]
+        if unanswered and self.protocol == "tags":  # said first, so that a cut of the feedback never hides it
+            parts.append((None, f"Only {MAX_REQUESTS} searches and info requests are answered per message: "
+                                f"{len(unanswered)} not answered."))
+        for key, text in requests[:MAX_REQUESTS]:
+            parts.append((key, self._search(text) if key[0] == "search" else self._tool_info(text)))
+        if self.protocol == "tools":
+            parts += [(key, f"Not answered: at most {MAX_REQUESTS} searches and info requests are answered "
+                            "per message.") for key, _ in unanswered]
         if not parsed.calls:
             episode.spend_turn()
             if not parsed.has_tags:
-                parts.append(REMINDER)
-            parts.append(progress_text(episode))
+                parts.append((None, REMINDER if self.protocol == "tags" else TOOLS_REMINDER))
+            parts.append((None, progress_text(episode)))
             return parts
         call = parsed.calls[0]
         try:
@@ -326,12 +389,14 @@ class ResiliBenchTextEnv(gym.Env):
             problem = None if result is not None else f"Tool call not executed: {call.problem}"
         if result is None:
             episode.spend_turn()
-            parts += [problem, progress_text(episode)]
+            parts += [(("call", 0), problem), (None, progress_text(episode))]
         else:
-            parts.append(feedback_text(result, episode))
-        if len(parsed.calls) > 1:
+            parts.append((("call", 0), feedback_text(result, episode)))
+        if len(parsed.calls) > 1 and self.protocol == "tags":
             skipped = ", ".join(c.name or "(no name)" for c in parsed.calls[1:])
-            parts.append(f"Only one tool call per turn: not executed: {skipped}.")
+            parts.append((None, f"Only one tool call per turn: not executed: {skipped}."))
+        elif len(parsed.calls) > 1:
+            parts += [(("call", i), "Not executed: only one tool call per turn.") for i in range(1, len(parsed.calls))]
         return parts
 
     def _search(self, query: str) -> str:
@@ -353,11 +418,15 @@ class ResiliBenchTextEnv(gym.Env):
         """``text`` within the observation space: at most ``max_length`` characters of the charset."""
         if not CHARSET.issuperset(text):
             text = "".join(c if c in CHARSET else "?" for c in text)
-        if len(text) > self.max_length:
-            text = text[: self.max_length - len(TRUNCATION_MARK)] + TRUNCATION_MARK
+        if len(text) > self.max_length:  # cut in the middle: the end holds progress and turns left
+            tail = min(TAIL_CHARS, self.max_length // 4)
+            head = self.max_length - len(TRUNCATION_MARK.format(n=len(text))) - tail
+            mark = TRUNCATION_MARK.format(n=len(text) - head - tail)
+            text = text[:head] + mark + text[len(text) - tail:]
         return text
 
-    def _info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, Any]:
+        """The info dict of the current state (what reset and step return)."""
         episode, prompt = self.episode, self.prompt
         evaluation = episode.evaluation
         return {
@@ -376,6 +445,49 @@ class ResiliBenchTextEnv(gym.Env):
         }
 
 
+def read_tool_calls(message: Any, config: Any = None, id_prefix: str = "call"
+                    ) -> tuple[ParsedMessage, dict[str, Any], dict[tuple[str, int], str]]:
+    """Read an assistant message of the tools protocol (a string is a message without calls): its
+    ``tool_search``/``tool_info`` calls and tool calls, in order, and the completion signal of its content.
+    Returns (parsed, the message as kept, the tool call id of each request key). An empty arguments
+    object is no arguments (the call is played as is, as a tag call without JSON); ValueError for a
+    message that is neither a string nor an assistant message."""
+    if isinstance(message, str):
+        message = {"role": "assistant", "content": message}
+    if not isinstance(message, dict) or not isinstance(message.get("content") or "", str) \
+            or not isinstance(message.get("tool_calls") or [], list):
+        raise ValueError("action must be a string or an assistant message {'role': 'assistant', 'content': str, "
+                         f"'tool_calls': [...]}}, got {message!r:.200}")
+    content = message.get("content") or ""
+    searches, infos, calls, ids, kept = [], [], [], {}, []
+    for j, raw in enumerate(message.get("tool_calls") or []):
+        raw = raw if isinstance(raw, dict) else {}
+        function = raw.get("function") if isinstance(raw.get("function"), dict) else raw
+        name = function.get("name") if isinstance(function.get("name"), str) else ""
+        arguments = function.get("arguments")
+        call = call_with_arguments(name.strip(), arguments)
+        if call.arguments == {}:
+            call = dataclasses.replace(call, arguments=None)
+        values = call.arguments or {}
+        if call.name == SEARCH_FUNCTION:
+            key = ("search", len(searches))
+            searches.append(str(values.get("query", "")))
+        elif call.name == INFO_FUNCTION:
+            key = ("info", len(infos))
+            infos.append(str(values.get("name", "")))
+        else:
+            key = ("call", len(calls))
+            calls.append(call)
+        ids[key] = str(raw.get("id") or f"{id_prefix}_{j}")
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
+        kept.append({"id": ids[key], "type": "function", "function": {"name": name, "arguments": text}})
+    parsed = ParsedMessage(tuple(searches), tuple(infos), tuple(calls), message_completes(content, config))
+    assistant: dict[str, Any] = {"role": "assistant", "content": content}
+    if kept:
+        assistant["tool_calls"] = kept
+    return parsed, assistant, ids
+
+
 def _check_option(name: str, value: Any, cls: type) -> None:
     """A reset option that must be a ``cls`` or None; ``ValueError`` naming it otherwise."""
     if value is not None and not isinstance(value, cls):
@@ -383,6 +495,10 @@ def _check_option(name: str, value: Any, cls: type) -> None:
                          f"got {type(value).__name__}")
 
 
-def _blocks(messages: list[dict[str, str]]) -> str:
-    """Chat messages as text, one block per message."""
-    return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
+def _blocks(messages: list[dict[str, Any]]) -> str:
+    """Chat messages as text, one block per message (tool calls as ``name(arguments)`` lines)."""
+    blocks = []
+    for m in messages:
+        calls = [f"{c['function']['name']}({c['function']['arguments']})" for c in m.get("tool_calls", ())]
+        blocks.append("\n".join([f"[{m['role']}]", *([m["content"]] if m["content"] else []), *calls]))
+    return "\n\n".join(blocks)
