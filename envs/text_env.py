@@ -55,11 +55,11 @@ MAX_REQUESTS = 5
 MAX_QUERY_CHARS = 2000
 
 REMINDER = (
-    "No tool request found in your message. Use exactly one of:\n"
-    "- <tool_search>what you need</tool_search> to find tools\n"
-    "- <tool_info>tool_name</tool_info> to read a tool's parameters\n"
-    '- <tool_call>tool_name {"argument": "value"}</tool_call> to run one tool (arguments optional)\n'
-    "When every step is done, say \"task completed\"."
+    "No tool request found in your message. Write one of these, with your own text in place of the dots:\n"
+    "- <tool_search>...</tool_search> to find tools for what you need\n"
+    "- <tool_info>...</tool_info> to read a tool's parameters (its name in place of the dots)\n"
+    "- <tool_call>...</tool_call> to run one tool: its name, then optionally its arguments as a JSON object\n"
+    "The progress line below says how much of the task is left."
 )
 
 TOOLS_REMINDER = (
@@ -363,8 +363,15 @@ class ResiliBenchTextEnv(gym.Env):
         """Answer a message's searches and info requests, run its first tool call (or spend the turn
         when it has none) and return the feedback parts, each keyed by its request (None: the message's)."""
         episode, parts = self.episode, []
-        requests = ([(("search", i), q) for i, q in enumerate(parsed.searches)]
-                    + [(("info", i), n) for i, n in enumerate(parsed.infos)])
+        requests, repeated, seen = [], [], set()  # identical requests of one message are answered once
+        for key, text in ([(("search", i), q) for i, q in enumerate(parsed.searches)]
+                          + [(("info", i), n) for i, n in enumerate(parsed.infos)]):
+            same = (key[0], " ".join(text.lower().split()))
+            (repeated if same in seen else requests).append((key, text))
+            seen.add(same)
+        if self.protocol == "tools":
+            parts += [(key, "The same request as an earlier one of this message: answered there.")
+                      for key, _ in repeated]
         unanswered = requests[MAX_REQUESTS:]
         if unanswered and self.protocol == "tags":  # said first, so that a cut of the feedback never hides it
             parts.append((None, f"Only {MAX_REQUESTS} searches and info requests are answered per message: "
@@ -402,10 +409,9 @@ class ResiliBenchTextEnv(gym.Env):
     def _search(self, query: str) -> str:
         """The answer to one ``<tool_search>`` (the query cut to ``MAX_QUERY_CHARS``)."""
         query = query[:MAX_QUERY_CHARS]
-        try:
-            return search_text(query, search_tools(query, self.search_k, self.registry, self.search), self.registry)
-        except ValueError:
-            return "Empty tool search: write <tool_search>what you need</tool_search>."
+        if not any(c.isalnum() for c in query):  # empty, or a placeholder such as "..." copied from the prompt
+            return "Empty tool search: write what you need in place of the dots of <tool_search>...</tool_search>."
+        return search_text(query, search_tools(query, self.search_k, self.registry, self.search), self.registry)
 
     def _tool_info(self, name: str) -> str:
         """The answer to one ``<tool_info>``."""

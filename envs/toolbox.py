@@ -236,10 +236,13 @@ def _clean(content: str) -> str:
     return _FENCE.sub("", content).strip().strip("`").strip()
 
 
-def _load_json(text: str) -> tuple[Any, str | None]:
-    """(value, None) for valid JSON, else (None, what was wrong). Numbers past Python's integer-digit
-    limit and nesting past the recursion limit are malformed JSON here, not exceptions."""
+def _load_json(text: str, leading: bool = False) -> tuple[Any, str | None]:
+    """(value, None) for valid JSON, else (None, what was wrong); with ``leading`` the JSON value at the
+    start of ``text``, whatever text follows it. Numbers past Python's integer-digit limit and nesting
+    past the recursion limit are malformed JSON here, not exceptions."""
     try:
+        if leading:
+            return json.JSONDecoder().raw_decode(text)[0], None
         return json.loads(text), None
     except json.JSONDecodeError as exc:
         return None, f"malformed JSON arguments ({exc.msg} at position {exc.pos})"
@@ -264,19 +267,23 @@ def call_with_arguments(name: str, arguments: Any) -> ToolCall:
 
 
 def parse_call(content: str) -> ToolCall:
-    """``name``, ``name {json}``, ``name({json})`` or ``{"name": ..., "arguments": {...}}`` -> ToolCall."""
+    """``name``, ``name {json}``, ``name({json})`` or ``{"name": ..., "arguments": {...}}`` -> ToolCall.
+    Text after the JSON arguments, or prose after a name without arguments, is not part of the call."""
     content = _clean(content)
     if content.startswith("{"):
-        data, _ = _load_json(content)
+        data, _ = _load_json(content, leading=True)
         if isinstance(data, dict) and isinstance(data.get("name"), str):
             return call_with_arguments(data["name"].strip(), data.get("arguments", data.get("parameters")))
     match = _NAME.match(content)
     if not match:
         return ToolCall("", None, "no tool name: write <tool_call>tool_name {\"argument\": value}</tool_call>")
-    name, rest = match.group(0), content[match.end():].strip()
-    if rest.startswith("(") and rest.endswith(")"):
-        rest = rest[1:-1].strip()
-    return call_with_arguments(name, _clean(rest))
+    name, rest = match.group(0), _clean(content[match.end():])
+    if rest.startswith("("):
+        rest = rest[1:].strip()
+    if not rest.startswith(("{", "[")):
+        return ToolCall(name, None, None)  # no arguments (what follows the name is prose)
+    arguments, problem = _load_json(rest, leading=True)
+    return call_with_arguments(name, arguments) if problem is None else ToolCall(name, None, problem)
 
 
 def parse_message(text: str, config: EvaluatorConfig | None = None) -> ParsedMessage:
@@ -297,9 +304,22 @@ def parse_message(text: str, config: EvaluatorConfig | None = None) -> ParsedMes
     return ParsedMessage(tuple(searches), tuple(infos), tuple(calls), message_completes(text, config))
 
 
+_CODE = re.compile(r"```.*?(?:```|\Z)|`[^`\n]*`", re.DOTALL)
+_QUOTED = re.compile(r'"[^"\n]*"|\u201c[^\u201d\n]*\u201d|(?<![A-Za-z])\'[^\'\n]*\'(?![A-Za-z])')
+_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+")
+# Words that make a sentence a rule, a condition or a plan about completion rather than a statement of it.
+_NOT_A_STATEMENT = re.compile(r"\b(?:when|once|if|after|until|before|unless|say|says|saying|write|reply|respond|"
+                              r"type|indicate|signal|should|must|will|would|can|not|n't)\b", re.IGNORECASE)
+
+
 def message_completes(text: str, config: EvaluatorConfig | None = None) -> bool:
-    """Whether an assistant message states that the task is complete (a completion phrase)."""
-    return signals_completion(text, config)
+    """Whether an assistant message states, in its own words, that the task is complete: a sentence
+    with a completion phrase (``signals_completion``) outside code, backticks and quotes, that is not a
+    rule, a condition, a plan, a negation or a question ("When the task is done, say ...", "I will say
+    ...", "task complete?")."""
+    text = _QUOTED.sub(" ", _CODE.sub(" ", text))
+    return any(signals_completion(sentence, config) and not _NOT_A_STATEMENT.search(sentence)
+               and not sentence.rstrip().endswith("?") for sentence in _SENTENCE_END.split(text))
 
 
 # --- calling a tool -----------------------------------------------------------------------------------

@@ -383,7 +383,8 @@ def test_the_work_per_message_is_capped():
     obs, *_, info = env.step(searches + infos)
     assert info["turn"] == 1
     assert obs.count("Tool search results") == MAX_REQUESTS
-    assert f"Only {MAX_REQUESTS} searches and info requests are answered per message: 1995 not answered." in obs
+    # The 1000 identical info requests count once: 1001 distinct requests, 5 answered.
+    assert f"Only {MAX_REQUESTS} searches and info requests are answered per message: 996 not answered." in obs
     long_query = "read a file " * 100_000  # 1.2 MB
     obs, *_ = env.step(f"<tool_search>{long_query}</tool_search>")
     head = obs.splitlines()[0]  # Tool search results for 'read a file read a ...': file_operations_reader
@@ -469,3 +470,69 @@ def test_tools_protocol_bad_arguments_and_names():
     requests = [tool_call("tool_search", {"query": f"q{i}"}, f"s{i}") for i in range(MAX_REQUESTS + 2)]
     env.step(assistant(*requests))
     assert [m["content"].startswith("Not answered") for m in env.messages[-len(requests):]] == [False] * 5 + [True] * 2
+
+
+# --- robust reading of real models' messages (docs/text_env.md, "Reading real models") -----------------
+
+
+def protocol_section(prompt: str) -> str:
+    """The part of a prompt that explains the protocol (what an echoing model copies)."""
+    return prompt[prompt.index("Tool Search Available"):prompt.index("Instructions:")]
+
+
+def test_an_echoed_prompt_runs_nothing_costly_and_does_not_complete():
+    env = make_env([True] * 10)
+    echo = protocol_section(env.prompt.text)
+    assert 'say "task completed"' in echo  # the rule, restated: not the agent's own statement
+    obs, _, terminated, truncated, info = env.step(echo + "\n" + echo)  # echoed twice
+    assert not (terminated or truncated) and info["trace"] == [] and info["turn"] == 1
+    assert "Empty tool search" in obs and "Tool search results" not in obs and len(obs) < 1000
+    # The paper's wording writes its example searches as live tags: an echo runs every one of them.
+    paper = make_env([True] * 10, wording="paper")
+    obs, *_ = paper.step(protocol_section(paper.prompt.text))
+    assert obs.count("Tool search results") == 4 and len(obs) > 5000
+
+
+@pytest.mark.parametrize("message", [
+    '```xml\n<tool_call>\n{"name": "file_operations_reader", "arguments": {"source": "in.csv"}}\n</tool_call>\n```',
+    '<tool_call>file_operations_reader {"source": "in.csv"}\nThis loads the input; next I will validate it.',
+    '<tool_call>file_operations_reader {"source": "in.csv"} (reads the file)</tool_call> Then the validator.',
+    '<tool_call>{"name": "file_operations_reader", "arguments": {"source": "in.csv"}} and then more</tool_call>',
+    '<tool_call>file_operations_reader({"source": "in.csv"}) to read the data</tool_call>',
+])
+def test_calls_are_read_where_their_meaning_is_plain(message):
+    env = make_env([True] * 10)
+    _, _, _, _, info = env.step(message)
+    assert info["parsed"]["calls"] == [{"name": "file_operations_reader", "arguments": {"source": "in.csv"},
+                                        "problem": None}]
+    assert info["trace"][0]["success"] and not info["parsed"]["completes"]
+
+
+def test_a_name_followed_by_prose_is_a_call_without_arguments():
+    env = make_env([True] * 10)
+    _, _, _, _, info = env.step("<tool_call>file_operations_reader to load the sensor data first")
+    assert info["parsed"]["calls"] == [{"name": "file_operations_reader", "arguments": None, "problem": None}]
+
+
+@pytest.mark.parametrize(("message", "completes"), [
+    ('When the task is completed, say "task completed".', False),
+    ("I will say task completed once every step has succeeded.", False),
+    ("```\nTask completed.\n```", False),
+    ("The rule: `task completed` ends the episode.", False),
+    ("Reminder noted: reply 'task completed' when done.", False),
+    ("The task is not completed yet; task complete? Not yet.", False),
+    ("The writer succeeded. Task completed.", True),
+    ("All steps completed!", True),
+    ("<tool_call>file_operations_writer</tool_call>\nTask completed.", True),
+])
+def test_completion_is_the_agents_own_statement(message, completes):
+    env = make_env()
+    _, _, terminated, _, info = env.step(message)
+    assert info["parsed"]["completes"] is completes and terminated is completes
+
+
+def test_the_reminder_does_not_invite_quitting():
+    env = make_env()
+    obs, *_ = env.step("I am thinking about which tool to use.")
+    assert "No tool request found" in obs and "task completed" not in obs.lower()
+    assert obs.endswith("Progress: 0/5 required tools done; 9 turns left.")
