@@ -419,7 +419,11 @@ class OpenAIBackend:
 
     def generate_with_tools(self, conversations: Sequence[Sequence[Message]], config: GenerationConfig,
                             tools: Sequence[dict[str, Any]]) -> list[Message]:
-        return self._run(conversations, config, list(tools))
+        """Assistant messages with the server's ``tool_calls``; a server that hands the model's
+        ``<tool_call>`` blocks back as text (llama-cpp-python with a GGUF's own chat template) has them
+        read with ``parse_tool_calls``."""
+        return map_answers(lambda m: m if "tool_calls" in m else parse_tool_calls(m["content"]),
+                           lambda: self._run(conversations, config, list(tools)))
 
     def _run(self, conversations: Sequence[Sequence[Message]], config: GenerationConfig,
              tools: list[dict[str, Any]] | None) -> list[Message]:

@@ -246,6 +246,9 @@ def test_vllm_backend_batches_greedy_generation(tmp_path):
     if stop.strip():
         stopped = backend.generate(CONVERSATIONS[:1], GenerationConfig(max_new_tokens=16, stop=(stop,)))[0]
         assert stopped == full[: full.find(stop)]
+    messages = backend.generate_with_tools([TOOL_CONVERSATION, CONVERSATIONS[0]], GREEDY, TOOLS)
+    assert [m["role"] for m in messages] == ["assistant", "assistant"]
+    assert all(isinstance(m["content"], str) for m in messages)
 
 
 # --- native tool calling, failures of one conversation, Ctrl-C ----------------------------------------
@@ -322,6 +325,11 @@ def test_openai_tools_request_and_answer():
         got = OpenAIBackend(server.url, "m").generate_with_tools([TOOL_CONVERSATION], GREEDY, TOOLS)
     assert got == [{"role": "assistant", "content": "", "tool_calls": calls}]
     assert server.requests[0]["tools"] == TOOLS and server.requests[0]["messages"] == TOOL_CONVERSATION
+    # A server that returns the model's own tool-call blocks as text (llama-cpp-python's default).
+    text = 'Reading.\n<tool_call>\n{"name": "file_operations_reader", "arguments": {"source": "a.csv"}}\n</tool_call>'
+    with ChatServer(lambda body: (200, completion(text))) as server:
+        (got,) = OpenAIBackend(server.url, "m").generate_with_tools([TOOL_CONVERSATION], GREEDY, TOOLS)
+    assert got["content"] == "Reading." and got["tool_calls"][0]["function"]["arguments"] == '{"source": "a.csv"}'
 
 
 def test_ctrl_c_does_not_wait_for_a_request_in_flight():
