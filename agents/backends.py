@@ -162,6 +162,19 @@ def map_answers(convert: Callable[[Any], Any], produce: Callable[[], list[Any]])
     return [convert(a) for a in answers]
 
 
+def model_location(model_path: str | Path) -> tuple[Path, str | None]:
+    """(directory, GGUF file name or None) of a local model: a directory holding a transformers model, or
+    a ``.gguf`` file (loaded by transformers with the ``gguf`` package, dequantised); FileNotFoundError
+    otherwise."""
+    path = Path(model_path)
+    if path.is_file() and path.suffix == ".gguf":
+        return path.parent, path.name
+    if not path.is_dir():
+        raise FileNotFoundError(f"model path {model_path}: not a directory holding a transformers model nor a "
+                                ".gguf file (models load from local paths only)")
+    return path, None
+
+
 # --- transformers -------------------------------------------------------------------------------------
 
 
@@ -186,25 +199,22 @@ class TransformersBackend:
                               f"'resilibench[llm]' ({exc})") from None
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        path = Path(model_path)
-        if not path.is_dir():
-            raise FileNotFoundError(f"model_path {model_path}: not a directory holding a transformers model "
-                                    "(models load from local paths only)")
+        path, gguf = model_location(model_path)
         if isinstance(dtype, str) and dtype != "auto":
             if not isinstance(getattr(torch, dtype, None), torch.dtype):
                 raise ValueError(f"dtype must be a torch dtype name such as float32, bfloat16 or float16, "
                                  f"or 'auto'; got {dtype!r}")
             dtype = getattr(torch, dtype)
-        self.name = name or path.resolve().name
+        self.name = name or (Path(gguf).stem if gguf else path.resolve().name)
         self.device = device
         self.batch_size = batch_size
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, gguf_file=gguf)
         self.tokenizer.padding_side = "left"  # generation continues at the right end of every row
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise ValueError(f"model_path {model_path}: the tokenizer has no chat template")
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto").to(device)
+        self.model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf, dtype=dtype or "auto").to(device)
         self.model.eval()
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
         self._template_takes_tools: bool | None = None
@@ -569,9 +579,8 @@ def check_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
             hint = " (set the OPENAI_API_KEY environment variable instead)" if "api_key" in unknown else ""
             raise ValueError(f"{kind} backend spec: unknown option(s) {unknown}; accepted: {', '.join(accepted)}"
                              + hint)
-    if kind == "hf" and not Path(target).is_dir():
-        raise FileNotFoundError(f"model path {target}: not a directory holding a transformers model "
-                                "(models load from local paths only)")
+    if kind == "hf":
+        model_location(target)
     if kind == "openai" and "model" not in options:
         raise ValueError(f"openai backend spec needs ?model=NAME (the served model), got {spec!r}")
     return kind, target, options
