@@ -97,11 +97,16 @@ class ResiliBenchTextEnv(gym.Env):
     * ``<tool_call>tool_name {"arg": value}</tool_call>``: call a tool; the JSON arguments are optional,
       and given ones are checked against the tool's input schema (a violation or malformed JSON is an
       ``INVALID_INPUT`` failure without a draw, naming the argument). ``name({...})`` and
-      ``{"name": ..., "arguments": {...}}`` are accepted too. Only the first call of a message runs;
-      the feedback says which were not executed.
-    * a completion phrase ("task completed", ...): ends the episode after the message's call, if any.
+      ``{"name": ..., "arguments": {...}}`` are accepted too, and text after the JSON is not part of
+      the call. Only the first call of a message runs; the feedback says which were not executed.
+    * a completion phrase ("task completed", ...) stated as the agent's own sentence (not in code or
+      quotes, not a rule, condition, plan, negation or question): ends the episode after the
+      message's call, if any.
 
-    ``step`` accepts any string (the charset only shapes ``sample()``).
+    Identical requests of one message are answered once. ``step`` accepts any string (the charset only
+    shapes ``sample()``). With ``protocol="tools"`` an action is an assistant message dict whose
+    ``tool_calls`` call ``tool_search``, ``tool_info`` or a tool (``env.tools`` holds their function
+    schemas), or a string (a message without calls); each call is answered in a tool message.
 
     ## Observation Space
 
@@ -109,8 +114,9 @@ class ResiliBenchTextEnv(gym.Env):
     ``resilibench.policies.prompts.build_prompt``), then the feedback to each message: search results,
     tool information, the call's result or error code with its description, dependency problems,
     progress ("k/n required tools done") and turns left; a protocol reminder for a message without a
-    tag. Texts longer than ``max_length`` are cut with a mark. ``env.unwrapped.messages`` holds the whole
-    conversation as chat messages.
+    tag. Texts longer than ``max_length`` are cut in the middle with a mark (the closing progress line
+    stays). ``env.unwrapped.messages`` holds the whole conversation as chat messages (with tool calls
+    and tool messages under the tools protocol).
 
     ## Rewards
 
@@ -159,6 +165,8 @@ class ResiliBenchTextEnv(gym.Env):
       ``matcher`` (same choices): how flaw injection finds similar tools (pin it to reproduce flaws on
       any install; "auto" uses embeddings when the embed extra is installed).
     * ``registry``: a ``ToolRegistry`` (default: the shared one); ``render_mode``: "ansi" or "human".
+    * ``protocol``: "tags" (default, the paper's) or "tools" (native function calls); ``wording``: how
+      the prompt words the tag protocol, "plain" (default: no live example tag) or "paper".
 
     ``reset(options=...)`` accepts ``task_id``, ``prompt``, ``flaw_type``, ``severity``, ``plan_style``
     and ``workflow`` (a ``Workflow`` used as the plan instead of the optimal one) for one episode, or

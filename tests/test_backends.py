@@ -18,6 +18,7 @@ from resilibench.agents.backends import (
     TransformersBackend,
     VLLMBackend,
     check_conversations,
+    check_spec,
     make_backend,
     parse_spec,
     parse_tool_calls,
@@ -269,6 +270,15 @@ TOOLS_TEMPLATE = (
     '<tool_call>\n{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n</tool_call>'
     "{% endfor %}{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+
+
+def test_hf_specs_take_a_gguf_file(tmp_path):
+    (tmp_path / "m.gguf").write_bytes(b"")
+    (tmp_path / "m.bin").write_bytes(b"")
+    assert parse_spec(f"hf:{tmp_path / 'm.gguf'}")[1] == str(tmp_path / "m.gguf")
+    check_spec(f"hf:{tmp_path / 'm.gguf'}")
+    with pytest.raises(FileNotFoundError, match="nor a .gguf file"):
+        check_spec(f"hf:{tmp_path / 'm.bin'}")
 
 
 def test_parse_tool_calls_reads_qwen_and_smollm2_forms():
