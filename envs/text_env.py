@@ -19,10 +19,12 @@ from resilibench.envs.rewards import ShapedRewarder
 from resilibench.envs.simulator import Episode, episode_seed
 from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task
 from resilibench.envs.toolbox import (
+    FUNCTION_SEARCH_HINT,
     INFO_FUNCTION,
     PROTOCOLS,
     SEARCH_FUNCTION,
     SEARCH_METHODS,
+    TAG_SEARCH_HINT,
     WORDINGS,
     ParsedMessage,
     UnknownToolError,
@@ -36,6 +38,7 @@ from resilibench.envs.toolbox import (
     message_completes,
     parse_message,
     progress_text,
+    resolve_tool,
     search_text,
     search_tools,
 )
@@ -221,6 +224,7 @@ class ResiliBenchTextEnv(gym.Env):
         self.config = make_world_config(config, turn_limit, strict_dependencies, None, world)
         self.registry = registry or default_registry()
         self.protocol, self.wording = protocol, wording
+        self._search_hint = TAG_SEARCH_HINT if protocol == "tags" else FUNCTION_SEARCH_HINT
         # The function schemas offered to a model of the tools protocol (None with tags).
         self.tools = function_schemas(self.registry) if protocol == "tools" else None
         self.tasks = select_tasks(tasks, split, task_types, world)
@@ -397,6 +401,8 @@ class ResiliBenchTextEnv(gym.Env):
             return parts
         call = parsed.calls[0]
         try:
+            if call.name:
+                resolve_tool(call.name, self.registry, self._search_hint)  # unknown: said in the protocol's words
             result = call_tool(episode, call.name, call.arguments, call.problem) if call.name else None
         except UnknownToolError as exc:
             result, problem = None, f"Tool call not executed: {exc}"
@@ -418,12 +424,15 @@ class ResiliBenchTextEnv(gym.Env):
         """The answer to one ``<tool_search>`` (the query cut to ``MAX_QUERY_CHARS``)."""
         query = query[:MAX_QUERY_CHARS]
         if not any(c.isalnum() for c in query):  # empty, or a placeholder such as "..." copied from the prompt
+            if self.protocol == "tools":
+                return "Empty tool search: give tool_search a query saying what you need."
             return "Empty tool search: write what you need in place of the dots of <tool_search>...</tool_search>."
         return search_text(query, search_tools(query, self.search_k, self.registry, self.search), self.registry)
 
     def _tool_info(self, name: str) -> str:
         """The answer to one ``<tool_info>``."""
         try:
+            resolve_tool(name, self.registry, self._search_hint)
             return describe_text(describe_tool(name, self.registry))
         except UnknownToolError as exc:
             return f"Tool info: {exc}"

@@ -111,6 +111,7 @@ def _ranking(query: str, registry: ToolRegistry, method: str) -> tuple[tuple[flo
 
 
 TAG_SEARCH_HINT = "search with <tool_search>query</tool_search>"
+FUNCTION_SEARCH_HINT = "call tool_search with what you need"
 
 
 def resolve_tool(name: str, registry: ToolRegistry | None = None, search_hint: str = TAG_SEARCH_HINT) -> int:

@@ -465,6 +465,11 @@ def test_tools_protocol_bad_arguments_and_names():
     assert "malformed JSON arguments" in env.messages[-1]["content"]
     env.step(assistant(tool_call("file_reader", {"source": "a"})))
     assert "Tool call not executed: unknown tool 'file_reader'" in env.messages[-1]["content"]
+    env.step(assistant(tool_call("qqq"), tool_call("tool_info", {"name": "zzz"}), tool_call("tool_search", {"q": 1})))
+    unknown_call, unknown_info, empty_search = (m["content"] for m in env.messages[-3:])
+    assert "unknown tool 'qqq'; call tool_search with what you need" in unknown_call
+    assert unknown_info == "Tool info: unknown tool 'zzz'; call tool_search with what you need"
+    assert empty_search.startswith("Empty tool search: give tool_search a query saying what you need.\n\nProgress")
     with pytest.raises(ValueError, match="assistant message"):
         env.step(["not", "a", "message"])
     requests = [tool_call("tool_search", {"query": f"q{i}"}, f"s{i}") for i in range(MAX_REQUESTS + 2)]
