@@ -321,7 +321,8 @@ class VLLMBackend:
         answers: list[Any] = [None] * len(conversations)
         fitting = []
         for i, c in enumerate(conversations):
-            n = len(tokenizer.apply_chat_template(c, tools=tools, add_generation_prompt=True, tokenize=True))
+            text = tokenizer.apply_chat_template(c, tools=tools, add_generation_prompt=True, tokenize=False)
+            n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
             if n + config.max_new_tokens > limit:
                 answers[i] = ContextOverflowError(f"the prompt has {n} tokens; with max_new_tokens="
                                                   f"{config.max_new_tokens} it exceeds max_model_len {limit}")
@@ -343,7 +344,7 @@ class VLLMBackend:
 
 # --- OpenAI-compatible HTTP ---------------------------------------------------------------------------
 
-RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 _OVERFLOW = re.compile(r"context|maximum.{0,40}length|too long|exceed", re.IGNORECASE)
 
 
@@ -398,8 +399,8 @@ class OpenAIBackend:
 
     The conversations of a batch are sent as concurrent requests, at most ``max_concurrency`` at once
     (default 1: a local llama.cpp server computes one request at a time, and queued requests would only
-    wait out their timeout). Refused or dropped connections, rate limits (429) and server errors (5xx),
-    after which the server holds no work of ours, are retried with exponential backoff and jitter
+    wait out their timeout). Refused or dropped connections, 408, rate limits (429) and server errors
+    (5xx), after which the server holds no work of ours, are retried with exponential backoff and jitter
     (honouring ``Retry-After``), up to ``max_retries`` times. A request without an answer within
     ``timeout`` seconds is not resubmitted (the server may still be computing it): that conversation
     fails with ``RequestTimeoutError``; an HTTP 400 about the context length fails it with
