@@ -170,7 +170,7 @@ def model_location(model_path: str | Path) -> tuple[Path, str | None]:
     if path.is_file() and path.suffix == ".gguf":
         return path.parent, path.name
     if not path.is_dir():
-        raise FileNotFoundError(f"model path {model_path}: not a directory holding a transformers model nor a "
+        raise FileNotFoundError(f"model_path {model_path}: not a directory holding a transformers model nor a "
                                 ".gguf file (models load from local paths only)")
     return path, None
 

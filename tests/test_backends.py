@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -343,14 +344,20 @@ def test_openai_tools_request_and_answer():
 
 
 def test_ctrl_c_does_not_wait_for_a_request_in_flight():
-    def interrupt():
-        time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGINT)
-
+    """A process interrupted while its request is in flight exits at once (the request is abandoned, no
+    thread holds up the exit) and never sends the queued second request."""
     with ChatServer(lambda body: (time.sleep(30), (200, completion("late")))[1]) as server:
-        threading.Thread(target=interrupt, daemon=True).start()
+        code = ("from resilibench.agents.backends import OpenAIBackend\n"
+                "from resilibench.agents.base import GenerationConfig\n"
+                f"OpenAIBackend({server.url!r}, 'm', timeout=60).generate("
+                "[[{'role': 'user', 'content': 'a'}], [{'role': 'user', 'content': 'b'}]], GenerationConfig())")
+        process = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while not server.requests and time.monotonic() < deadline:
+            time.sleep(0.05)
         start = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
-            OpenAIBackend(server.url, "m", timeout=60).generate(CONVERSATIONS[:2], GREEDY)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=20)
         assert time.monotonic() - start < 5
+        assert process.returncode != 0 and b"KeyboardInterrupt" in err
         assert len(server.requests) == 1, "with one request at a time the second is never sent"
