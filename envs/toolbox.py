@@ -310,7 +310,7 @@ _QUOTED = re.compile(r'"[^"\n]*"|\u201c[^\u201d\n]*\u201d|(?<![A-Za-z])\'[^\'\n]
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+")
 # Words that make a sentence a rule, a condition or a plan about completion rather than a statement of it.
 _NOT_A_STATEMENT = re.compile(r"\b(?:when|once|if|after|until|before|unless|say|says|saying|write|reply|respond|"
-                              r"type|indicate|signal|should|must|will|would|can|not|n't)\b", re.IGNORECASE)
+                              r"indicate|should|must|will|would|not|n't)\b", re.IGNORECASE)
 
 
 def message_completes(text: str, config: EvaluatorConfig | None = None) -> bool:

@@ -528,6 +528,7 @@ def test_a_name_followed_by_prose_is_a_call_without_arguments():
     ("The task is not completed yet; task complete? Not yet.", False),
     ("The writer succeeded. Task completed.", True),
     ("All steps completed!", True),
+    ("All steps completed for this task type; nothing more can be done.", True),
     ("<tool_call>file_operations_writer</tool_call>\nTask completed.", True),
 ])
 def test_completion_is_the_agents_own_statement(message, completes):
