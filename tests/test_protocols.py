@@ -156,3 +156,18 @@ def test_eval_command_survives_a_server_that_times_out(tmp_path, capsys):
     assert summary["by_prompt"]["m"]["baseline"]["episodes"] == 1
     assert summary["metadata"]["config"]["eval"]["protocol"] == "tools"
     assert "1 episode(s) ended by an infrastructure error" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--protocol", "xml"], "invalid choice: 'xml'"),
+    (["--wording", "poem"], "invalid choice: 'poem'"),
+    (["--request-timeout", "0"], "expected a number > 0"),
+    (["--concurrency", "0"], "--concurrency"),
+    (["--max-retries", "-1"], "--max-retries"),
+])
+def test_eval_refuses_bad_protocol_and_request_options(extra, message, tmp_path, capsys):
+    assert main(["eval", "--agent", "scripted:optimal", "--limit", "1", "--output-dir", str(tmp_path / "o"),
+                 *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
