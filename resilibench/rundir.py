@@ -31,6 +31,7 @@ from typing import Any
 
 from resilibench.errors import ConfigChanged, DirectoryBusy, RunDirectoryError, RunInterrupted
 from resilibench.results import (
+    LEVEL_NAMES,
     JsonlContents,
     JsonlWriter,
     check_level_rows,
@@ -77,7 +78,7 @@ class RunDirectory:
     ``identity`` holds what must match to add rows to the directory (compared with the recorded run config
     by ``recorded_identity``); dotted paths in ``may_change`` may differ (e.g. a training's iteration cap).
     ``logs`` names other JSONL files of the job (their records, too, need a known configuration).
-    ``level_fields``: rows must carry these fields and a known ``level`` (``results.check_level_rows``).
+    ``level_fields``: rows must carry these fields and a ``level`` of ``levels`` (``results.check_level_rows``).
     ``stale`` names files (plots) deleted with the summary when a session starts afresh. ``restart`` is the
     advice the errors end with.
     """
@@ -85,7 +86,8 @@ class RunDirectory:
     def __init__(self, path: str | Path, identity: dict[str, Any] | None = None, *, key: Sequence[str] = (),
                  results: str = "results.jsonl", summary: str | None = "summary.json", meta: str | None = None,
                  logs: Sequence[str] = (), stale: Sequence[str] = (), may_change: Sequence[str] = (),
-                 level_fields: Sequence[str] | None = None, field: str = "output_dir",
+                 level_fields: Sequence[str] | None = None, levels: Sequence[str] = LEVEL_NAMES,
+                 field: str = "output_dir",
                  restart: str = START_AFRESH):
         self.path = check_directory(path, field)
         self.identity = to_jsonable(identity or {})
@@ -97,6 +99,7 @@ class RunDirectory:
         self.stale = tuple(stale)
         self.may_change = tuple(may_change)
         self.level_fields = level_fields
+        self.levels = tuple(levels)
         self.field = field
         self.restart = restart
         self.existing = JsonlContents()
@@ -142,7 +145,8 @@ class RunDirectory:
                                     f"refusing to mix results: {self.restart}", differences, self.field)
         if self.level_fields is not None:
             try:
-                check_level_rows(existing.rows, self.level_fields, str(self.results_path), existing.row_lines)
+                check_level_rows(existing.rows, self.level_fields, str(self.results_path), existing.row_lines,
+                                 self.levels)
             except ValueError as exc:
                 raise self._error(f"{exc}; fix or remove the row, or start afresh without resuming") from None
         return existing

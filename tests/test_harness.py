@@ -81,6 +81,21 @@ def test_llm_episodes_end_properly_and_rows_are_written(tiny_run, tiny_jobs, tin
     assert {r["prompt"] for r in rows} == {"baseline", "optimal", "flawed"}
 
 
+def test_llm_plays_the_tools_protocol(tiny_backend, tiny_jobs):
+    """The tiny model under native tool calling: the chat template gets the function schemas, its answers
+    are read back as assistant messages; the episodes end and rows carry the protocol."""
+    jobs = tiny_jobs[:2]
+    rows = run_eval(tiny_backend, jobs, generation=GENERATION, batch_size=2, keep_messages=True, progress=False,
+                    env_kwargs=ENV, protocol="tools")
+    assert [r["protocol"] for r in rows] == ["tools", "tools"] and all(r["level"] in LEVELS for r in rows)
+    for row in rows:
+        assistant = [m for m in row["messages"] if m["role"] == "assistant"]
+        assert len(assistant) in (row["turns"], row["turns"] + 1)
+        assert all(isinstance(m["content"], str) for m in assistant)
+    assert run_eval(tiny_backend, jobs, generation=GENERATION, batch_size=1, progress=False, env_kwargs=ENV,
+                    protocol="tools") == [{k: v for k, v in r.items() if k != "messages"} for r in rows]
+
+
 def test_llm_run_resumes_after_a_crash_mid_write(tiny_backend, tiny_jobs, tiny_run, tmp_path):
     """A run killed while writing its fourth row: a rerun plays the missing episodes only and ends with
     exactly the rows of the uninterrupted run (greedy decoding, paired seeds)."""
