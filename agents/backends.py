@@ -33,7 +33,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from resilibench.agents.base import (
     RequestTimeoutError,
     raise_failures,
 )
+from resilibench.envs.config import Settings, setting
 
 BACKEND_KINDS = ("hf", "vllm", "openai")
 __all__ = ["BACKEND_KINDS", "BackendError", "ContextOverflowError", "OpenAIBackend", "TransformersBackend",
@@ -521,22 +522,17 @@ class OpenAIBackend:
 
 
 @dataclass(frozen=True)
-class RequestSettings:
+class RequestSettings(Settings):
     """How an HTTP backend sends requests; the defaults suit a local server that computes one request at a
     time (llama.cpp on CPU). Options of an ``openai:`` spec override them."""
 
-    timeout: float = field(default=600.0, metadata={"help": "seconds to wait for one answer; a request without "
-                                                            "an answer is not resubmitted"})
-    max_retries: int = field(default=3, metadata={"help": "retries of a refused connection, HTTP 429 or 5xx"})
-    max_concurrency: int = field(default=1, metadata={"help": "requests in flight at once"})
-
-    def __post_init__(self) -> None:
-        if not self.timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
-        if self.max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
-        if self.max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+    timeout: float = setting(600.0, above=0, flag="--request-timeout", metavar="S",
+                             help="seconds to wait for one answer; a request without an answer is not "
+                                  "resubmitted, and it ends that episode as an infrastructure error")
+    max_retries: int = setting(3, bounds=(0, None), help="retries of a refused connection, HTTP 429 or 5xx")
+    max_concurrency: int = setting(1, bounds=(1, None), flag="--concurrency",
+                                   help="HTTP requests in flight at once (1: a local server computes one at a "
+                                        "time)")
 
 
 # --- specs --------------------------------------------------------------------------------------------

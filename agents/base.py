@@ -66,7 +66,8 @@ class GenerationConfig(Settings):
     max_new_tokens: int = setting(256, bounds=(1, None), metavar="N", help="tokens per answer")
     temperature: float = setting(0.0, bounds=(0, None), help="0 = greedy")
     top_p: float = setting(1.0, above=0, bounds=(None, 1), help="nucleus sampling mass")
-    seed: int | None = setting(None, bounds=(0, None), help="sampling seed (null: the backend's own)")
+    seed: int | None = setting(None, bounds=(0, None), flag="--generation-seed",
+                             help="sampling seed (null: the backend's own)")
     stop: tuple[str, ...] = setting((), help="strings that end an answer")
 
 

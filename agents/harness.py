@@ -197,8 +197,8 @@ def run_eval(
     if len(set(keys)) != len(keys):
         raise ValueError("jobs contain the same (task, prompt, flaw type, seed) more than once")
     with ExitStack() as stack:
-        run = output_dir
-        if output_dir is not None and not isinstance(output_dir, RunDirectory):
+        run = output_dir if isinstance(output_dir, RunDirectory) else None
+        if output_dir is not None and run is None:
             run = stack.enter_context(eval_directory(output_dir).session(resume))
         done = settled_rows(run.existing.rows) if run is not None else {}
         if retry_infra_errors:

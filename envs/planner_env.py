@@ -43,6 +43,8 @@ def make_world_config(
 class TaskPool(tuple):
     """An env's task pool: a tuple of tasks with an id index (``by_id``) for pinned resets."""
 
+    by_id: dict[str, Task]
+
     def __new__(cls, tasks=()):
         pool = super().__new__(cls, tasks)
         pool.by_id = {t.instance_id: t for t in pool}

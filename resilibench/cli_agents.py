@@ -21,12 +21,16 @@ from resilibench.cli import (
     dedupe,
     load_library,
     load_world_config,
-    nonnegative_float,
     nonnegative_int,
-    positive_float,
     positive_int,
     select_tasks,
 )
+from resilibench.cli_options import add_options, option_values
+
+# Settings fields with `eval` options (built from the fields: resilibench.cli_options).
+GENERATION_OPTIONS = ("max_new_tokens", "temperature", "seed")
+REQUEST_OPTIONS = ("timeout", "max_retries", "max_concurrency")
+EVAL_GENERATION = {"seed": 0}  # eval samples reproducibly unless --generation-seed says otherwise
 
 
 def flaw_severity(text: str) -> float:
@@ -37,11 +41,6 @@ def flaw_severity(text: str) -> float:
     if not 0.0 < value <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
     return value
-
-
-def _help(settings: type, name: str) -> str:
-    """The help text of a settings dataclass field."""
-    return settings.__dataclass_fields__[name].metadata["help"]
 
 
 def check_agent(spec: str) -> None:
@@ -89,13 +88,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         jobs = eval_jobs(selected, prompts, seeds, flaw_types, config=config)
     except ValueError as exc:
         raise CliError(f"--prompts/--flaw-types: {exc}") from None
-    generation = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                  seed=args.generation_seed)
-    try:
-        requests = RequestSettings(timeout=args.request_timeout, max_retries=args.max_retries,
-                                   max_concurrency=args.concurrency)
-    except ValueError as exc:
-        raise CliError(f"--request-timeout/--max-retries/--concurrency: {exc}") from None
+    generation = GenerationConfig(**{**EVAL_GENERATION, **option_values(args, GenerationConfig, GENERATION_OPTIONS)})
+    requests = RequestSettings(**option_values(args, RequestSettings, REQUEST_OPTIONS))
     settings = to_jsonable({"severity": args.severity, "plan_style": "numbered", "protocol": args.protocol,
                             "wording": args.wording,
                             "generation": {"max_new_tokens": generation.max_new_tokens,
@@ -136,6 +130,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
     """Add ``eval`` to the ``resilibench`` parser."""
     from resilibench.agents.backends import RequestSettings
+    from resilibench.agents.base import GenerationConfig
     from resilibench.agents.scripted import AGENT_SPECS
     from resilibench.envs.tasks import TASK_TYPE_NAMES
     from resilibench.envs.toolbox import PROTOCOLS, WORDINGS
@@ -164,20 +159,11 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
     ev.add_argument("--batch-size", type=positive_int, default=32,
                     help="episodes played at once: one batched agent call per round (default 32; 1 lets a "
                          "llama.cpp server reuse the shared prompt prefix)")
-    ev.add_argument("--max-new-tokens", type=positive_int, default=256, help="tokens per reply (default 256)")
-    ev.add_argument("--request-timeout", type=positive_float, default=RequestSettings.timeout, metavar="S",
-                    help=f"{_help(RequestSettings, 'timeout')}; it ends that episode as an infrastructure error "
-                         f"(default {RequestSettings.timeout:g})")
-    ev.add_argument("--max-retries", type=nonnegative_int, default=RequestSettings.max_retries, metavar="N",
-                    help=f"{_help(RequestSettings, 'max_retries')} (default {RequestSettings.max_retries})")
-    ev.add_argument("--concurrency", type=positive_int, default=RequestSettings.max_concurrency, metavar="N",
-                    help=f"HTTP {_help(RequestSettings, 'max_concurrency')} (default "
-                         f"{RequestSettings.max_concurrency}: a local server computes one at a time)")
+    add_options(ev, GenerationConfig, GENERATION_OPTIONS, defaults=GenerationConfig(**EVAL_GENERATION))
+    add_options(ev, RequestSettings, REQUEST_OPTIONS)
     ev.add_argument("--retry-infra-errors", action="store_true",
                     help="play again the episodes stored as infrastructure errors (by default a resumed run "
                          "keeps them as finished)")
-    ev.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 = greedy (default)")
-    ev.add_argument("--generation-seed", type=nonnegative_int, default=0, help="sampling seed (default 0)")
     ev.add_argument("--keep-messages", action="store_true", help="store each episode's conversation in its row")
     ev.add_argument("--output-dir", default="runs/eval", metavar="DIR", help="default runs/eval")
     ev.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,

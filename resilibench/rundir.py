@@ -125,9 +125,10 @@ class RunDirectory:
             raise self._error(f"{exc}; {self.restart}") from None
         recorded = [(self.results_path.name, m.get("config") or {}) for m in existing.metadata]
         for path, required in ((self.summary_path, False), (self.meta_path, True)):
-            config = self._recorded_config(path, required) if path is not None and path.is_file() else None
-            if config is not None:
-                recorded.append((path.name, config))
+            if path is not None and path.is_file():
+                config = self._recorded_config(path, required)
+                if config is not None:
+                    recorded.append((path.name, config))
         if not existing.metadata and not (self.meta_path is not None and self.meta_path.is_file()):
             used = [p.name for p in (self.results_path, *(self.path / n for n in self.logs))
                     if p.is_file() and p.stat().st_size > 0]

@@ -161,7 +161,7 @@ def test_eval_command_survives_a_server_that_times_out(tmp_path, capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--protocol", "xml"], "invalid choice: 'xml'"),
     (["--wording", "poem"], "invalid choice: 'poem'"),
-    (["--request-timeout", "0"], "--request-timeout: expected a positive number"),
+    (["--request-timeout", "0"], "--request-timeout: timeout must be a finite number > 0"),
     (["--concurrency", "0"], "--concurrency"),
     (["--max-retries", "-1"], "--max-retries"),
 ])
