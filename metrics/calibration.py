@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resilibench.envs.config import Settings, setting
 from resilibench.metrics.perturb import (
     PERTURBATIONS,
     RATES,
@@ -47,6 +48,29 @@ LEXICAL = ("bleu", "gleu")
 METRICS = (*STRUCTURAL, *LEXICAL, "bertscore", "judge")
 DEFAULT_METRICS = METRICS[:-1]  # the judge needs a backend
 METHODS = ("rules", "llm")
+# Bumped when a metric's definition changes, so a calibration never mixes rows scored under two of them
+# (2: reachability over reflexive closures, Kendall tau without a degenerate 1, one empty convention).
+METRIC_DEFINITIONS = 2
+
+
+@dataclass(frozen=True)
+class CalibrationSettings(Settings):
+    """What a calibration run does; recorded as its identity, so a resume with other settings is refused."""
+
+    metrics: tuple[str, ...] = setting(DEFAULT_METRICS, choices=METRICS, help="the metrics scored")
+    seed: int = setting(0, bounds=(0, None), help="perturbation seed")
+    min_nodes: int = setting(5, bounds=(1, None), metavar="N",
+                             help="skip golden workflows with fewer steps (as WorkflowPerturb)")
+    text_only: bool = setting(False, help="drop tool names: steps are compared by their texts alone "
+                                          "(WorkflowPerturb's setting)")
+    perturber: str = setting("rules", choices=METHODS,
+                             help="rules (seeded banks) or llm (--backend, validated with retries)")
+    backend: str | None = setting(None, help="the LLM of the judge and of the llm perturber (a backend spec)")
+    attempts: int = setting(3, bounds=(1, None), help="answers asked of the LLM per item")
+    max_new_tokens: int | None = setting(None, bounds=(1, None), help="longest LLM answer (null: 768 for the "
+                                                                      "judge, 1024 for the llm perturber)")
+    mcis_budget: int = setting(100_000, bounds=(1, None), help="search calls per MCIS before bounds")
+    definitions: int = setting(METRIC_DEFINITIONS, bounds=(1, None), help="version of the metric definitions")
 
 
 # --- scoring ------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -18,19 +19,19 @@ from resilibench.cli import (
     dedupe,
     load_library,
     load_world_config,
-    nonnegative_int,
     output_file,
     positive_int,
     select_tasks,
 )
+from resilibench.cli_options import add_options, option_values
 from resilibench.console import format_table, progress_bar
-from resilibench.metrics.calibration import METHODS, METRICS
+from resilibench.metrics.calibration import METRICS, CalibrationSettings
 from resilibench.metrics.workflow import STRING_STEPS
 from resilibench.rundir import RunDirectory
 
-# Bumped when a metric's definition changes, so a calibration never mixes rows scored under two of them
-# (2: reachability over reflexive closures, Kendall tau without a degenerate 1, one empty convention).
-METRIC_DEFINITIONS = 2
+# CalibrationSettings fields with `metrics calibrate` options of their own (built from the fields); the metric
+# options that `metrics score` shares are added by _add_metric_options.
+CALIBRATE_OPTIONS = ("min_nodes", "text_only", "seed", "perturber")
 
 
 # --- shared -------------------------------------------------------------------------------------------
@@ -275,20 +276,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_bound_turn_limit(config, selected)
     metrics = _metrics(args)
     _check_backend_spec(args.backend)
-    if args.perturber == "llm" and not args.backend:
+    cal = CalibrationSettings(
+        metrics=tuple(metrics), backend=args.backend, attempts=args.attempts, max_new_tokens=args.max_new_tokens,
+        mcis_budget=args.mcis_budget, **option_values(args, CalibrationSettings, CALIBRATE_OPTIONS))
+    if cal.perturber == "llm" and not cal.backend:
         raise CliError("--perturber llm needs --backend SPEC")
-    settings = {"metrics": metrics, "seed": args.seed, "min_nodes": args.min_nodes, "text_only": args.text_only,
-                "perturber": args.perturber, "backend": args.backend, "attempts": args.attempts,
-                "max_new_tokens": args.max_new_tokens, "mcis_budget": args.mcis_budget,
-                "definitions": METRIC_DEFINITIONS}
+    settings = dataclasses.asdict(cal)
     run = RunDirectory(args.output_dir, {"world": config.to_dict(), "tasks_sha256": source["sha256"],
                                          "calibration": settings},
                        key=("item_id",), stale=("goldens.json", "scores.png", "sensitivity.png"))
-    goldens = golden_workflows(interleave_task_types(selected), config, min_nodes=args.min_nodes, text_only=args.text_only,
+    goldens = golden_workflows(interleave_task_types(selected), config, min_nodes=cal.min_nodes, text_only=cal.text_only,
                                limit=args.limit)
     if not goldens.goldens:
-        raise CliError(f"no selected task has a workflow of at least {args.min_nodes} steps (--min-nodes)")
-    plan = plan_calibration(goldens, seed=args.seed, method=args.perturber)
+        raise CliError(f"no selected task has a workflow of at least {cal.min_nodes} steps (--min-nodes)")
+    plan = plan_calibration(goldens, seed=cal.seed, method=cal.perturber)
     job = _Calibration(
         plan=plan, metrics=metrics, run=run,
         run_config={"world": config.to_dict(), "tasks": source, "split": args.split, "task_types": task_types,
@@ -405,13 +406,7 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
                            help=f"repeatable (default all); one of {', '.join(TASK_TYPE_NAMES)}")
     calibrate.add_argument("--limit", type=positive_int, metavar="N",
                            help="use only the first N tasks with enough steps (task types in turn)")
-    calibrate.add_argument("--min-nodes", type=positive_int, default=5, metavar="N",
-                           help="skip golden workflows with fewer steps (default 5, as WorkflowPerturb)")
-    calibrate.add_argument("--text-only", action="store_true",
-                           help="drop tool names: steps are compared by their texts alone (WorkflowPerturb's setting)")
-    calibrate.add_argument("--seed", type=nonnegative_int, default=0, help="perturbation seed (default 0)")
-    calibrate.add_argument("--perturber", choices=METHODS, default="rules",
-                           help="rules (default; seeded banks) or llm (--backend, validated with retries)")
+    add_options(calibrate, CalibrationSettings, CALIBRATE_OPTIONS)
     _add_metric_options(calibrate)
     calibrate.add_argument("--output-dir", default="runs/calibration", metavar="DIR",
                            help="default runs/calibration")
