@@ -1,4 +1,9 @@
-"""`train ppo` and `eval-policy`: RLlib PPO planners, trained and measured against bound (iii).
+"""`train ppo`, `train grpo` and `eval-policy`: RLlib PPO planners and GRPO-trained LLM agents, measured
+against bound (iii).
+
+`train grpo` trains an LLM agent with TRL's GRPO inside the text env (native tool calls, LoRA) and
+evaluates it on held-out tasks before and after; its options are the fields of
+``resilibench.robust_train.grpo.GRPOSettings`` (help text included).
 
 `train ppo` writes checkpoints, a progress log and its config into --output-dir and resumes from the last
 checkpoint with --resume. `eval-policy` plays a trained policy greedily with the episodes and seeds of
@@ -122,6 +127,98 @@ def cmd_train_ppo(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- train grpo ----------------------------------------------------------------------------------------
+
+# GRPOSettings fields set otherwise than by a flag of their own name.
+GRPO_SPECIAL_FIELDS = ("task_types", "lora", "reward_levels")
+
+
+def _grpo_settings(args: argparse.Namespace):
+    """The GRPOSettings of the command line (dataclass defaults, then flags)."""
+    from resilibench.robust_train.grpo import GRPOSettings
+    from resilibench.robust_train.training import LoraSettings
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(GRPOSettings)
+              if f.name not in GRPO_SPECIAL_FIELDS and getattr(args, f.name) is not None}
+    for name in ("seeds", "eval_seeds"):
+        if name in values:
+            values[name] = tuple(dedupe(values[name]))
+    if args.task_type:
+        values["task_types"] = tuple(dedupe(args.task_type))
+    if args.lora_r is not None:
+        values["lora"] = None if args.lora_r == 0 else LoraSettings(r=args.lora_r, alpha=2 * args.lora_r)
+    try:
+        return GRPOSettings(**values)
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"train grpo: {exc}") from None
+
+
+def cmd_train_grpo(args: argparse.Namespace) -> int:
+    from resilibench.results import exclusive_lock
+
+    settings = _grpo_settings(args)
+    from resilibench.robust_train.grpo import train_grpo
+    from resilibench.robust_train.training import RUN_FILE
+
+    directory = Path(args.output_dir)
+    if directory.exists() and not directory.is_dir():
+        raise CliError(f"--output-dir: {directory} exists and is not a directory")
+    held = (directory / RUN_FILE).exists()
+    if held and not args.resume:
+        raise CliError(f"--output-dir {directory} already holds a training run: add --resume to continue it, "
+                       "or use another --output-dir")
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = directory / ".lock"
+    try:
+        with exclusive_lock(lock):
+            summary = train_grpo(settings, directory, resume=held, log=lambda line: print(line, flush=True))
+    except BlockingIOError:
+        raise CliError(f"--output-dir {directory}: another `resilibench train` is writing there (lock {lock})") from None
+    except ValueError as exc:
+        raise CliError(f"train grpo: {exc}") from None
+    rows = [(name, s["rollouts"], s["success"], s["bound_iii"], s["success_over_bound_iii"])
+            for name, s in ((k, summary.get(k)) for k in ("no_tool_agent", "before", "after")) if s]
+    if rows:
+        print(format_table(("agent", "rollouts", "full success", "bound_iii", "success/iii"), rows))
+    print(f"wrote {directory / 'summary.json'}", file=sys.stderr)
+    return 0
+
+
+def _add_grpo(algorithms: Any, type_help: str) -> None:
+    """`train grpo`: one flag per GRPOSettings field, its help from the field."""
+    from resilibench.envs.tasks import TASK_TYPE_NAMES, WORLDS
+    from resilibench.robust_train.grpo import CHAT_TEMPLATES, VLLM_MODES, GRPOSettings
+
+    grpo = algorithms.add_parser(
+        "grpo", help="train an LLM agent with GRPO in the text env (TRL, LoRA; native tool calls)",
+        description="Train an LLM agent with TRL's GRPO inside the text env, then evaluate it on held-out "
+        "tasks before and after, beside bound (iii). See docs/grpo.md.")
+    choices = {"world": WORLDS, "split": SPLITS, "eval_split": SPLITS, "chat_template": CHAT_TEMPLATES,
+               "vllm_mode": VLLM_MODES}
+    for f in dataclasses.fields(GRPOSettings):
+        if f.name in GRPO_SPECIAL_FIELDS:
+            continue
+        flag, default = "--" + f.name.replace("_", "-"), f.default
+        text = f.metadata["help"] + ("" if default in (None, "") else f" (default {default})")
+        if isinstance(default, bool):
+            grpo.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+        elif isinstance(default, tuple):
+            grpo.add_argument(flag, nargs="+", type=nonnegative_int, metavar="N", help=text)
+        elif f.name in choices:
+            grpo.add_argument(flag, choices=choices[f.name], help=text)
+        else:
+            kind = float if isinstance(default, float) or f.name == "time_budget_min" else (
+                str if isinstance(default, str) else int)
+            grpo.add_argument(flag, type=kind, required=f.name == "model", help=text)
+    grpo.add_argument("--task-type", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE", help=type_help)
+    grpo.add_argument("--lora-r", type=nonnegative_int, metavar="R",
+                      help="LoRA rank, alpha 2R (default 16, alpha 32); 0 trains every weight")
+    grpo.add_argument("--output-dir", default="runs/grpo", metavar="DIR", help="default runs/grpo")
+    grpo.add_argument("--resume", action="store_true",
+                      help="continue the run in DIR from its last checkpoint (refused if the settings changed)")
+    grpo.set_defaults(func=cmd_train_grpo)
+
+
 # --- eval-policy ---------------------------------------------------------------------------------------
 
 
@@ -213,7 +310,7 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
     from resilibench.envs.tasks import TASK_TYPE_NAMES
 
     type_help = f"repeatable (default all); one of {', '.join(TASK_TYPE_NAMES)}"
-    train = commands.add_parser("train", help="train planners (RLlib PPO)")
+    train = commands.add_parser("train", help="train planners (RLlib PPO) and LLM agents (TRL GRPO)")
     algorithms = train.add_subparsers(dest="train_command", metavar="ALGO", required=True, parser_class=Parser)
     ppo = algorithms.add_parser(
         "ppo", parents=[parents["library"], parents["world"]],
@@ -244,6 +341,7 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
     ppo.add_argument("--set", action="append", type=_assignment, metavar="KEY=VALUE",
                      help="any other hyperparameter of PPOTrainConfig, value as JSON (e.g. --set lr=0.001)")
     ppo.set_defaults(func=cmd_train_ppo)
+    _add_grpo(algorithms, type_help)
 
     evaluate = commands.add_parser(
         "eval-policy", parents=[parents["library"], parents["world"]],

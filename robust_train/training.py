@@ -348,8 +348,11 @@ def _prepare_output(output_dir: Path, run: dict, resume: bool) -> TrainResult | 
     if resume and record.is_file():
         previous = json.loads(record.read_text())
         if previous != run:
+            from resilibench.results import json_diff
+
             changed = sorted(k for k in set(run) | set(previous) if run.get(k) != previous.get(k))
-            raise ValueError(f"output_dir {str(output_dir)!r} holds a run with a different {', '.join(changed)}; "
+            raise ValueError(f"output_dir {str(output_dir)!r} holds a run with a different {', '.join(changed)} "
+                             f"({'; '.join(json_diff(previous, run)[:5])}); "
                              "use another output_dir or resume=False to start over")
         if (final / RESULT_FILE).is_file():
             result = json.loads((final / RESULT_FILE).read_text())
