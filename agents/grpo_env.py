@@ -4,7 +4,8 @@ TRL 1.16 makes every public method of an environment a tool the model may call n
 schemas in the chat template, structured tool calls parsed back), calls ``reset(**row)`` before each
 rollout and ``get_reward()`` after it. ``grpo_environment_class`` builds that class: one method per tool
 of the registry (its JSON Schema as the method's signature and docstring) plus ``tool_search`` and
-``tool_info``; ``reset(task_id, seed)`` opens the text env's episode of that task and seed and returns
+``tool_info`` (or, with ``surface="search"``, those two and ``call_tool(name, arguments)``);
+``reset(task_id, seed)`` opens the text env's episode of that task and seed and returns
 the task prompt; ``get_reward()`` grades the episode with the evaluator.
 
 Nothing of the world is re-typed here: ``reset`` is ``ResiliBenchTextEnv.reset`` (same task, same
@@ -33,12 +34,13 @@ from resilibench.envs.evaluator import LEVELS
 from resilibench.envs.registry import Tool, ToolRegistry, default_registry
 from resilibench.envs.tasks import DEFAULT_WORLD, Task
 from resilibench.envs.text_env import ResiliBenchTextEnv
-from resilibench.envs.toolbox import call_tool, end_text, feedback_text
+from resilibench.envs.toolbox import UnknownToolError, call_tool, end_text, feedback_text, progress_text
 from resilibench.policies.prompts import _items
 
 # JSON Schema types as the Python hints transformers turns back into the same schema types.
 PYTHON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "object": dict, "array": list}
 META_TOOLS = ("tool_search", "tool_info")
+SURFACES = ("all", "search")
 
 SYSTEM_PROMPT = (
     "You complete tasks by calling tools. Tools can fail like real APIs (timeouts, invalid input, unmet "
@@ -139,14 +141,32 @@ class GRPOEnvironmentBase:
         episode = self._episode()
         return self._turn(lambda: feedback_text(call_tool(episode, name, arguments), episode))
 
+    def _not_executed(self, answer: str) -> str:
+        """Spend the turn of a message without a played call; ``answer`` and the progress line."""
+        episode = self._episode()
+        episode.spend_turn()
+        return f"{answer}\n\n{progress_text(episode)}"
+
     def _lookup(self, answer: Callable[[str], str], text: str) -> str:
         """A search or info request: the text env's answer; the turn is spent as a message of it."""
-        def play() -> str:
-            reply = answer(text)
-            episode = self._episode()
-            episode.spend_turn()
-            return "\n\n".join([reply, end_text(episode)] if episode.done else [reply])
-        return self._turn(play)
+        return self._turn(lambda: self._not_executed(answer(text)))
+
+
+def _call_tool_method() -> Callable:
+    def call_tool(self, name: str, arguments: dict | None = None) -> str:
+        """Call one tool by name. Uses one turn.
+
+        Args:
+            name: The tool's name (find tools with tool_search).
+            arguments: The tool's arguments as an object (read its parameters with tool_info).
+        """
+        try:
+            return self._call(name, arguments or {})
+        except UnknownToolError as exc:  # as the text env answers an unknown name: the turn is spent
+            problem = f"Tool call not executed: {exc}"
+            return self._turn(lambda: self._not_executed(problem))
+
+    return call_tool
 
 
 def _meta_methods() -> dict[str, Callable]:
@@ -197,24 +217,32 @@ def tool_method(tool: Tool) -> Callable:
     return method
 
 
-def grpo_environment_class(registry: ToolRegistry | None = None, *, reward: GRPOReward = GRPOReward(),
-                           outcomes: list[dict[str, Any]] | None = None, split: str | None = None,
-                           world: str = DEFAULT_WORLD, **env_kwargs: Any) -> type[GRPOEnvironmentBase]:
-    """A class for ``GRPOTrainer(environment_factory=cls)``: every tool of ``registry`` plus
-    ``tool_search`` and ``tool_info`` as methods. ``env_kwargs`` go to ``ResiliBenchTextEnv`` (``config``,
-    ``tasks``, ``search``...; ``split=None`` by default, so any task id of ``world`` resets). When
-    ``outcomes`` is a list, every graded rollout appends its task, seed, level, reward, turns and
-    progress to it."""
+def grpo_environment_class(registry: ToolRegistry | None = None, *, surface: str = "all",
+                           reward: GRPOReward = GRPOReward(), outcomes: list[dict[str, Any]] | None = None,
+                           split: str | None = None, world: str = DEFAULT_WORLD,
+                           **env_kwargs: Any) -> type[GRPOEnvironmentBase]:
+    """A class for ``GRPOTrainer(environment_factory=cls)``. ``surface``: "all" offers every tool of
+    ``registry`` as a method, plus ``tool_search`` and ``tool_info``; "search" offers ``tool_search``,
+    ``tool_info`` and ``call_tool(name, arguments)`` only (the tag protocol's discovery by search, and a
+    prompt about 3,700 tokens shorter). ``env_kwargs`` go to ``ResiliBenchTextEnv`` (``config``,
+    ``tasks``, ``search``, ``search_k``...; ``split=None`` by default, so any task id of ``world``
+    resets). When ``outcomes`` is a list, every graded rollout appends its task, seed, level, reward,
+    turns and progress to it."""
+    if surface not in SURFACES:
+        raise ValueError(f"surface must be one of {SURFACES}, got {surface!r}")
     registry = registry or default_registry()
-    clash = set(META_TOOLS) & set(registry.names)
+    clash = {*META_TOOLS, "call_tool"} & set(registry.names)
     if clash:
         raise ValueError(f"registry tool names clash with {sorted(clash)}")
-    methods: dict[str, Any] = {tool.name: tool_method(tool) for tool in registry.tools}
-    methods.update(_meta_methods())
+    methods: dict[str, Any] = _meta_methods()
+    if surface == "all":
+        methods.update({tool.name: tool_method(tool) for tool in registry.tools})
+    else:
+        methods["call_tool"] = _call_tool_method()
     methods.update(_env_kwargs={"registry": registry, "split": split, "world": world, **env_kwargs},
                    _reward=reward, _outcomes=outcomes)
     return type("ResiliBenchGRPOEnv", (GRPOEnvironmentBase,), methods)
 
 
-__all__ = ["GRPOReward", "GRPOEnvironmentBase", "grpo_environment_class", "task_prompt",
+__all__ = ["SURFACES", "GRPOReward", "GRPOEnvironmentBase", "grpo_environment_class", "task_prompt",
            "task_rows", "tool_method"]

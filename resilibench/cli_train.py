@@ -187,19 +187,20 @@ def cmd_train_grpo(args: argparse.Namespace) -> int:
 def _add_grpo(algorithms: Any, type_help: str) -> None:
     """`train grpo`: one flag per GRPOSettings field, its help from the field."""
     from resilibench.envs.tasks import TASK_TYPE_NAMES, WORLDS
-    from resilibench.robust_train.grpo import CHAT_TEMPLATES, VLLM_MODES, GRPOSettings
+    from resilibench.robust_train.grpo import CHAT_TEMPLATES, SURFACES, VLLM_MODES, GRPOSettings
 
     grpo = algorithms.add_parser(
         "grpo", help="train an LLM agent with GRPO in the text env (TRL, LoRA; native tool calls)",
         description="Train an LLM agent with TRL's GRPO inside the text env, then evaluate it on held-out "
         "tasks before and after, beside bound (iii). See docs/grpo.md.")
     choices = {"world": WORLDS, "split": SPLITS, "eval_split": SPLITS, "chat_template": CHAT_TEMPLATES,
-               "vllm_mode": VLLM_MODES}
+               "vllm_mode": VLLM_MODES, "tools": SURFACES}
     for f in dataclasses.fields(GRPOSettings):
         if f.name in GRPO_SPECIAL_FIELDS:
             continue
         flag, default = "--" + f.name.replace("_", "-"), f.default
-        text = f.metadata["help"] + ("" if default in (None, "") else f" (default {default})")
+        shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+        text = f.metadata["help"] + ("" if default in (None, "") else f" (default {shown})")
         if isinstance(default, bool):
             grpo.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
         elif isinstance(default, tuple):

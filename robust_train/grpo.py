@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resilibench.agents.grpo_env import SURFACES
 from resilibench.envs.evaluator import LEVELS
 from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, TASK_TYPE_NAMES, load_tasks
 from resilibench.robust_train.training import (
@@ -79,6 +80,9 @@ class GRPOSettings:
     beta: float = _help("KL penalty against the base model (0: none, no reference pass)", 0.0)
     temperature: float = _help("sampling temperature of rollouts (training and evaluation)", 1.0)
     max_completion_length: int = _help("token budget of a whole rollout (generations and tool results)", 512)
+    tools: str = _help(f"one of {SURFACES}: every tool as a function (about 4,000 prompt tokens), or only "
+                       "tool_search, tool_info and call_tool(name, arguments)", "all")
+    search_k: int = _help("tools a tool_search returns", 5)
     lora: LoraSettings | None = _help("the LoRA adapter (None: train every weight)", LoraSettings())
     reward_levels: tuple[float, float, float] = _help(
         f"reward of each evaluator level {LEVELS}", (0.0, 0.5, 1.0))
@@ -97,14 +101,14 @@ class GRPOSettings:
         if not isinstance(self.model, str) or not self.model:
             raise ValueError("GRPOSettings.model must name a model directory, GGUF file or package")
         for name, accepted in (("split", SPLITS), ("eval_split", SPLITS), ("chat_template", CHAT_TEMPLATES),
-                               ("vllm_mode", VLLM_MODES)):
+                               ("vllm_mode", VLLM_MODES), ("tools", SURFACES)):
             if getattr(self, name) not in accepted:
                 raise ValueError(f"GRPOSettings.{name} must be one of {accepted}, got {getattr(self, name)!r}")
         unknown = sorted(set(self.task_types or ()) - set(TASK_TYPE_NAMES))
         if unknown:
             raise ValueError(f"GRPOSettings.task_types: unknown {unknown}; accepted: {list(TASK_TYPE_NAMES)}")
         _check_positive(self, "max_steps", "num_generations", "batch_size", "gradient_accumulation_steps",
-                        "learning_rate", "temperature", "max_completion_length", "save_steps", "logging_steps",
+                        "learning_rate", "temperature", "max_completion_length", "search_k", "save_steps", "logging_steps",
                         "torch_threads")
         if self.num_generations < 2 or self.batch_size % self.num_generations:
             raise ValueError(f"GRPOSettings.batch_size ({self.batch_size}) must be a multiple of num_generations "
@@ -330,8 +334,8 @@ def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool =
         raise ValueError(f"no {settings.split} tasks of types {settings.task_types} in world {settings.world}")
     outcomes: list[dict[str, Any]] = []
     env_class = grpo_environment_class(
-        reward=GRPOReward(settings.reward_levels, settings.progress_weight), outcomes=outcomes,
-        world=settings.world)
+        surface=settings.tools, reward=GRPOReward(settings.reward_levels, settings.progress_weight),
+        outcomes=outcomes, world=settings.world, search_k=settings.search_k)
     train_rows, eval_rows = task_rows(train, settings.seeds), task_rows(held_out, settings.eval_seeds)
     log(f"training on {len(train)} {settings.split} tasks x {len(settings.seeds)} seeds, evaluating on "
         f"{len(held_out)} {settings.eval_split} tasks x {len(settings.eval_seeds)} seeds")

@@ -139,3 +139,27 @@ def test_rows_and_prompt():
 def test_bad_reward_settings_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         GRPOReward(**kwargs)
+
+
+def test_the_search_surface_calls_tools_by_name_with_the_text_envs_answers():
+    from transformers.utils import get_json_schema
+
+    adapter = grpo_environment_class(surface="search", search="lexical", search_k=2)()
+    assert set(tool_methods(adapter)) == {"tool_search", "tool_info", "call_tool"}
+    assert get_json_schema(adapter.call_tool)["function"]["parameters"]["required"] == ["name"]
+    task = load_tasks(split="test")[1]
+    adapter.reset(task_id=task.instance_id, seed=2)
+    text_env = ResiliBenchTextEnv(split=None, search="lexical", search_k=2)
+    text_env.reset(seed=2, options={"task_id": task.instance_id})
+    first = task.required_tools[0]
+    for answer, message in [
+        (adapter.tool_search(query="parse records"), "<tool_search>parse records</tool_search>"),
+        (adapter.call_tool(name="no_such_tool"), "<tool_call>no_such_tool</tool_call>"),
+        (adapter.call_tool(name=first, arguments=valid_arguments(first)),
+         f"<tool_call>{first} {json.dumps(valid_arguments(first))}</tool_call>"),
+    ]:
+        feedback, *_ = text_env.step(message)
+        assert answer == feedback
+    assert adapter._env.episode.turns_used == text_env.episode.turns_used == 3
+    with pytest.raises(ValueError, match="surface"):
+        grpo_environment_class(surface="some")
