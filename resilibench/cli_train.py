@@ -15,9 +15,11 @@ the reference workflows, with its exact success.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,31 +98,44 @@ def _train_config(args: argparse.Namespace):
         raise CliError(f"train ppo: {exc}") from None
 
 
-def cmd_train_ppo(args: argparse.Namespace) -> int:
-    from resilibench.results import exclusive_lock
-
-    cfg = _train_config(args)
-    from resilibench.policies.ppo.training import TRAINING_FILE, train
-
-    directory = Path(args.output_dir)
+def _training_dir(output_dir: str, marker: str, resume: bool) -> tuple[Path, bool]:
+    """A training run's --output-dir, created, and whether it holds a run (``marker`` exists there); a held
+    run without --resume is refused."""
+    directory = Path(output_dir)
     if directory.exists() and not directory.is_dir():
         raise CliError(f"--output-dir: {directory} exists and is not a directory")
-    held = (directory / TRAINING_FILE).exists()
-    if held and not args.resume:
+    held = (directory / marker).exists()
+    if held and not resume:
         raise CliError(f"--output-dir {directory} already holds a training run: add --resume to continue it, "
                        "or use another --output-dir")
-    if args.resume and not held:
+    if resume and not held:
         print(f"nothing to resume in {directory}; starting a new run", file=sys.stderr)
     directory.mkdir(parents=True, exist_ok=True)
+    return directory, held
+
+
+@contextlib.contextmanager
+def _training_lock(directory: Path, command: str) -> Iterator[None]:
+    """Hold the directory's lock for a training run; its ValueErrors become one-line errors."""
+    from resilibench.results import exclusive_lock
+
     lock = directory / ".lock"
     try:
         with exclusive_lock(lock):
-            row = train(cfg, directory, resume=held, address=args.address,
-                        log=lambda line: print(line, flush=True))
+            yield
     except BlockingIOError:
         raise CliError(f"--output-dir {directory}: another `resilibench train` is writing there (lock {lock})") from None
     except ValueError as exc:
-        raise CliError(f"train ppo: {exc}") from None
+        raise CliError(f"{command}: {exc}") from None
+
+
+def cmd_train_ppo(args: argparse.Namespace) -> int:
+    cfg = _train_config(args)
+    from resilibench.policies.ppo.training import TRAINING_FILE, train
+
+    directory, held = _training_dir(args.output_dir, TRAINING_FILE, args.resume)
+    with _training_lock(directory, "train ppo"):
+        row = train(cfg, directory, resume=held, address=args.address, log=lambda line: print(line, flush=True))
     print(f"trained to iteration {row.get('iteration')} ({row.get('env_steps', 0):,} env steps, "
           f"{row.get('train_seconds', 0) / 60:.1f} min); checkpoint {row['checkpoint']}", file=sys.stderr)
     print(f"evaluate it with: resilibench eval-policy {directory} --split test", file=sys.stderr)
@@ -154,28 +169,13 @@ def _grpo_settings(args: argparse.Namespace):
 
 
 def cmd_train_grpo(args: argparse.Namespace) -> int:
-    from resilibench.results import exclusive_lock
-
     settings = _grpo_settings(args)
     from resilibench.robust_train.grpo import train_grpo
     from resilibench.robust_train.training import RUN_FILE
 
-    directory = Path(args.output_dir)
-    if directory.exists() and not directory.is_dir():
-        raise CliError(f"--output-dir: {directory} exists and is not a directory")
-    held = (directory / RUN_FILE).exists()
-    if held and not args.resume:
-        raise CliError(f"--output-dir {directory} already holds a training run: add --resume to continue it, "
-                       "or use another --output-dir")
-    directory.mkdir(parents=True, exist_ok=True)
-    lock = directory / ".lock"
-    try:
-        with exclusive_lock(lock):
-            summary = train_grpo(settings, directory, resume=held, log=lambda line: print(line, flush=True))
-    except BlockingIOError:
-        raise CliError(f"--output-dir {directory}: another `resilibench train` is writing there (lock {lock})") from None
-    except ValueError as exc:
-        raise CliError(f"train grpo: {exc}") from None
+    directory, held = _training_dir(args.output_dir, RUN_FILE, args.resume)
+    with _training_lock(directory, "train grpo"):
+        summary = train_grpo(settings, directory, resume=held, log=lambda line: print(line, flush=True))
     rows = [(name, s["rollouts"], s["success"], s["bound_iii"], s["success_over_bound_iii"])
             for name, s in ((k, summary.get(k)) for k in ("no_tool_agent", "before", "after")) if s]
     if rows:
