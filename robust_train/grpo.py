@@ -288,7 +288,7 @@ def make_grpo_trainer(settings: GRPOSettings, output_dir: Path, model, tokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     device, _ = _device_args(settings.lora is not None)
-    eval_batch = max(1, min(settings.batch_size, len(eval_rows) or 1))
+    eval_batch = max(1, min(2 * settings.batch_size, len(eval_rows)))  # batched generation is cheaper
     args = GRPOConfig(
         output_dir=str(output_dir / CHECKPOINT_DIR), max_steps=settings.max_steps,
         learning_rate=settings.learning_rate, per_device_train_batch_size=settings.batch_size,
