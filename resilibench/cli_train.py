@@ -1,4 +1,9 @@
-"""`train ppo` and `eval-policy`: RLlib PPO planners, trained and measured against bound (iii).
+"""`train ppo`, `train grpo` and `eval-policy`: RLlib PPO planners and GRPO-trained LLM agents, measured
+against bound (iii).
+
+`train grpo` trains an LLM agent with TRL's GRPO inside the text env (native tool calls, LoRA) and
+evaluates it on held-out tasks before and after; its options are the fields of
+``resilibench.robust_train.grpo.GRPOSettings`` (help text included).
 
 `train ppo` writes checkpoints, a progress log and its config into --output-dir and resumes from the last
 checkpoint with --resume. `eval-policy` plays a trained policy greedily with the episodes and seeds of
@@ -87,17 +92,24 @@ def _train_config(args: argparse.Namespace):
         raise CliError(f"train ppo: {exc}") from None
 
 
+def _held_run(output_dir: str, marker: str, resume: bool) -> tuple[Path, bool]:
+    """A training run's --output-dir and whether it holds a run (``marker`` exists there); a held run
+    without --resume is refused."""
+    directory = check_directory(output_dir)
+    held = (directory / marker).exists()
+    if held and not resume:
+        raise CliError(f"--output-dir {directory} already holds a training run: add --resume to continue it, "
+                       "or use another --output-dir")
+    if resume and not held:
+        print(f"nothing to resume in {directory}; starting a new run", file=sys.stderr)
+    return directory, held
+
+
 def cmd_train_ppo(args: argparse.Namespace) -> int:
     cfg = _train_config(args)
     from resilibench.policies.ppo.training import TRAINING_FILE, train
 
-    directory = check_directory(args.output_dir)
-    held = (directory / TRAINING_FILE).exists()
-    if held and not args.resume:
-        raise CliError(f"--output-dir {directory} already holds a training run: add --resume to continue it, "
-                       "or use another --output-dir")
-    if args.resume and not held:
-        print(f"nothing to resume in {directory}; starting a new run", file=sys.stderr)
+    directory, held = _held_run(args.output_dir, TRAINING_FILE, args.resume)
     try:
         row = train(cfg, directory, resume=held, address=args.address, log=lambda line: print(line, flush=True))
     except InputError:
@@ -108,6 +120,64 @@ def cmd_train_ppo(args: argparse.Namespace) -> int:
           f"{row.get('train_seconds', 0) / 60:.1f} min); checkpoint {row['checkpoint']}", file=sys.stderr)
     print(f"evaluate it with: resilibench eval-policy {directory} --split test", file=sys.stderr)
     return 0
+
+
+# --- train grpo ----------------------------------------------------------------------------------------
+
+# GRPOSettings fields with `train grpo` options (built from the fields); --lora-r sets the adapter.
+GRPO_OPTIONS = ("model", "world", "split", "eval_split", "task_types", "train_tasks", "eval_tasks", "seeds",
+                "eval_seeds", "max_steps", "time_budget_min", "num_generations", "batch_size",
+                "gradient_accumulation_steps", "learning_rate", "beta", "temperature", "max_completion_length",
+                "tools", "search_k", "progress_weight", "chat_template", "use_vllm", "vllm_mode",
+                "save_steps", "logging_steps", "seed", "torch_threads")
+
+
+def _grpo_settings(args: argparse.Namespace):
+    """The GRPOSettings of the command line (dataclass defaults, then the options given)."""
+    from resilibench.robust_train.grpo import GRPOSettings
+    from resilibench.robust_train.training import LoraSettings
+
+    values = option_values(args, GRPOSettings, GRPO_OPTIONS)
+    if args.lora_r is not None:
+        values["lora"] = None if args.lora_r == 0 else LoraSettings(r=args.lora_r, alpha=2 * args.lora_r)
+    return GRPOSettings(**values)
+
+
+def cmd_train_grpo(args: argparse.Namespace) -> int:
+    settings = _grpo_settings(args)
+    from resilibench.robust_train.grpo import train_grpo
+    from resilibench.robust_train.training import RUN_FILE
+
+    directory, held = _held_run(args.output_dir, RUN_FILE, args.resume)
+    try:
+        summary = train_grpo(settings, directory, resume=held, log=lambda line: print(line, flush=True))
+    except InputError:
+        raise
+    except ValueError as exc:
+        raise CliError(f"train grpo: {exc}") from None
+    rows = [(name, s["rollouts"], s["success"], s["bound_iii"], s["success_over_bound_iii"])
+            for name, s in ((k, summary.get(k)) for k in ("no_tool_agent", "before", "after")) if s]
+    if rows:
+        print(format_table(("agent", "rollouts", "full success", "bound_iii", "success/iii"), rows))
+    print(f"wrote {directory / 'summary.json'}", file=sys.stderr)
+    return 0
+
+
+def _add_grpo(algorithms: Any) -> None:
+    """`train grpo`: one flag per GRPOSettings field, its help from the field."""
+    from resilibench.robust_train.grpo import GRPOSettings
+
+    grpo = algorithms.add_parser(
+        "grpo", help="train an LLM agent with GRPO in the text env (TRL, LoRA; native tool calls)",
+        description="Train an LLM agent with TRL's GRPO inside the text env, then evaluate it on held-out "
+        "tasks before and after, beside bound (iii). See docs/grpo.md.")
+    add_options(grpo, GRPOSettings, GRPO_OPTIONS)
+    grpo.add_argument("--lora-r", type=nonnegative_int, metavar="R",
+                      help="LoRA rank, alpha 2R (default 16, alpha 32); 0 trains every weight")
+    grpo.add_argument("--output-dir", default="runs/grpo", metavar="DIR", help="default runs/grpo")
+    grpo.add_argument("--resume", action="store_true",
+                      help="continue the run in DIR from its last checkpoint (refused if the settings changed)")
+    grpo.set_defaults(func=cmd_train_grpo)
 
 
 # --- eval-policy ---------------------------------------------------------------------------------------
@@ -170,7 +240,7 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
     from resilibench.policies.ppo.training import PPOTrainConfig
 
     type_help = f"repeatable (default all); one of {', '.join(TASK_TYPE_NAMES)}"
-    train = commands.add_parser("train", help="train planners (RLlib PPO)")
+    train = commands.add_parser("train", help="train planners (RLlib PPO) and LLM agents (TRL GRPO)")
     algorithms = train.add_subparsers(dest="train_command", metavar="ALGO", required=True, parser_class=Parser)
     ppo = algorithms.add_parser(
         "ppo", parents=[parents["library"], parents["world"]],
@@ -183,6 +253,7 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
     ppo.add_argument("--set", action="append", type=_assignment, metavar="KEY=VALUE",
                      help="any other hyperparameter of PPOTrainConfig, value as JSON (e.g. --set lr=0.001)")
     ppo.set_defaults(func=cmd_train_ppo)
+    _add_grpo(algorithms)
 
     evaluate = commands.add_parser(
         "eval-policy", parents=[parents["library"], parents["world"]],

@@ -335,24 +335,35 @@ def model_digest(model_dir: str | Path) -> str:
     return digest.hexdigest()[:DIGEST_CHARS]
 
 
-def _train_in(output_dir: Path, record: dict, resume: bool, make_trainer: Callable[[], Any]) -> TrainResult:
-    """Train ``make_trainer()`` in ``output_dir`` under its lock (``rundir.RunDirectory``), ``record`` kept in
-    ``run.json``. Resuming returns the finished result of the same record at once, and refuses a run
-    recorded with other settings, rows or model (``errors.ConfigChanged``); ``resume=False`` clears the
-    previous run's checkpoints and output first."""
+@contextlib.contextmanager
+def training_directory(output_dir: Path, record: dict, resume: bool, summary: str | None = None,
+                       stale: Sequence[str] = ()) -> Iterator[tuple[Any, TrainResult | None]]:
+    """A training run's ``RunDirectory`` session, ``record`` kept in ``run.json``, and the finished result of
+    the same record when resuming one (else None). A run recorded with other settings, rows or model is
+    refused (``errors.ConfigChanged``); ``resume=False`` clears the previous run's checkpoints and output."""
     from resilibench.results import run_metadata
     from resilibench.rundir import RunDirectory
 
-    run = RunDirectory(output_dir, record, summary=None, meta=RUN_FILE)
+    run = RunDirectory(output_dir, record, summary=summary, meta=RUN_FILE, stale=stale)
     final = output_dir / FINAL_DIR
     with run.session(resume):
         if resume and run.meta_path is not None and run.meta_path.is_file() and (final / RESULT_FILE).is_file():
             result = json.loads((final / RESULT_FILE).read_text())
-            return TrainResult(final, result["steps"], result["train_loss"], result["log"], resumed=True)
+            yield run, TrainResult(final, result["steps"], result["train_loss"], result["log"], resumed=True)
+            return
         if not resume:
-            for stale in (final, output_dir / CHECKPOINT_DIR):
-                shutil.rmtree(stale, ignore_errors=True)
+            for old in (final, output_dir / CHECKPOINT_DIR):
+                shutil.rmtree(old, ignore_errors=True)
         run.write_meta(run_metadata(record, None))
+        yield run, None
+
+
+def _train_in(output_dir: Path, record: dict, resume: bool, make_trainer: Callable[[], Any]) -> TrainResult:
+    """Train ``make_trainer()`` in ``output_dir`` under its lock (``training_directory``); resuming a
+    finished run returns its result at once."""
+    with training_directory(output_dir, record, resume) as (_, finished):
+        if finished is not None:
+            return finished
         trainer = make_trainer()
         with _quiet():
             return _run(trainer, output_dir, resume)

