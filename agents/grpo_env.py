@@ -35,7 +35,7 @@ from resilibench.envs.registry import Tool, ToolRegistry, default_registry
 from resilibench.envs.tasks import DEFAULT_WORLD, Task
 from resilibench.envs.text_env import ResiliBenchTextEnv
 from resilibench.envs.toolbox import UnknownToolError, call_tool, end_text, feedback_text, progress_text
-from resilibench.policies.prompts import _items
+from resilibench.policies.prompts import task_statement
 
 # JSON Schema types as the Python hints transformers turns back into the same schema types.
 PYTHON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "object": dict, "array": list}
@@ -67,12 +67,8 @@ class GRPOReward:
 def task_prompt(task: Task, turn_limit: int) -> str:
     """The user message of a task for native tool calling: the task, its inputs and expected outputs,
     and the rules (the tools themselves reach the model as function schemas)."""
-    article = "an" if task.complexity[0] in "aeiou" else "a"
     return (
-        f"Execute {article} {task.complexity} {task.task_type.replace('_', ' ')} task.\n\n"
-        f"Task: {task.description}\n\n"
-        f"Input Data:\n{_items(task.inputs)}\n\n"
-        f"Expected Output:\n{_items(task.expected_outputs)}\n\n"
+        f"{task_statement(task)}\n\n"
         "Rules:\n"
         "- Find tools with tool_search, read one with tool_info, then call the tools in the right order.\n"
         f"- You have {turn_limit} turns: every tool call uses one, tool_search and tool_info included.\n"

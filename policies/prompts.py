@@ -292,14 +292,21 @@ def _protocol_text(registry: ToolRegistry, protocol: str, wording: str) -> str:
             "JSON object)")
 
 
-def _baseline(task: Task, config: WorldConfig, registry: ToolRegistry, protocol: str, wording: str) -> str:
-    finish = ('- When the task is done, say "task completed".' if wording == "paper" else
-              '- When every step has succeeded, and not before, say "task completed".')
+def task_statement(task: Task) -> str:
+    """What every prompt of a task opens with: its type, description, inputs and expected outputs."""
     return (
         f"Execute {'an' if task.complexity[0] in 'aeiou' else 'a'} {task.complexity} {task.task_type.replace('_', ' ')} task.\n\n"
         f"Task: {task.description}\n\n"
         f"Input Data:\n{_items(task.inputs)}\n\n"
-        f"Expected Output:\n{_items(task.expected_outputs)}\n\n"
+        f"Expected Output:\n{_items(task.expected_outputs)}"
+    )
+
+
+def _baseline(task: Task, config: WorldConfig, registry: ToolRegistry, protocol: str, wording: str) -> str:
+    finish = ('- When the task is done, say "task completed".' if wording == "paper" else
+              '- When every step has succeeded, and not before, say "task completed".')
+    return (
+        f"{task_statement(task)}\n\n"
         f"{_protocol_text(registry, protocol, wording)}\n\n"
         "Rules:\n"
         "- Make at most one tool call per message.\n"

