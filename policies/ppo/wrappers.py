@@ -22,7 +22,7 @@ from gymnasium import spaces
 
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.observation import N_STATUS, ObservationLayout, counter_features, initial_observation
-from resilibench.envs.planner_env import ResiliBenchEnv
+from resilibench.envs.planner_env import ResiliBenchEnv, TaskPool
 from resilibench.envs.simulator import Episode
 from resilibench.envs.tasks import Task
 
@@ -126,7 +126,7 @@ class MaskedPlannerEnv(gym.Wrapper):
             raise ValueError(f"stage must be in [-1, {len(self.stage_pools)}), got {stage}")
         self.stage = stage
         pool = self.full_pool if stage < 0 else self.stage_pools[stage]
-        self.env.unwrapped.tasks = pool
+        self.env.unwrapped.tasks = TaskPool(pool)
         by_type: dict[str, list[Task]] = {}
         for task in pool:
             by_type.setdefault(task.task_type, []).append(task)
