@@ -197,8 +197,9 @@ def run_eval(
     if len(set(keys)) != len(keys):
         raise ValueError("jobs contain the same (task, prompt, flaw type, seed) more than once")
     with ExitStack() as stack:
-        run = output_dir if isinstance(output_dir, RunDirectory) else None
-        if output_dir is not None and run is None:
+        if isinstance(output_dir, RunDirectory) or output_dir is None:
+            run = output_dir
+        else:
             run = stack.enter_context(eval_directory(output_dir).session(resume))
         done = settled_rows(run.existing.rows) if run is not None else {}
         if retry_infra_errors:

@@ -30,7 +30,7 @@ from resilibench.cli_options import add_options, option_values
 # Settings fields with `eval` options (built from the fields: resilibench.cli_options).
 GENERATION_OPTIONS = ("max_new_tokens", "temperature", "seed")
 REQUEST_OPTIONS = ("timeout", "max_retries", "max_concurrency")
-EVAL_GENERATION = {"seed": 0}  # eval samples reproducibly unless --generation-seed says otherwise
+EVAL_GENERATION: dict[str, Any] = {"seed": 0}  # eval samples reproducibly unless --generation-seed says otherwise
 
 
 def flaw_severity(text: str) -> float:
