@@ -1,0 +1,130 @@
+"""Real small models in the text env: how fast, how well formed, how successful, beside bound (iii).
+
+A fixed slice of world-v1 test tasks (the first test task of each of the first ``--tasks`` task types)
+is played with every prompt type (baseline, cot, optimal, flawed with ``--flaw``) by each model of
+``--models`` (``resilibench.agents.models``: packages that ship GGUF weights) through each backend of
+``--backends``:
+
+* ``llamacpp``: llama.cpp's OpenAI-compatible server started here on loopback (``models.llama_server``,
+  one request at a time), reached through ``OpenAIBackend``;
+* ``hf``: the transformers backend on the directory converted from the same GGUF (``models.hf_dir``).
+
+Every episode goes through the evaluation harness (``run_eval``), one episode at a time, greedy decoding.
+Per model, backend and protocol it reports: turns/s (agent messages per wall-clock second, model loading
+excluded), tokens/s (generated tokens, counted with the model's tokenizer, per wall-clock second), the
+parsed-call rate (agent messages holding at least one well-formed tool call), then the paper's tables
+beside bound (iii) for the same episodes played by two scripted references: ``scripted:names`` (copies
+the tool names of the task text: the trivial baseline) and ``scripted:optimal`` (bound (iii)'s policy).
+
+Run: ``nice python benchmarks/bench_llm.py --output-dir runs/bench_llm`` (a few minutes per model and
+backend on two CPU cores; the rows are kept in ``results.jsonl`` there, so a rerun resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import platform
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from resilibench.agents import models
+from resilibench.agents.backends import make_backend
+from resilibench.agents.base import GenerationConfig
+from resilibench.agents.harness import EvalJob, eval_jobs, run_eval
+from resilibench.agents.report import format_tables, summarize_eval
+from resilibench.agents.scripted import make_scripted_agent
+from resilibench.envs.tasks import TASK_TYPE_NAMES, load_tasks
+from resilibench.envs.toolbox import parse_message
+
+PROMPTS = ("baseline", "cot", "optimal", "flawed")
+BACKENDS = ("llamacpp", "hf")
+PROTOCOLS = ("tags",)
+
+
+def task_slice(n_types: int) -> list[Any]:
+    """The first world-v1 test task of each of the first ``n_types`` task types."""
+    tasks = load_tasks(split="test")
+    return [next(t for t in tasks if t.task_type == kind) for kind in TASK_TYPE_NAMES[:n_types]]
+
+
+def well_formed_call(message: dict[str, Any]) -> bool:
+    """Whether an agent message holds at least one tool call the env can run as written."""
+    if message.get("tool_calls"):
+        return True
+    return any(call.problem is None and call.name for call in parse_message(message["content"]).calls)
+
+
+@contextlib.contextmanager
+def served(model: str, backend: str) -> Iterator[str]:
+    """The backend spec of ``model`` on ``backend``, live for the block (llama.cpp's server runs in it)."""
+    if backend == "hf":
+        yield f"hf:{models.hf_dir(model)}?batch_size=1"
+        return
+    with models.llama_server(model) as url:
+        yield f"openai:{url}?model={model}&timeout=900&max_concurrency=1&max_retries=0"
+
+
+def play(spec: str, name: str, jobs: list[EvalJob], generation: GenerationConfig, results: Path,
+         tokenizer: Any) -> dict[str, Any]:
+    """Run ``jobs`` with the backend of ``spec`` named ``name``; throughput and form figures."""
+    backend = make_backend(f"{spec}&name={name}")
+    start = time.perf_counter()
+    rows = run_eval(backend, jobs, generation=generation, batch_size=1, results_path=results,
+                    keep_messages=True, progress=False)
+    seconds = time.perf_counter() - start
+    said = [m for row in rows for m in row["messages"] if m["role"] == "assistant"]
+    tokens = sum(len(tokenizer(m["content"], add_special_tokens=False)["input_ids"]) for m in said)
+    return {"name": name, "episodes": len(rows), "messages": len(said), "seconds": seconds,
+            "turns_per_s": len(said) / seconds, "tokens_per_s": tokens / seconds,
+            "parsed_call_rate": sum(map(well_formed_call, said)) / max(1, len(said)), "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m"], choices=list(models.MODELS))
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
+    parser.add_argument("--prompts", nargs="+", default=list(PROMPTS), choices=PROMPTS)
+    parser.add_argument("--flaw", default="order", help="flaw type of the flawed prompt")
+    parser.add_argument("--tasks", type=int, default=2, help="task types in the slice (one task each)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--output-dir", type=Path, default=Path("runs/bench_llm"))
+    args = parser.parse_args()
+
+    from transformers import AutoTokenizer
+
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    results = args.output_dir / "results.jsonl"
+    jobs = eval_jobs(task_slice(args.tasks), args.prompts, args.seeds, flaw_types=[args.flaw])
+    generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    print(f"{len(jobs)} episodes per model, backend and protocol; {platform.machine()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+
+    figures, rows = [], []
+    for model in args.models:
+        tokenizer = AutoTokenizer.from_pretrained(models.hf_dir(model))
+        for backend in args.backends:
+            with served(model, backend) as spec:
+                for protocol in args.protocols:
+                    figure = play(spec, f"{model}/{backend}/{protocol}", jobs, generation, results, tokenizer)
+                    rows += figure.pop("rows")
+                    figures.append(figure)
+                    print(f"{figure['name']}: {figure['seconds']:.0f} s", flush=True)
+    for kind in ("names", "optimal"):
+        rows += run_eval(make_scripted_agent(kind), jobs, progress=False)
+
+    print("\n| model/backend/protocol | episodes | agent messages | wall s | turns/s | tokens/s | parsed-call rate |")
+    print("|---|---|---|---|---|---|---|")
+    for f in figures:
+        print(f"| {f['name']} | {f['episodes']} | {f['messages']} | {f['seconds']:.0f} | {f['turns_per_s']:.3f} "
+              f"| {f['tokens_per_s']:.1f} | {f['parsed_call_rate']:.2f} |")
+    print()
+    print(format_tables(summarize_eval(rows)))
+
+
+if __name__ == "__main__":
+    main()
