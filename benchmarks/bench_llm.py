@@ -58,12 +58,12 @@ def well_formed_call(message: dict[str, Any]) -> bool:
 
 
 @contextlib.contextmanager
-def served(model: str, backend: str) -> Iterator[str]:
+def served(model: str, backend: str, threads: int) -> Iterator[str]:
     """The backend spec of ``model`` on ``backend``, live for the block (llama.cpp's server runs in it)."""
     if backend == "hf":
         yield f"hf:{models.hf_dir(model)}?batch_size=1"
         return
-    with models.llama_server(model) as url:
+    with models.llama_server(model, n_threads=threads) as url:
         yield f"openai:{url}?model={model}&timeout=900&max_concurrency=1&max_retries=0"
 
 
@@ -89,14 +89,17 @@ def main() -> None:
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
     parser.add_argument("--prompts", nargs="+", default=list(PROMPTS), choices=PROMPTS)
     parser.add_argument("--flaw", default="order", help="flaw type of the flawed prompt")
-    parser.add_argument("--tasks", type=int, default=2, help="task types in the slice (one task each)")
+    parser.add_argument("--tasks", type=int, default=1, help="task types in the slice (one task each)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads of torch and of llama.cpp")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/bench_llm"))
     args = parser.parse_args()
 
+    import torch
     from transformers import AutoTokenizer
 
+    torch.set_num_threads(args.threads)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     results = args.output_dir / "results.jsonl"
     jobs = eval_jobs(task_slice(args.tasks), args.prompts, args.seeds, flaw_types=[args.flaw])
@@ -108,7 +111,7 @@ def main() -> None:
     for model in args.models:
         tokenizer = AutoTokenizer.from_pretrained(models.hf_dir(model))
         for backend in args.backends:
-            with served(model, backend) as spec:
+            with served(model, backend, args.threads) as spec:
                 for protocol in args.protocols:
                     figure = play(spec, f"{model}/{backend}/{protocol}", jobs, generation, results, tokenizer)
                     rows += figure.pop("rows")

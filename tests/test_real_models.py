@@ -38,7 +38,7 @@ def model_cache(tmp_path_factory):
 def one_episode(agent, **kwargs):
     """One v1 test task, baseline prompt, seed 0, with the conversation kept."""
     jobs = eval_jobs(load_tasks(split="test")[:1], ["baseline"], seeds=[0])
-    (row,) = run_eval(agent, jobs, generation=GenerationConfig(max_new_tokens=48), keep_messages=True,
+    (row,) = run_eval(agent, jobs, generation=GenerationConfig(max_new_tokens=32), keep_messages=True,
                       progress=False, **kwargs)
     return row
 
