@@ -3,6 +3,14 @@
 A backend turns a batch of chat conversations into one completion each. Callers batch on purpose: the
 evaluation harness, the judge, ScPO sampling and the breaker loop all hand over every pending
 conversation at once, which is what makes vLLM and batched transformers generation fast.
+
+Native tool calling: ``generate_with_tools(conversations, config, tools)`` offers function schemas
+(OpenAI form) and returns assistant messages that may carry ``tool_calls``; conversations may then hold
+assistant messages with ``tool_calls`` and ``tool`` messages (``tool_call_id``) answering them.
+
+When some conversations of a batch fail (a timeout, a prompt longer than the model's context), a backend
+raises ``PartialFailure`` with the answers it has and a ``BackendError`` in place of each failed one, so
+that a caller can carry on with the rest.
 """
 
 from __future__ import annotations
@@ -12,7 +20,41 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
+Message = dict[str, Any]  # {"role": "system" | "user" | "assistant" | "tool", "content": "...", ...}
+
+
+class BackendError(RuntimeError):
+    """A backend could not produce completions (bad server answer, exhausted retries, missing extra)."""
+
+
+class InfraError(BackendError):
+    """One conversation could not be answered for a reason of its own (it is too long, its request timed
+    out): the harness ends that episode as an infrastructure error and goes on with the others."""
+
+
+class ContextOverflowError(InfraError):
+    """A conversation does not fit the model's context (prompt plus ``max_new_tokens``)."""
+
+
+class RequestTimeoutError(InfraError):
+    """No answer to a conversation within the request timeout."""
+
+
+class PartialFailure(BackendError):
+    """Some conversations of a batch failed: ``answers`` holds, in order, each conversation's answer or
+    the ``BackendError`` that stopped it."""
+
+    def __init__(self, answers: list[Any]):
+        self.answers = answers
+        failures = [a for a in answers if isinstance(a, BackendError)]
+        super().__init__(f"{len(failures)} of {len(answers)} conversations failed; first: {failures[0]}")
+
+
+def raise_failures(answers: list[Any]) -> list[Any]:
+    """``answers`` as they are, or ``PartialFailure`` when one of them is a ``BackendError``."""
+    if any(isinstance(a, BackendError) for a in answers):
+        raise PartialFailure(answers)
+    return answers
 
 
 @dataclass(frozen=True)
@@ -40,6 +82,12 @@ class Backend(Protocol):
     name: str
 
     def generate(self, conversations: Sequence[Sequence[Message]], config: GenerationConfig) -> list[str]: ...
+
+    def generate_with_tools(self, conversations: Sequence[Sequence[Message]], config: GenerationConfig,
+                            tools: Sequence[dict[str, Any]]) -> list[Message]:
+        """One assistant message per conversation (``content`` and, when the model called any,
+        ``tool_calls`` as ``{"id", "type": "function", "function": {"name", "arguments": JSON text}}``)."""
+        ...
 
 
 @dataclass

@@ -10,6 +10,13 @@ already in the file (a truncated last line is repaired).
 Episodes are paired: the env of (task, seed) is reset with ``task_seed(task_id, seed)``, so every model
 and every prompt variant meets the same failure stream on the same task and seed, and the scripted
 optimal agent plays exactly the episode ``ResiliBench-v0`` would give ``OptimalPlanner``.
+
+``protocol`` picks how the agent uses tools: "tags" (the paper's text protocol) or "tools" (native
+function calls); tags-only agents play the tools protocol through ``scripted.for_protocol``. An episode
+whose reply the infrastructure could not produce (``InfraError``: a request that timed out, a prompt
+longer than the model's context) ends at once as an infrastructure error: its row has level
+``infra_error`` (counted apart from the agent's levels) and the run goes on. Such a row is a finished
+row on resume, unless ``retry_infra_errors``.
 """
 
 from __future__ import annotations
@@ -22,11 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilibench.agents.base import GenerationConfig
-from resilibench.agents.scripted import Agent, LLMAgent
+from resilibench.agents.base import GenerationConfig, InfraError
+from resilibench.agents.scripted import Agent, LLMAgent, for_protocol
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.simulator import task_seed
 from resilibench.envs.tasks import Task
+from resilibench.envs.toolbox import PROTOCOLS
+from resilibench.results import INFRA_ERROR
 
 EVAL_KEY = ("model", "task_id", "prompt", "flaw_type", "seed")
 PLAN_PROMPTS = ("optimal", "flawed")
@@ -97,12 +106,13 @@ def as_agent(agent_or_backend: Any, generation: GenerationConfig | None = None) 
 
 
 def episode_row(model: str, job: EvalJob, env: Any, info: dict[str, Any], severity: float,
-                keep_messages: bool) -> dict[str, Any]:
-    """The result row of a finished episode."""
+                keep_messages: bool, infra_error: InfraError | None = None) -> dict[str, Any]:
+    """The result row of a finished episode, or of one the infrastructure stopped (``infra_error``: its
+    level and end reason are ``INFRA_ERROR``, its message is kept)."""
     from resilibench.policies.bounds import optimal_success
 
     episode, plan = env.unwrapped.episode, env.unwrapped.prompt.plan
-    evaluation = info["evaluation"]
+    evaluation = info["evaluation"] or {"coverage": None, "completed": None}
     row = {
         "model": model,
         "task_id": job.task.instance_id,
@@ -111,8 +121,9 @@ def episode_row(model: str, job: EvalJob, env: Any, info: dict[str, Any], severi
         "flaw_type": job.flaw_type,
         "severity": severity if job.prompt == "flawed" else None,
         "seed": job.seed,
-        "level": info["level"],
-        "end_reason": info["end_reason"],
+        "protocol": env.unwrapped.protocol,
+        "level": INFRA_ERROR if infra_error is not None else info["level"],
+        "end_reason": INFRA_ERROR if infra_error is not None else info["end_reason"],
         "turns": episode.turns_used,
         "calls": len(episode.trace),
         "failed_calls": episode.n_failures,
@@ -125,6 +136,8 @@ def episode_row(model: str, job: EvalJob, env: Any, info: dict[str, Any], severi
         # Bound (iii) under the episode's own rules (strict dependencies in the text env).
         "bound_iii": optimal_success(job.task, episode.config),
     }
+    if infra_error is not None:
+        row["infra_error"] = f"{type(infra_error).__name__}: {infra_error}"
     if keep_messages:
         row["messages"] = list(env.unwrapped.messages)
     return row
@@ -158,6 +171,8 @@ def run_eval(
     progress: bool = True,
     registry: Any = None,
     env_kwargs: dict[str, Any] | None = None,
+    protocol: str = "tags",
+    retry_infra_errors: bool = False,
 ) -> list[dict[str, Any]]:
     """Play ``jobs`` with an agent (or a backend, wrapped in ``LLMAgent`` with ``generation``) and return
     one row per job, in job order.
@@ -168,13 +183,17 @@ def run_eval(
     played again and their stored rows are returned. ``config``/``strict_dependencies`` are the text
     env's world rules (strict dependencies by default, as in the paper); ``env_kwargs`` go to every
     ``ResiliBenchTextEnv`` (e.g. ``{"search": "lexical"}``). ``on_result`` sees each new row.
+    ``protocol``: "tags" or "tools" (module docstring); ``retry_infra_errors`` plays again the jobs whose
+    stored row is an infrastructure error.
     """
     from resilibench.envs.text_env import ResiliBenchTextEnv
     from resilibench.results import JsonlWriter, read_jsonl
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    agent = as_agent(agent_or_backend, generation)
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    agent = for_protocol(as_agent(agent_or_backend, generation), protocol)
     model = agent.name
     jobs = list(jobs)
     keys = [job.key(model) for job in jobs]
@@ -187,7 +206,11 @@ def run_eval(
             warnings.simplefilter("ignore")  # a truncated tail is repaired by the writer below
             existing = read_jsonl(results_path)
         for row in existing.rows:
-            done.setdefault(tuple(row.get(f) for f in EVAL_KEY), row)
+            key = tuple(row.get(f) for f in EVAL_KEY)
+            if retry_infra_errors and row.get("level") == INFRA_ERROR:
+                done.pop(key, None)  # a later row of the key (a retry) may still stand
+                continue
+            done[key] = row
     todo = deque(job for job, key in zip(jobs, keys, strict=True) if key not in done)
     new_rows: dict[tuple[Any, ...], dict[str, Any]] = {}
 
@@ -202,7 +225,8 @@ def run_eval(
         if todo:
             slots = [_Slot(ResiliBenchTextEnv(split=None, tasks=tasks, config=config,
                                               strict_dependencies=strict_dependencies, plan_style=plan_style,
-                                              severity=severity, registry=registry, **(env_kwargs or {})))
+                                              severity=severity, registry=registry, protocol=protocol,
+                                              **(env_kwargs or {})))
                      for _ in range(min(batch_size, len(todo)))]
             running: list[_Slot] = []
             while todo or running:
@@ -218,11 +242,15 @@ def run_eval(
                     raise RuntimeError(f"agent {model} answered {len(replies)} of {len(running)} episodes")
                 still = []
                 for slot, reply in zip(running, replies, strict=True):
-                    _, _, terminated, truncated, info = slot.env.step(reply)
-                    if not (terminated or truncated):
-                        still.append(slot)
-                        continue
-                    row = episode_row(model, slot.job, slot.env, info, severity, keep_messages)
+                    failure = reply if isinstance(reply, InfraError) else None
+                    if failure is None:
+                        _, _, terminated, truncated, info = slot.env.step(reply)
+                        if not (terminated or truncated):
+                            still.append(slot)
+                            continue
+                    else:
+                        info = slot.env.unwrapped.info()
+                    row = episode_row(model, slot.job, slot.env, info, severity, keep_messages, failure)
                     slot.job = None
                     new_rows[tuple(row[f] for f in EVAL_KEY)] = row
                     if writer is not None:

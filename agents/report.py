@@ -29,7 +29,7 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-from resilibench.results import LEVEL_NAMES, level_stats
+from resilibench.results import INFRA_ERROR, LEVEL_NAMES, level_stats
 
 PROMPT_ORDER = ("baseline", "cot", "optimal", "flawed")
 INVALID_INPUT = "INVALID_INPUT"
@@ -161,9 +161,13 @@ def wasted_calls(rows: Sequence[dict[str, Any]], registry: Any = None) -> dict[s
 
 
 def summarize_eval(rows: Sequence[dict[str, Any]], max_k: int = 4, registry: Any = None) -> dict[str, Any]:
-    """Every table of the module docstring as JSON-ready data, keyed by model first."""
+    """Every table of the module docstring as JSON-ready data, keyed by model first. Rows of
+    infrastructure errors are left out of every rate and counted per model in ``infra_errors``."""
     from resilibench.envs.tasks import TASK_TYPE_NAMES
     from resilibench.policies.flaws import FLAW_TYPES
+
+    infra = [r for r in rows if r["level"] == INFRA_ERROR]
+    rows = [r for r in rows if r["level"] != INFRA_ERROR]
 
     models = _ordered([r["model"] for r in rows])
     prompts = _ordered([r["prompt"] for r in rows], PROMPT_ORDER)
@@ -194,6 +198,7 @@ def summarize_eval(rows: Sequence[dict[str, Any]], max_k: int = 4, registry: Any
                 robustness[m][c] = {"episodes": len(mine), "pass_k": pass_k(mine, max_k),
                                     "recovery": recovery(mine), "wasted_calls": wasted_calls(mine, registry)}
     summary["robustness"] = robustness
+    summary["infra_errors"] = {m: sum(r["model"] == m for r in infra) for m in _ordered([r["model"] for r in infra])}
     return summary
 
 
@@ -263,6 +268,8 @@ def format_tables(summary: dict[str, Any]) -> str:
                          *(waste["by_reason"][reason] for reason in WASTE_REASONS)])
     out += ["Robustness under faults (pass^k and recovery in %, wasted calls per episode)",
             format_table(headers, rows)]
+    for m, n in summary.get("infra_errors", {}).items():
+        out.append(f"{m}: {n} episode(s) ended by an infrastructure error (timeout, context overflow), left out above")
     return "\n".join(out)
 
 
@@ -271,7 +278,7 @@ def plot_summary(rows: Sequence[dict[str, Any]], path: str | Path, title: str) -
     from resilibench.policies.flaws import FLAW_TYPES
     from resilibench.results import plot_full_success, summarize_levels
 
-    marked = [{**r, "condition": condition(r)} for r in rows]
+    marked = [{**r, "condition": condition(r)} for r in rows if r["level"] != INFRA_ERROR]
     order = _ordered([r["condition"] for r in marked],
                      [p for p in PROMPT_ORDER if p != "flawed"] + [f"flawed/{f}" for f in FLAW_TYPES])
     levels = summarize_levels(marked, "model", "condition", subgroups=order)

@@ -15,6 +15,12 @@ in one ``generate`` call. The scripted agents write the same kind of messages an
 ``make_text_agent(spec)`` builds any of these agents from a spec (``AGENT_SPECS``).
 
 Both say "task completed" in a message of its own, which costs no turn in the text env.
+
+Protocols: an agent lists the protocols it speaks in ``protocols`` (tags only when absent).
+``LLMAgent`` speaks both; ``for_protocol(agent, "tools")`` lets a tags-only agent (every scripted one)
+play the native tool-calling protocol: it reads the conversation as the tags protocol would have it
+(``tag_view``) and its tag messages are sent as tool calls (``tool_message``), so the same decisions
+meet the same episode under either protocol.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from resilibench.agents.base import Backend, GenerationConfig, Message
+from resilibench.agents.base import (
+    Backend,
+    BackendError,
+    GenerationConfig,
+    InfraError,
+    Message,
+    PartialFailure,
+)
 from resilibench.envs.simulator import Episode
 from resilibench.metrics.workflow import Workflow
 
@@ -37,11 +50,14 @@ Batch = Sequence[tuple[Sequence[Message], Any]]
 
 
 class Agent(Protocol):
-    """Answers every running episode of a batch; ``name`` is the model column of results."""
+    """Answers every running episode of a batch; ``name`` is the model column of results. A reply is a
+    message (a string with tags; an assistant message dict with tool calls in the tools protocol) or an
+    ``InfraError`` when the infrastructure could not produce it (the harness ends that episode as an
+    infrastructure error)."""
 
     name: str
 
-    def respond(self, batch: Batch) -> list[str]: ...
+    def respond(self, batch: Batch) -> list[Any]: ...
 
 
 def call_message(tool: str, arguments: dict[str, Any] | None = None) -> str:
@@ -59,19 +75,102 @@ def episode_of(env: Any) -> Episode:
 
 
 class LLMAgent:
-    """An LLM behind a ``Backend``: one batched ``generate`` call per round of the harness."""
+    """An LLM behind a ``Backend``: one batched call per round of the harness, ``generate`` in the tags
+    protocol, ``generate_with_tools`` with the env's function schemas in the tools protocol. A
+    conversation the backend could not answer for a reason of its own (``InfraError``: too long, timed
+    out) gets that error as its reply; any other backend error is raised."""
+
+    protocols = ("tags", "tools")
 
     def __init__(self, backend: Backend, config: GenerationConfig | None = None, name: str | None = None):
         self.backend = backend
         self.config = config or GenerationConfig()
         self.name = name or backend.name
 
-    def respond(self, batch: Batch) -> list[str]:
-        replies = self.backend.generate([conversation for conversation, _ in batch], self.config)
+    def respond(self, batch: Batch) -> list[Any]:
+        if not batch:
+            return []
+        conversations = [conversation for conversation, _ in batch]
+        tools = getattr(getattr(batch[0][1], "unwrapped", batch[0][1]), "tools", None)
+        try:
+            if tools is None:
+                replies = self.backend.generate(conversations, self.config)
+            else:
+                replies = self.backend.generate_with_tools(conversations, self.config, tools)
+        except PartialFailure as exc:
+            stopping = [a for a in exc.answers if isinstance(a, BackendError) and not isinstance(a, InfraError)]
+            if stopping:
+                raise stopping[0] from None
+            replies = exc.answers
         if len(replies) != len(batch):
             raise RuntimeError(f"backend {self.backend.name} returned {len(replies)} messages for {len(batch)} "
                                "conversations")
         return replies
+
+
+def tool_message(text: str) -> Message:
+    """A tags-protocol message as the tools protocol's assistant message: its searches, info requests and
+    calls as tool calls (in that order), its completion signal as the content."""
+    from resilibench.envs.toolbox import INFO_FUNCTION, SEARCH_FUNCTION, parse_message
+
+    parsed = parse_message(text)
+    calls = ([(SEARCH_FUNCTION, {"query": q}) for q in parsed.searches]
+             + [(INFO_FUNCTION, {"name": n}) for n in parsed.infos]
+             + [(c.name, c.arguments or {}) for c in parsed.calls])
+    message: Message = {"role": "assistant",
+                        "content": COMPLETION_MESSAGE if parsed.completes else ("" if calls else text)}
+    if calls:
+        message["tool_calls"] = [{"id": f"call_{i}", "type": "function",
+                                  "function": {"name": name, "arguments": json.dumps(arguments, sort_keys=True)}}
+                                 for i, (name, arguments) in enumerate(calls)]
+    return message
+
+
+def tag_view(conversation: Sequence[Message]) -> list[Message]:
+    """A tools-protocol conversation as the tags protocol would have it: each assistant message's tool
+    calls written as tags after its content, the feedback messages that follow it as one user message."""
+    from resilibench.envs.toolbox import INFO_FUNCTION, SEARCH_FUNCTION
+
+    out: list[Message] = []
+    for m in conversation:
+        if m["role"] == "assistant":
+            tags = []
+            for call in m.get("tool_calls", ()):
+                name, arguments = call["function"]["name"], json.loads(call["function"]["arguments"] or "{}")
+                if name in (SEARCH_FUNCTION, INFO_FUNCTION):
+                    value = arguments.get("query" if name == SEARCH_FUNCTION else "name", "")
+                    tags.append(f"<{name}>{value}</{name}>")
+                else:
+                    tags.append(call_message(name, arguments))
+            out.append({"role": "assistant", "content": "".join(tags) + m["content"]})
+        elif out and out[-1]["role"] == "user" and m["role"] in ("tool", "user") and len(out) > 1:
+            out[-1] = {"role": "user", "content": out[-1]["content"] + "\n\n" + m["content"]}
+        else:
+            out.append({"role": "user" if m["role"] == "tool" else m["role"], "content": m["content"]})
+    return out
+
+
+class TagsAgentWithTools:
+    """A tags-only agent playing the tools protocol (``tag_view`` in, ``tool_message`` out)."""
+
+    protocols = ("tools",)
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+        self.name = agent.name
+
+    def respond(self, batch: Batch) -> list[Any]:
+        replies = self.agent.respond([(tag_view(conversation), env) for conversation, env in batch])
+        return [r if isinstance(r, BackendError) else tool_message(r) for r in replies]
+
+
+def for_protocol(agent: Agent, protocol: str) -> Agent:
+    """``agent`` when it speaks ``protocol``; a tags-only agent wrapped to play the tools protocol."""
+    if protocol in getattr(agent, "protocols", ("tags",)):
+        return agent
+    if protocol == "tools":
+        return TagsAgentWithTools(agent)
+    raise ValueError(f"agent {agent.name} does not speak the {protocol} protocol")
 
 
 class OptimalTextAgent:
@@ -209,8 +308,10 @@ def check_agent_spec(spec: str) -> None:
         raise ValueError(f"agent spec {spec!r} not understood")
 
 
-def make_text_agent(spec: str, generation: GenerationConfig | None = None, batch_size: int = 8) -> Agent:
-    """A text-env agent from a spec (``AGENT_SPECS``); ValueError naming the accepted forms."""
+def make_text_agent(spec: str, generation: GenerationConfig | None = None, batch_size: int = 8,
+                    requests: Any = None) -> Agent:
+    """A text-env agent from a spec (``AGENT_SPECS``); ``requests``: the ``backends.RequestSettings`` of an
+    HTTP backend. ValueError naming the accepted forms."""
     from resilibench.agents.backends import BACKEND_KINDS, make_backend
     from resilibench.policies.runner import PLANNER_NAMES, make_planner
 
@@ -218,7 +319,7 @@ def make_text_agent(spec: str, generation: GenerationConfig | None = None, batch
     if kind == "scripted" and target in SCRIPTED_AGENTS:
         return make_scripted_agent(target)
     if kind in BACKEND_KINDS:
-        return LLMAgent(make_backend(spec, batch_size=batch_size), generation)
+        return LLMAgent(make_backend(spec, requests, batch_size=batch_size), generation)
     if kind == "ppo" and target:
         from resilibench.policies.ppo.evaluation import PPOPlanner
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import string
 from collections.abc import Sequence
 from typing import Any
@@ -17,16 +19,26 @@ from resilibench.envs.rewards import ShapedRewarder
 from resilibench.envs.simulator import Episode, episode_seed
 from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task
 from resilibench.envs.toolbox import (
+    FUNCTION_SEARCH_HINT,
+    INFO_FUNCTION,
+    PROTOCOLS,
+    SEARCH_FUNCTION,
     SEARCH_METHODS,
+    TAG_SEARCH_HINT,
+    WORDINGS,
     ParsedMessage,
     UnknownToolError,
     call_tool,
+    call_with_arguments,
     describe_text,
     describe_tool,
     end_text,
     feedback_text,
+    function_schemas,
+    message_completes,
     parse_message,
     progress_text,
+    resolve_tool,
     search_text,
     search_tools,
 )
@@ -37,7 +49,8 @@ from resilibench.metrics.workflow import Workflow
 CHARSET = (frozenset(string.printable) | frozenset(map(chr, range(0xA0, 0x100)))
            | frozenset("\u2013\u2014\u2018\u2019\u201c\u201d\u2026\u2022\u2192"))
 RESET_OPTIONS = ("task_id", "prompt", "flaw_type", "severity", "plan_style", "workflow", "shown_prompt")
-TRUNCATION_MARK = "\n[... truncated]"
+TRUNCATION_MARK = "\n[... {n} characters cut ...]\n"
+TAIL_CHARS = 1000  # a text cut to fit keeps its last TAIL_CHARS characters (the progress line is there)
 # The work of one message is capped, whatever its length: at most MAX_REQUESTS searches and info requests
 # are answered (in order; the rest are counted as not answered), and a search query is cut to
 # MAX_QUERY_CHARS characters (MiniLM reads at most 256 word pieces of it anyway).
@@ -45,11 +58,16 @@ MAX_REQUESTS = 5
 MAX_QUERY_CHARS = 2000
 
 REMINDER = (
-    "No tool request found in your message. Use exactly one of:\n"
-    "- <tool_search>what you need</tool_search> to find tools\n"
-    "- <tool_info>tool_name</tool_info> to read a tool's parameters\n"
-    '- <tool_call>tool_name {"argument": "value"}</tool_call> to run one tool (arguments optional)\n'
-    "When every step is done, say \"task completed\"."
+    "No tool request found in your message. Write one of these, with your own text in place of the dots:\n"
+    "- <tool_search>...</tool_search> to find tools for what you need\n"
+    "- <tool_info>...</tool_info> to read a tool's parameters (its name in place of the dots)\n"
+    "- <tool_call>...</tool_call> to run one tool: its name, then optionally its arguments as a JSON object\n"
+    "The progress line below says how much of the task is left."
+)
+
+TOOLS_REMINDER = (
+    "No tool call found in your message. Call tool_search to find tools, tool_info to read a tool's "
+    "parameters, or one of the tools to run it (one tool call per message)."
 )
 
 
@@ -82,11 +100,16 @@ class ResiliBenchTextEnv(gym.Env):
     * ``<tool_call>tool_name {"arg": value}</tool_call>``: call a tool; the JSON arguments are optional,
       and given ones are checked against the tool's input schema (a violation or malformed JSON is an
       ``INVALID_INPUT`` failure without a draw, naming the argument). ``name({...})`` and
-      ``{"name": ..., "arguments": {...}}`` are accepted too. Only the first call of a message runs;
-      the feedback says which were not executed.
-    * a completion phrase ("task completed", ...): ends the episode after the message's call, if any.
+      ``{"name": ..., "arguments": {...}}`` are accepted too, and text after the JSON is not part of
+      the call. Only the first call of a message runs; the feedback says which were not executed.
+    * a completion phrase ("task completed", ...) stated as the agent's own sentence (not in code or
+      quotes, not a rule, condition, plan, negation or question): ends the episode after the
+      message's call, if any.
 
-    ``step`` accepts any string (the charset only shapes ``sample()``).
+    Identical requests of one message are answered once. ``step`` accepts any string (the charset only
+    shapes ``sample()``). With ``protocol="tools"`` an action is an assistant message dict whose
+    ``tool_calls`` call ``tool_search``, ``tool_info`` or a tool (``env.tools`` holds their function
+    schemas), or a string (a message without calls); each call is answered in a tool message.
 
     ## Observation Space
 
@@ -94,8 +117,9 @@ class ResiliBenchTextEnv(gym.Env):
     ``resilibench.policies.prompts.build_prompt``), then the feedback to each message: search results,
     tool information, the call's result or error code with its description, dependency problems,
     progress ("k/n required tools done") and turns left; a protocol reminder for a message without a
-    tag. Texts longer than ``max_length`` are cut with a mark. ``env.unwrapped.messages`` holds the whole
-    conversation as chat messages.
+    tag. Texts longer than ``max_length`` are cut in the middle with a mark (the closing progress line
+    stays). ``env.unwrapped.messages`` holds the whole conversation as chat messages (with tool calls
+    and tool messages under the tools protocol).
 
     ## Rewards
 
@@ -144,6 +168,8 @@ class ResiliBenchTextEnv(gym.Env):
       ``matcher`` (same choices): how flaw injection finds similar tools (pin it to reproduce flaws on
       any install; "auto" uses embeddings when the embed extra is installed).
     * ``registry``: a ``ToolRegistry`` (default: the shared one); ``render_mode``: "ansi" or "human".
+    * ``protocol``: "tags" (default, the paper's) or "tools" (native function calls); ``wording``: how
+      the prompt words the tag protocol, "plain" (default: no live example tag) or "paper".
 
     ``reset(options=...)`` accepts ``task_id``, ``prompt``, ``flaw_type``, ``severity``, ``plan_style``
     and ``workflow`` (a ``Workflow`` used as the plan instead of the optimal one) for one episode, or
@@ -175,7 +201,13 @@ class ResiliBenchTextEnv(gym.Env):
         search: str = "auto",
         matcher: str = "auto",
         world: str = DEFAULT_WORLD,
+        protocol: str = "tags",
+        wording: str = "plain",
     ):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+        if wording not in WORDINGS:
+            raise ValueError(f"wording must be one of {WORDINGS}, got {wording!r}")
         if split is not None and split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -191,6 +223,10 @@ class ResiliBenchTextEnv(gym.Env):
         self.world = world
         self.config = make_world_config(config, turn_limit, strict_dependencies, None, world)
         self.registry = registry or default_registry()
+        self.protocol, self.wording = protocol, wording
+        self._search_hint = TAG_SEARCH_HINT if protocol == "tags" else FUNCTION_SEARCH_HINT
+        # The function schemas offered to a model of the tools protocol (None with tags).
+        self.tools = function_schemas(self.registry) if protocol == "tools" else None
         self.tasks = select_tasks(tasks, split, task_types, world)
         self.prompt_defaults = {"prompt": prompt, "flaw_type": flaw_type, "severity": severity,
                                 "plan_style": plan_style, "workflow": None}
@@ -202,7 +238,7 @@ class ResiliBenchTextEnv(gym.Env):
         self.episode: Episode | None = None
         self.task: Task | None = None
         self.prompt = None  # the Prompt of the episode (text, variant, plan, injection, plan_style)
-        self.messages: list[dict[str, str]] = []
+        self.messages: list[dict[str, Any]] = []
         self._parsed: ParsedMessage | None = None
         self._injection: dict[str, Any] | None = None  # the prompt's flaw injection as a dict
         # The running full-success rate read by the training profile, kept as ResiliBench-v0 keeps it.
@@ -234,7 +270,8 @@ class ResiliBenchTextEnv(gym.Env):
         prompt = shown or build_prompt(
             task, settings["prompt"], flaw_type=settings["flaw_type"], severity=settings["severity"],
             seed=flaw_seed(seed_of_episode), plan_style=settings["plan_style"], workflow=settings["workflow"],
-            config=self.config, registry=self.registry, matcher=self.matcher,
+            config=self.config, registry=self.registry, matcher=self.matcher, protocol=self.protocol,
+            wording=self.wording,
         )
         self.task, self.prompt = task, prompt
         self._injection = None if prompt.injection is None else prompt.injection.to_dict()
@@ -245,7 +282,7 @@ class ResiliBenchTextEnv(gym.Env):
         self.messages = [{"role": "user", "content": observation}]
         if self.render_mode == "human":
             print(_blocks(self.messages))
-        return observation, self._info()
+        return observation, self.info()
 
     def step(self, action):
         episode = self.episode
@@ -253,38 +290,41 @@ class ResiliBenchTextEnv(gym.Env):
             raise RuntimeError("call reset() before step()")
         if episode.done:
             raise RuntimeError("episode has ended; call reset()")
-        if not isinstance(action, str):
-            raise ValueError(f"action must be a string (an assistant message), got {type(action).__name__}")
-        parsed = self._parsed = parse_message(action, self.config.evaluator)
+        parsed, assistant, ids = self._read(action)
+        self._parsed = parsed
         truncated = False
+        parts: list[tuple[Any, str]] = []  # (request key or None, text)
         if episode.turns_left == 0:
-            parts = ["No turns left: the tool call was not executed."] if parsed.calls else []
+            if parsed.calls:
+                parts.append((None, "No turns left: the tool call was not executed."))
             if parsed.completes:
                 episode.finish()
             else:
                 episode.end_out_of_turns()
                 truncated = True
-                parts.append("No turns left and no completion signal.")
+                parts.append((None, "No turns left and no completion signal."))
         elif parsed.completes and not parsed.has_tags:
             episode.finish()  # the completion signal alone costs no turn, as FINISH in ResiliBench-v0
-            parts = []
         else:
             parts = self._play(parsed)
             if parsed.completes and not episode.done:
                 episode.finish()
             elif not episode.done and episode.turns_left == 0:
-                parts.append("No turns left: reply \"task completed\" to finish, or the episode ends unfinished.")
-        if episode.done:
-            parts.append(end_text(episode))
-        observation = self._fit("\n\n".join(parts))
-        self.messages += [{"role": "assistant", "content": action}, {"role": "user", "content": observation}]
+                parts.append((None, "No turns left: reply \"task completed\" to finish, or the episode ends "
+                                    "unfinished."))
+        end = end_text(episode) if episode.done else None
+        if end is not None and not any(end in text for _, text in parts):  # a call's feedback may hold it
+            parts.append((None, end))
+        replies = self._replies(parts, ids)
+        self.messages += [assistant, *replies]
+        observation = "\n\n".join(m["content"] for m in replies)
         evaluation = episode.evaluation
         full = evaluation is not None and evaluation.level == "full_success"
         if evaluation is not None:
             self._success_tracker.recent.append(full)
         if self.render_mode == "human":
-            print(_blocks(self.messages[-2:]))
-        return observation, 1.0 if full else 0.0, episode.done and not truncated, truncated, self._info()
+            print(_blocks([assistant, *replies]))
+        return observation, 1.0 if full else 0.0, episode.done and not truncated, truncated, self.info()
 
     def render(self):
         if self.render_mode == "ansi":
@@ -301,24 +341,68 @@ class ResiliBenchTextEnv(gym.Env):
             return "(not reset)"
         return _blocks(self.messages)
 
-    def _play(self, parsed: ParsedMessage) -> list[str]:
+    def _read(self, action: Any) -> tuple[ParsedMessage, dict[str, Any], dict[tuple[str, int], str]]:
+        """(what the message asks, the assistant message as kept in ``messages``, the tool call id of each
+        request). Tags: a string whose tags are read. Tools: an assistant message with ``tool_calls``
+        (or a string, a message without calls) whose ``content`` is read for completion only."""
+        if self.protocol == "tags":
+            if not isinstance(action, str):
+                raise ValueError(f"action must be a string (an assistant message), got {type(action).__name__}")
+            return parse_message(action, self.config.evaluator), {"role": "assistant", "content": action}, {}
+        return read_tool_calls(action, self.config.evaluator, f"call_{self.episode.turns_used}")
+
+    def _replies(self, parts: list[tuple[Any, str]], ids: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
+        """The feedback messages: with tags one user message; with tools one tool message per tool call
+        (its requests' answers; the message-wide parts go to the last one) or a user message when the
+        assistant made no call."""
+        if self.protocol == "tags":
+            return [{"role": "user", "content": self._fit("\n\n".join(text for _, text in parts))}]
+        answers: dict[Any, list[str]] = {key: [] for key in ids}
+        general = []
+        for key, text in parts:
+            (answers[key] if key is not None else general).append(text)
+        replies = [{"role": "tool", "tool_call_id": call_id, "content": "\n\n".join(answers[key]) or "Not executed."}
+                   for key, call_id in ids.items()]
+        if replies and general:
+            replies[-1]["content"] += "\n\n" + "\n\n".join(general)
+        elif general or not replies:
+            replies.append({"role": "user", "content": "\n\n".join(general)})
+        for reply in replies:
+            reply["content"] = self._fit(reply["content"])
+        return replies
+
+    def _play(self, parsed: ParsedMessage) -> list[tuple[Any, str]]:
         """Answer a message's searches and info requests, run its first tool call (or spend the turn
-        when it has none) and return the feedback parts."""
+        when it has none) and return the feedback parts, each keyed by its request (None: the message's)."""
         episode, parts = self.episode, []
-        requests = [("search", q) for q in parsed.searches] + [("info", n) for n in parsed.infos]
-        if len(requests) > MAX_REQUESTS:  # said first, so that a cut of the feedback never hides it
-            parts.append(f"Only {MAX_REQUESTS} searches and info requests are answered per message: "
-                         f"{len(requests) - MAX_REQUESTS} not answered.")
-        for kind, text in requests[:MAX_REQUESTS]:
-            parts.append(self._search(text) if kind == "search" else self._tool_info(text))
+        requests, repeated, seen = [], [], set()  # identical requests of one message are answered once
+        for key, text in ([(("search", i), q) for i, q in enumerate(parsed.searches)]
+                          + [(("info", i), n) for i, n in enumerate(parsed.infos)]):
+            same = (key[0], " ".join(text.lower().split()))
+            (repeated if same in seen else requests).append((key, text))
+            seen.add(same)
+        if self.protocol == "tools":
+            parts += [(key, "The same request as an earlier one of this message: answered there.")
+                      for key, _ in repeated]
+        unanswered = requests[MAX_REQUESTS:]
+        if unanswered and self.protocol == "tags":  # said first, so that a cut of the feedback never hides it
+            parts.append((None, f"Only {MAX_REQUESTS} searches and info requests are answered per message: "
+                                f"{len(unanswered)} not answered."))
+        for key, text in requests[:MAX_REQUESTS]:
+            parts.append((key, self._search(text) if key[0] == "search" else self._tool_info(text)))
+        if self.protocol == "tools":
+            parts += [(key, f"Not answered: at most {MAX_REQUESTS} searches and info requests are answered "
+                            "per message.") for key, _ in unanswered]
         if not parsed.calls:
             episode.spend_turn()
             if not parsed.has_tags:
-                parts.append(REMINDER)
-            parts.append(progress_text(episode))
+                parts.append((None, REMINDER if self.protocol == "tags" else TOOLS_REMINDER))
+            parts.append((None, progress_text(episode)))
             return parts
         call = parsed.calls[0]
         try:
+            if call.name:
+                resolve_tool(call.name, self.registry, self._search_hint)  # unknown: said in the protocol's words
             result = call_tool(episode, call.name, call.arguments, call.problem) if call.name else None
         except UnknownToolError as exc:
             result, problem = None, f"Tool call not executed: {exc}"
@@ -326,25 +410,29 @@ class ResiliBenchTextEnv(gym.Env):
             problem = None if result is not None else f"Tool call not executed: {call.problem}"
         if result is None:
             episode.spend_turn()
-            parts += [problem, progress_text(episode)]
+            parts += [(("call", 0), problem), (None, progress_text(episode))]
         else:
-            parts.append(feedback_text(result, episode))
-        if len(parsed.calls) > 1:
+            parts.append((("call", 0), feedback_text(result, episode)))
+        if len(parsed.calls) > 1 and self.protocol == "tags":
             skipped = ", ".join(c.name or "(no name)" for c in parsed.calls[1:])
-            parts.append(f"Only one tool call per turn: not executed: {skipped}.")
+            parts.append((None, f"Only one tool call per turn: not executed: {skipped}."))
+        elif len(parsed.calls) > 1:
+            parts += [(("call", i), "Not executed: only one tool call per turn.") for i in range(1, len(parsed.calls))]
         return parts
 
     def _search(self, query: str) -> str:
         """The answer to one ``<tool_search>`` (the query cut to ``MAX_QUERY_CHARS``)."""
         query = query[:MAX_QUERY_CHARS]
-        try:
-            return search_text(query, search_tools(query, self.search_k, self.registry, self.search), self.registry)
-        except ValueError:
-            return "Empty tool search: write <tool_search>what you need</tool_search>."
+        if not any(c.isalnum() for c in query):  # empty, or a placeholder such as "..." copied from the prompt
+            if self.protocol == "tools":
+                return "Empty tool search: give tool_search a query saying what you need."
+            return "Empty tool search: write what you need in place of the dots of <tool_search>...</tool_search>."
+        return search_text(query, search_tools(query, self.search_k, self.registry, self.search), self.registry)
 
     def _tool_info(self, name: str) -> str:
         """The answer to one ``<tool_info>``."""
         try:
+            resolve_tool(name, self.registry, self._search_hint)
             return describe_text(describe_tool(name, self.registry))
         except UnknownToolError as exc:
             return f"Tool info: {exc}"
@@ -353,11 +441,15 @@ class ResiliBenchTextEnv(gym.Env):
         """``text`` within the observation space: at most ``max_length`` characters of the charset."""
         if not CHARSET.issuperset(text):
             text = "".join(c if c in CHARSET else "?" for c in text)
-        if len(text) > self.max_length:
-            text = text[: self.max_length - len(TRUNCATION_MARK)] + TRUNCATION_MARK
+        if len(text) > self.max_length:  # cut in the middle: the end holds progress and turns left
+            tail = min(TAIL_CHARS, self.max_length // 4)
+            head = self.max_length - len(TRUNCATION_MARK.format(n=len(text))) - tail
+            mark = TRUNCATION_MARK.format(n=len(text) - head - tail)
+            text = text[:head] + mark + text[len(text) - tail:]
         return text
 
-    def _info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, Any]:
+        """The info dict of the current state (what reset and step return)."""
         episode, prompt = self.episode, self.prompt
         evaluation = episode.evaluation
         return {
@@ -376,6 +468,49 @@ class ResiliBenchTextEnv(gym.Env):
         }
 
 
+def read_tool_calls(message: Any, config: Any = None, id_prefix: str = "call"
+                    ) -> tuple[ParsedMessage, dict[str, Any], dict[tuple[str, int], str]]:
+    """Read an assistant message of the tools protocol (a string is a message without calls): its
+    ``tool_search``/``tool_info`` calls and tool calls, in order, and the completion signal of its content.
+    Returns (parsed, the message as kept, the tool call id of each request key). An empty arguments
+    object is no arguments (the call is played as is, as a tag call without JSON); ValueError for a
+    message that is neither a string nor an assistant message."""
+    if isinstance(message, str):
+        message = {"role": "assistant", "content": message}
+    if not isinstance(message, dict) or not isinstance(message.get("content") or "", str) \
+            or not isinstance(message.get("tool_calls") or [], list):
+        raise ValueError("action must be a string or an assistant message {'role': 'assistant', 'content': str, "
+                         f"'tool_calls': [...]}}, got {message!r:.200}")
+    content = message.get("content") or ""
+    searches, infos, calls, ids, kept = [], [], [], {}, []
+    for j, raw in enumerate(message.get("tool_calls") or []):
+        raw = raw if isinstance(raw, dict) else {}
+        function = raw.get("function") if isinstance(raw.get("function"), dict) else raw
+        name = function.get("name") if isinstance(function.get("name"), str) else ""
+        arguments = function.get("arguments")
+        call = call_with_arguments(name.strip(), arguments)
+        if call.arguments == {}:
+            call = dataclasses.replace(call, arguments=None)
+        values = call.arguments or {}
+        if call.name == SEARCH_FUNCTION:
+            key = ("search", len(searches))
+            searches.append(str(values.get("query", "")))
+        elif call.name == INFO_FUNCTION:
+            key = ("info", len(infos))
+            infos.append(str(values.get("name", "")))
+        else:
+            key = ("call", len(calls))
+            calls.append(call)
+        ids[key] = str(raw.get("id") or f"{id_prefix}_{j}")
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
+        kept.append({"id": ids[key], "type": "function", "function": {"name": name, "arguments": text}})
+    parsed = ParsedMessage(tuple(searches), tuple(infos), tuple(calls), message_completes(content, config))
+    assistant: dict[str, Any] = {"role": "assistant", "content": content}
+    if kept:
+        assistant["tool_calls"] = kept
+    return parsed, assistant, ids
+
+
 def _check_option(name: str, value: Any, cls: type) -> None:
     """A reset option that must be a ``cls`` or None; ``ValueError`` naming it otherwise."""
     if value is not None and not isinstance(value, cls):
@@ -383,6 +518,10 @@ def _check_option(name: str, value: Any, cls: type) -> None:
                          f"got {type(value).__name__}")
 
 
-def _blocks(messages: list[dict[str, str]]) -> str:
-    """Chat messages as text, one block per message."""
-    return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
+def _blocks(messages: list[dict[str, Any]]) -> str:
+    """Chat messages as text, one block per message (tool calls as ``name(arguments)`` lines)."""
+    blocks = []
+    for m in messages:
+        calls = [f"{c['function']['name']}({c['function']['arguments']})" for c in m.get("tool_calls", ())]
+        blocks.append("\n".join([f"[{m['role']}]", *([m["content"]] if m["content"] else []), *calls]))
+    return "\n\n".join(blocks)

@@ -111,6 +111,7 @@ def _ranking(query: str, registry: ToolRegistry, method: str) -> tuple[tuple[flo
 
 
 TAG_SEARCH_HINT = "search with <tool_search>query</tool_search>"
+FUNCTION_SEARCH_HINT = "call tool_search with what you need"
 
 
 def resolve_tool(name: str, registry: ToolRegistry | None = None, search_hint: str = TAG_SEARCH_HINT) -> int:
@@ -236,10 +237,13 @@ def _clean(content: str) -> str:
     return _FENCE.sub("", content).strip().strip("`").strip()
 
 
-def _load_json(text: str) -> tuple[Any, str | None]:
-    """(value, None) for valid JSON, else (None, what was wrong). Numbers past Python's integer-digit
-    limit and nesting past the recursion limit are malformed JSON here, not exceptions."""
+def _load_json(text: str, leading: bool = False) -> tuple[Any, str | None]:
+    """(value, None) for valid JSON, else (None, what was wrong); with ``leading`` the JSON value at the
+    start of ``text``, whatever text follows it. Numbers past Python's integer-digit limit and nesting
+    past the recursion limit are malformed JSON here, not exceptions."""
     try:
+        if leading:
+            return json.JSONDecoder().raw_decode(text)[0], None
         return json.loads(text), None
     except json.JSONDecodeError as exc:
         return None, f"malformed JSON arguments ({exc.msg} at position {exc.pos})"
@@ -249,32 +253,38 @@ def _load_json(text: str) -> tuple[Any, str | None]:
         return None, "malformed JSON arguments (nested too deeply)"
 
 
+def call_with_arguments(name: str, arguments: Any) -> ToolCall:
+    """A call of ``name`` with ``arguments`` as written: None or blank (none given), a JSON text or an
+    object; malformed JSON or a non-object is the call's ``problem``."""
+    if isinstance(arguments, str):
+        if not arguments.strip():
+            return ToolCall(name, None, None)
+        arguments, problem = _load_json(arguments)
+        if problem is not None:
+            return ToolCall(name, None, problem)
+    if arguments is None or isinstance(arguments, dict):
+        return ToolCall(name, arguments, None)
+    return ToolCall(name, None, f"arguments must be a JSON object, got {type(arguments).__name__}")
+
+
 def parse_call(content: str) -> ToolCall:
-    """``name``, ``name {json}``, ``name({json})`` or ``{"name": ..., "arguments": {...}}`` -> ToolCall."""
+    """``name``, ``name {json}``, ``name({json})`` or ``{"name": ..., "arguments": {...}}`` -> ToolCall.
+    Text after the JSON arguments, or prose after a name without arguments, is not part of the call."""
     content = _clean(content)
     if content.startswith("{"):
-        data, _ = _load_json(content)
+        data, _ = _load_json(content, leading=True)
         if isinstance(data, dict) and isinstance(data.get("name"), str):
-            arguments = data.get("arguments", data.get("parameters"))
-            if arguments is None or isinstance(arguments, dict):
-                return ToolCall(data["name"].strip(), arguments, None)
-            return ToolCall(data["name"].strip(), None,
-                            f"arguments must be a JSON object, got {type(arguments).__name__}")
+            return call_with_arguments(data["name"].strip(), data.get("arguments", data.get("parameters")))
     match = _NAME.match(content)
     if not match:
         return ToolCall("", None, "no tool name: write <tool_call>tool_name {\"argument\": value}</tool_call>")
-    name, rest = match.group(0), content[match.end():].strip()
-    if rest.startswith("(") and rest.endswith(")"):
-        rest = rest[1:-1].strip()
-    rest = _clean(rest)
-    if not rest:
-        return ToolCall(name, None, None)
-    arguments, problem = _load_json(rest)
-    if problem is not None:
-        return ToolCall(name, None, problem)
-    if not isinstance(arguments, dict):
-        return ToolCall(name, None, f"arguments must be a JSON object, got {type(arguments).__name__}")
-    return ToolCall(name, arguments, None)
+    name, rest = match.group(0), _clean(content[match.end():])
+    if rest.startswith("("):
+        rest = rest[1:].strip()
+    if not rest.startswith(("{", "[")):
+        return ToolCall(name, None, None)  # no arguments (what follows the name is prose)
+    arguments, problem = _load_json(rest, leading=True)
+    return call_with_arguments(name, arguments) if problem is None else ToolCall(name, None, problem)
 
 
 def parse_message(text: str, config: EvaluatorConfig | None = None) -> ParsedMessage:
@@ -292,7 +302,25 @@ def parse_message(text: str, config: EvaluatorConfig | None = None) -> ParsedMes
             infos.append(_clean(content))
         else:
             calls.append(parse_call(content))
-    return ParsedMessage(tuple(searches), tuple(infos), tuple(calls), signals_completion(text, config))
+    return ParsedMessage(tuple(searches), tuple(infos), tuple(calls), message_completes(text, config))
+
+
+_CODE = re.compile(r"```.*?(?:```|\Z)|`[^`\n]*`", re.DOTALL)
+_QUOTED = re.compile(r'"[^"\n]*"|\u201c[^\u201d\n]*\u201d|(?<![A-Za-z])\'[^\'\n]*\'(?![A-Za-z])')
+_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+")
+# Words that make a sentence a rule, a condition or a plan about completion rather than a statement of it.
+_NOT_A_STATEMENT = re.compile(r"\b(?:when|once|if|after|until|before|unless|say|says|saying|write|reply|respond|"
+                              r"type|indicate|signal|should|must|will|would|can|not|n't)\b", re.IGNORECASE)
+
+
+def message_completes(text: str, config: EvaluatorConfig | None = None) -> bool:
+    """Whether an assistant message states, in its own words, that the task is complete: a sentence
+    with a completion phrase (``signals_completion``) outside code, backticks and quotes, that is not a
+    rule, a condition, a plan, a negation or a question ("When the task is done, say ...", "I will say
+    ...", "task complete?")."""
+    text = _QUOTED.sub(" ", _CODE.sub(" ", text))
+    return any(signals_completion(sentence, config) and not _NOT_A_STATEMENT.search(sentence)
+               and not sentence.rstrip().endswith("?") for sentence in _SENTENCE_END.split(text))
 
 
 # --- calling a tool -----------------------------------------------------------------------------------
@@ -414,3 +442,33 @@ def end_text(episode: Episode) -> str:
     """One line on how the episode ended and its level."""
     level = episode.evaluation.level if episode.evaluation is not None else "unknown"
     return f"Episode ended ({episode.end_reason.replace('_', ' ')}); result: {level}."
+
+
+# --- native tool calling ------------------------------------------------------------------------------
+
+PROTOCOLS = ("tags", "tools")  # how an agent uses tools: tags in its text, or native function calls
+# How a prompt words the tag protocol: "plain" (default) writes no live example request, "paper" is the
+# paper's wording with its example searches written as tags (docs/decisions.md).
+WORDINGS = ("plain", "paper")
+SEARCH_FUNCTION, INFO_FUNCTION = "tool_search", "tool_info"
+
+
+def function_schemas(registry: ToolRegistry | None = None) -> list[dict[str, Any]]:
+    """The tools as OpenAI-style function schemas (``{"type": "function", "function": {...}}``):
+    ``tool_search`` and ``tool_info``, then every tool with its input JSON Schema."""
+    registry = registry or default_registry()
+
+    def function(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+
+    def one_string(field: str, description: str) -> dict[str, Any]:
+        return {"type": "object", "properties": {field: {"type": "string", "description": description}},
+                "required": [field], "additionalProperties": False}
+
+    return [
+        function(SEARCH_FUNCTION, "Find tools for a need: the closest tools with their parameters and relevance.",
+                 one_string("query", "what you need, in a few words")),
+        function(INFO_FUNCTION, "Read one tool's parameters, returns, errors and dependencies.",
+                 one_string("name", "the tool's name")),
+        *(function(t.name, t.description, t.input_schema()) for t in registry.tools),
+    ]

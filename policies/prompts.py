@@ -20,12 +20,14 @@ from typing import Any
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.registry import RETURN_VALUES, ToolRegistry, default_registry
 from resilibench.envs.tasks import Task
+from resilibench.envs.toolbox import PROTOCOLS, WORDINGS
 from resilibench.metrics.workflow import Node, Workflow
 from resilibench.policies.bounds import reference_workflow
 from resilibench.policies.flaws import FlawInjection, inject_flaw, similar_tools
 from resilibench.policies.plan_follower import valid_arguments, workflow_success
 
 PROMPT_VARIANTS = ("baseline", "cot", "optimal", "flawed")
+
 PLAN_STYLES = ("numbered", "mcp_task")
 PLAN_HEADING = "## Workflow Execution Plan"
 N_ALTERNATIVES = 2
@@ -239,9 +241,12 @@ _COT = (
     "Please:\n"
     "1. First explain your reasoning about which tools to use\n"
     "2. Then execute the tools in the order you determined, one tool call per message\n"
-    "3. Format tool calls as: <tool_call>tool_name</tool_call>\n\n"
+    "3. {format}\n\n"
     'Begin with "Reasoning:" followed by your thought process.'
 )
+_COT_FORMAT = {"paper": "Format tool calls as: <tool_call>tool_name</tool_call>",
+               "plain": "Format tool calls as: <tool_call>...</tool_call> with the tool's name in place of the dots",
+               "tools": "Call each tool as a function"}
 _STRATEGY = (
     "### Execution Strategy:\n"
     "1. Follow the recommended sequence for optimal results\n"
@@ -259,29 +264,50 @@ def _items(data: dict[str, Any]) -> str:
     return "\n".join(f"- {k}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(data.items())) or "- (none)"
 
 
-def _baseline(task: Task, config: WorldConfig, registry: ToolRegistry) -> str:
-    searches = "\n".join(f"- <tool_search>{q}</tool_search>" for q in _SEARCH_EXAMPLES)
+def _protocol_text(registry: ToolRegistry, protocol: str, wording: str) -> str:
+    """How to search, read and call tools: tags written as in the paper, tags with placeholder dots
+    (an echoed example then runs nothing), or native function calls."""
+    library = (f"You have access to a library of {len(registry)} tools for data processing, files, network, "
+               "computation, integration and utilities.\n\n")
+    examples = ", ".join(_SEARCH_EXAMPLES)
+    if protocol == "tools":
+        return ("Tools Available:\n\n" + library
+                + "Call them as functions: tool_search with a query finds relevant tools (for example: "
+                f"{examples}), tool_info with a tool's name shows its parameters, returns and errors, and a "
+                "tool called by its name with its arguments executes it.")
+    if wording == "paper":
+        searches = "\n".join(f"- <tool_search>{q}</tool_search>" for q in _SEARCH_EXAMPLES)
+        return ("Tool Search Available:\n\n" + library
+                + "To find relevant tools, use the search command: <tool_search>your search query</tool_search>\n\n"
+                f"Examples of tool searches:\n{searches}\n\n"
+                "To see a tool's parameters, returns and errors: <tool_info>tool_name</tool_info>\n\n"
+                "After finding the tools you need, execute them using:\n\n"
+                "<tool_call>tool_name</tool_call>\n\n"
+                'or, with arguments as a JSON object: <tool_call>tool_name {"argument": "value"}</tool_call>')
+    return ("Tool Search Available:\n\n" + library
+            + "Write each request as a tag, putting your own text in place of the dots:\n"
+            f"- search for tools: <tool_search>...</tool_search> (what you need, for example: {examples})\n"
+            "- read a tool's parameters, returns and errors: <tool_info>...</tool_info> (the tool's name)\n"
+            "- execute a tool: <tool_call>...</tool_call> (the tool's name, then optionally its arguments as a "
+            "JSON object)")
+
+
+def _baseline(task: Task, config: WorldConfig, registry: ToolRegistry, protocol: str, wording: str) -> str:
+    finish = ('- When the task is done, say "task completed".' if wording == "paper" else
+              '- When every step has succeeded, and not before, say "task completed".')
     return (
         f"Execute {'an' if task.complexity[0] in 'aeiou' else 'a'} {task.complexity} {task.task_type.replace('_', ' ')} task.\n\n"
         f"Task: {task.description}\n\n"
         f"Input Data:\n{_items(task.inputs)}\n\n"
         f"Expected Output:\n{_items(task.expected_outputs)}\n\n"
-        "Tool Search Available:\n\n"
-        f"You have access to a library of {len(registry)} tools for data processing, files, network, "
-        "computation, integration and utilities.\n\n"
-        "To find relevant tools, use the search command: <tool_search>your search query</tool_search>\n\n"
-        f"Examples of tool searches:\n{searches}\n\n"
-        "To see a tool's parameters, returns and errors: <tool_info>tool_name</tool_info>\n\n"
-        "After finding the tools you need, execute them using:\n\n"
-        "<tool_call>tool_name</tool_call>\n\n"
-        'or, with arguments as a JSON object: <tool_call>tool_name {"argument": "value"}</tool_call>\n\n'
+        f"{_protocol_text(registry, protocol, wording)}\n\n"
         "Rules:\n"
         "- Make at most one tool call per message.\n"
         f"- You have {config.rules.turn_limit} turns: every message you send uses one, searches and info "
         "requests included.\n"
         "- Tools can fail (timeouts, invalid input, unmet dependencies). A failed tool may be retried, up to "
         f"{1 + task.max_retries} calls per tool.\n"
-        '- When the task is done, say "task completed".\n\n'
+        f"{finish}\n\n"
         "Instructions:\n"
         "1. Analyze the task requirements\n"
         "2. Search for appropriate tools based on what you need to do\n"
@@ -302,12 +328,18 @@ def build_prompt(
     config: WorldConfig | None = None,
     registry: ToolRegistry | None = None,
     matcher: str = "auto",
+    protocol: str = "tags",
+    wording: str = "plain",
 ) -> Prompt:
     """The prompt of ``variant`` for ``task``. The plan source is ``workflow`` (default: the optimal
     policy's ``reference_workflow``), with arguments filled in; ``flawed`` injects ``flaw_type`` into it
     (``severity``, ``seed``) and shows the result as if it were optimal, with the predicted success
-    probability of the unflawed plan. ``matcher``: the tool similarity of flaws and alternatives."""
+    probability of the unflawed plan. ``matcher``: the tool similarity of flaws and alternatives.
+    ``protocol``: how tools are used ("tags" in the text, or native "tools" calls); ``wording`` of the
+    tag protocol: "plain" (no live example tag) or the "paper"'s."""
     _check_choice("variant", variant, PROMPT_VARIANTS)
+    _check_choice("protocol", protocol, PROTOCOLS)
+    _check_choice("wording", wording, WORDINGS)
     _check_choice("plan_style", plan_style, PLAN_STYLES)
     if variant == "flawed" and flaw_type is None:
         raise ValueError("variant 'flawed' needs a flaw_type (one of policies.flaws.FLAW_TYPES)")
@@ -315,10 +347,10 @@ def build_prompt(
         raise ValueError(f"flaw_type is only accepted with variant 'flawed', got variant {variant!r}")
     config = config or WorldConfig()
     registry = registry or default_registry()
-    parts = [_baseline(task, config, registry)]
+    parts = [_baseline(task, config, registry, protocol, wording)]
     plan = injection = None
     if variant == "cot":
-        parts.append(_COT)
+        parts.append(_COT.format(format=_COT_FORMAT["tools" if protocol == "tools" else wording]))
     elif variant in ("optimal", "flawed"):
         source = with_arguments(task, workflow if workflow is not None else reference_workflow(task, config), registry)
         plan = source

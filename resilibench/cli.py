@@ -468,11 +468,12 @@ def check_same_config(directory: Path, existing_meta: list[dict[str, Any]], has_
 
 
 def read_existing_results(directory: Path, results_path: Path, identity: dict[str, Any],
-                          fields: Sequence[str] = ()):
+                          fields: Sequence[str] = (), levels: Sequence[str] | None = None):
     """The rows and metadata already in ``results_path`` (a truncated tail is reported and cut off, even
     when nothing is left to run), after checking they come from the same config (``check_same_config``)
-    and that every row has ``fields`` and a known level (``results.check_level_rows``)."""
-    from resilibench.results import check_level_rows, read_jsonl
+    and that every row has ``fields`` and a known level (``results.check_level_rows``; ``levels``: the
+    accepted ones, default ``LEVEL_NAMES``)."""
+    from resilibench.results import LEVEL_NAMES, check_level_rows, read_jsonl
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -485,7 +486,7 @@ def read_existing_results(directory: Path, results_path: Path, identity: dict[st
     check_same_config(directory, existing.metadata, bool(existing.rows), identity, results_path.name)
     if fields:
         try:
-            check_level_rows(existing.rows, fields, str(results_path), existing.row_lines)
+            check_level_rows(existing.rows, fields, str(results_path), existing.row_lines, levels or LEVEL_NAMES)
         except ValueError as exc:
             raise CliError(f"--output-dir: {exc}; fix or remove the row, or use --no-resume") from None
     return existing

@@ -24,6 +24,7 @@ from resilibench.cli import (
     load_world_config,
     nonnegative_float,
     nonnegative_int,
+    positive_float,
     positive_int,
     read_existing_results,
     select_tasks,
@@ -40,6 +41,11 @@ def flaw_severity(text: str) -> float:
     return value
 
 
+def _help(settings: type, name: str) -> str:
+    """The help text of a settings dataclass field."""
+    return settings.__dataclass_fields__[name].metadata["help"]
+
+
 def check_agent(spec: str) -> None:
     """Check ``--agent`` before any work: the spec's form and options, the directory of ``hf:`` / ``ppo:``."""
     from resilibench.agents.scripted import AGENT_SPECS, check_agent_spec
@@ -50,19 +56,19 @@ def check_agent(spec: str) -> None:
         raise CliError(f"--agent {spec}: {exc} (forms: {AGENT_SPECS})") from None
 
 
-def make_agent(spec: str, generation: Any, batch_size: int):
+def make_agent(spec: str, generation: Any, batch_size: int, requests: Any = None):
     """The agent of ``--agent`` (``agents.scripted.make_text_agent``)."""
     from resilibench.agents.backends import BackendError
     from resilibench.agents.scripted import make_text_agent
 
     try:
-        return make_text_agent(spec, generation, batch_size)
+        return make_text_agent(spec, generation, batch_size, requests)
     except (ValueError, TypeError, OSError, ImportError, BackendError) as exc:
         raise CliError(f"--agent {spec}: {exc}") from None
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from resilibench.agents.backends import BackendError
+    from resilibench.agents.backends import BackendError, RequestSettings
     from resilibench.agents.base import GenerationConfig
     from resilibench.agents.harness import EVAL_KEY, eval_jobs, run_eval
     from resilibench.agents.report import format_tables, plot_summary, summarize_eval
@@ -70,7 +76,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from resilibench.envs.tasks import TASK_TYPE_NAMES
     from resilibench.policies.flaws import FLAW_TYPES
     from resilibench.policies.prompts import PROMPT_VARIANTS
-    from resilibench.results import exclusive_lock, read_jsonl, run_metadata, to_jsonable, write_json_atomic
+    from resilibench.results import (
+        INFRA_ERROR,
+        LEVEL_NAMES,
+        exclusive_lock,
+        read_jsonl,
+        run_metadata,
+        to_jsonable,
+        write_json_atomic,
+    )
 
     check_agent(args.agent)
     # The text env's world: the config's rules with strict dependencies (the text protocol's rule).
@@ -87,7 +101,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CliError(f"--prompts/--flaw-types: {exc}") from None
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   seed=args.generation_seed)
-    settings = to_jsonable({"severity": args.severity, "plan_style": "numbered",
+    try:
+        requests = RequestSettings(timeout=args.request_timeout, max_retries=args.max_retries,
+                                   max_concurrency=args.concurrency)
+    except ValueError as exc:
+        raise CliError(f"--request-timeout/--max-retries/--concurrency: {exc}") from None
+    settings = to_jsonable({"severity": args.severity, "plan_style": "numbered", "protocol": args.protocol,
+                            "wording": args.wording,
                             "generation": {"max_new_tokens": generation.max_new_tokens,
                                            "temperature": generation.temperature, "seed": generation.seed}})
     run_config = {"world": config.to_dict(), "tasks": source, "agent": args.agent, "eval": settings,
@@ -103,11 +123,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         with exclusive_lock(lock):
             if args.resume:
-                read_existing_results(directory, results_path, identity, ("level",))
+                read_existing_results(directory, results_path, identity, ("level",), (*LEVEL_NAMES, INFRA_ERROR))
             else:
                 for stale in (summary_path, plot_path):
                     stale.unlink(missing_ok=True)
-            agent = make_agent(args.agent, generation, args.batch_size)
+            agent = make_agent(args.agent, generation, args.batch_size, requests)
             conditions = len([p for p in prompts if p != "flawed"]) + len(flaw_types)
             print(f"{len(jobs)} episodes ({len(selected)} tasks x {len(seeds)} seeds x up to {conditions} prompt "
                   f"conditions: flaws that do not apply to a task's plan are left out) for {agent.name} into "
@@ -115,7 +135,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             try:
                 run_eval(agent, jobs, config=config, severity=args.severity, batch_size=args.batch_size,
                          results_path=results_path, resume=args.resume, keep_messages=args.keep_messages,
-                         metadata=run_metadata(run_config, seeds))
+                         metadata=run_metadata(run_config, seeds), protocol=args.protocol,
+                         retry_infra_errors=args.retry_infra_errors, env_kwargs={"wording": args.wording})
             except BackendError as exc:
                 raise CliError(f"--agent {args.agent}: {exc}; finished episodes are saved in {results_path}: "
                                "rerun the same command to resume") from None
@@ -140,8 +161,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
     """Add ``eval`` to the ``resilibench`` parser."""
+    from resilibench.agents.backends import RequestSettings
     from resilibench.agents.scripted import AGENT_SPECS
     from resilibench.envs.tasks import TASK_TYPE_NAMES
+    from resilibench.envs.toolbox import PROTOCOLS, WORDINGS
 
     # Prompt variants and flaw types are checked when the command runs (``eval_jobs``), so building the
     # parser imports nothing from the prompt modules.
@@ -160,9 +183,25 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
     ev.add_argument("--task-id", action="append", metavar="ID", help="repeatable; selects tasks of any split")
     ev.add_argument("--limit", type=positive_int, help="use only the first N selected tasks (types in turn)")
     ev.add_argument("--seeds", nargs="+", type=nonnegative_int, default=[0, 1, 2], metavar="N")
+    ev.add_argument("--protocol", choices=PROTOCOLS, default="tags",
+                    help="how the agent uses tools: tags in its text (the paper's, default) or native tool calls")
+    ev.add_argument("--wording", choices=WORDINGS, default="plain",
+                    help="the tag protocol's prompt wording: plain (no live example tag, default) or the paper's")
     ev.add_argument("--batch-size", type=positive_int, default=32,
-                    help="episodes played at once: one batched agent call per round (default 32)")
-    ev.add_argument("--max-new-tokens", type=positive_int, default=256)
+                    help="episodes played at once: one batched agent call per round (default 32; 1 lets a "
+                         "llama.cpp server reuse the shared prompt prefix)")
+    ev.add_argument("--max-new-tokens", type=positive_int, default=256, help="tokens per reply (default 256)")
+    ev.add_argument("--request-timeout", type=positive_float, default=RequestSettings.timeout, metavar="S",
+                    help=f"{_help(RequestSettings, 'timeout')}; it ends that episode as an infrastructure error "
+                         f"(default {RequestSettings.timeout:g})")
+    ev.add_argument("--max-retries", type=nonnegative_int, default=RequestSettings.max_retries, metavar="N",
+                    help=f"{_help(RequestSettings, 'max_retries')} (default {RequestSettings.max_retries})")
+    ev.add_argument("--concurrency", type=positive_int, default=RequestSettings.max_concurrency, metavar="N",
+                    help=f"HTTP {_help(RequestSettings, 'max_concurrency')} (default "
+                         f"{RequestSettings.max_concurrency}: a local server computes one at a time)")
+    ev.add_argument("--retry-infra-errors", action="store_true",
+                    help="play again the episodes stored as infrastructure errors (by default a resumed run "
+                         "keeps them as finished)")
     ev.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 = greedy (default)")
     ev.add_argument("--generation-seed", type=nonnegative_int, default=0, help="sampling seed (default 0)")
     ev.add_argument("--keep-messages", action="store_true", help="store each episode's conversation in its row")

@@ -306,6 +306,9 @@ def completed_keys(rows: Iterable[dict[str, Any]], fields: Sequence[str]) -> set
 # --- summaries of success levels ----------------------------------------------------------------------
 
 LEVEL_NAMES = ("full_success", "partial_success", "failure")
+# The level of an eval row whose episode the infrastructure could not play (a request that timed out, a
+# prompt longer than the context): counted apart, never in the rates of LEVEL_NAMES.
+INFRA_ERROR = "infra_error"
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -321,16 +324,16 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
 
 
 def check_level_rows(rows: Sequence[dict[str, Any]], fields: Sequence[str] = (), source: str = "rows",
-                     lines: Sequence[int] | None = None) -> None:
+                     lines: Sequence[int] | None = None, levels: Sequence[str] = LEVEL_NAMES) -> None:
     """ValueError naming the first row (``source``:line, or its position) that lacks one of ``fields`` or
-    a ``level`` of ``LEVEL_NAMES``: what a summary of levels needs."""
+    a ``level`` of ``levels``: what a summary of levels needs."""
     for i, row in enumerate(rows):
         where = f"{source}:{lines[i]}" if lines else f"{source} row {i + 1}"
         missing = [f for f in (*fields, "level") if f not in row]
         if missing:
             raise ValueError(f"{where}: the row has no {missing[0]!r} field")
-        if row["level"] not in LEVEL_NAMES:
-            raise ValueError(f"{where}: level must be one of {LEVEL_NAMES}, got {row['level']!r}")
+        if row["level"] not in levels:
+            raise ValueError(f"{where}: level must be one of {tuple(levels)}, got {row['level']!r}")
 
 
 def level_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from chat_server import ChatServer, completion
 from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401 (fixture)
 
 from resilibench.agents.backends import (
@@ -15,11 +17,14 @@ from resilibench.agents.backends import (
     OpenAIBackend,
     TransformersBackend,
     VLLMBackend,
+    check_conversations,
+    check_spec,
     make_backend,
     parse_spec,
+    parse_tool_calls,
     truncate_at_stop,
 )
-from resilibench.agents.base import GenerationConfig
+from resilibench.agents.base import ContextOverflowError, GenerationConfig, PartialFailure
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -136,62 +141,6 @@ def test_specs(tiny_path):
 # --- OpenAI-compatible HTTP ---------------------------------------------------------------------------
 
 
-class ChatServer:
-    """A local /v1/chat/completions server; ``answer(body) -> (status, payload)`` decides each reply."""
-
-    def __init__(self, answer):
-        self.requests: list[dict] = []
-        self.headers: list[dict] = []
-        self.active = self.max_active = 0
-        lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server API)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with lock:
-                    server.requests.append(body)
-                    server.headers.append(dict(self.headers))
-                    server.active += 1
-                    server.max_active = max(server.max_active, server.active)
-                try:
-                    if self.path != "/v1/chat/completions":
-                        status, payload = 404, {"error": {"message": f"no route {self.path}"}}
-                    else:
-                        status, payload = answer(body)
-                finally:
-                    with lock:
-                        server.active -= 1
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                if status == 429:
-                    self.send_header("Retry-After", "0")
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def completion(text: str) -> dict:
-    return {"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                                      "finish_reason": "stop"}]}
-
-
 def test_openai_backend_matches_the_model_behind_the_server(hf):
     """The server answers with the tiny model; the client's batch equals calling the model directly."""
     model_lock = threading.Lock()
@@ -298,3 +247,110 @@ def test_vllm_backend_batches_greedy_generation(tmp_path):
     if stop.strip():
         stopped = backend.generate(CONVERSATIONS[:1], GenerationConfig(max_new_tokens=16, stop=(stop,)))[0]
         assert stopped == full[: full.find(stop)]
+    messages = backend.generate_with_tools([TOOL_CONVERSATION, CONVERSATIONS[0]], GREEDY, TOOLS)
+    assert [m["role"] for m in messages] == ["assistant", "assistant"]
+    assert all(isinstance(m["content"], str) for m in messages)
+
+
+# --- native tool calling, failures of one conversation, Ctrl-C ----------------------------------------
+
+TOOLS = [{"type": "function", "function": {"name": "file_operations_reader", "description": "Read a file",
+                                           "parameters": {"type": "object", "properties": {
+                                               "source": {"type": "string"}}, "required": ["source"]}}}]
+TOOL_CONVERSATION = [
+    {"role": "user", "content": "Read a.csv"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "file_operations_reader", "arguments": '{"source": "a.csv"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "file_operations_reader executed successfully."},
+]
+# A Qwen2.5-like template that renders tools and tool calls (arguments written with tojson).
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|system|>\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>{{ eos_token }}\n"
+    "{% endif %}{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}{% for c in m.tool_calls or [] %}"
+    '<tool_call>\n{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n</tool_call>'
+    "{% endfor %}{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def test_hf_specs_take_a_gguf_file(tmp_path):
+    (tmp_path / "m.gguf").write_bytes(b"")
+    (tmp_path / "m.bin").write_bytes(b"")
+    assert parse_spec(f"hf:{tmp_path / 'm.gguf'}")[1] == str(tmp_path / "m.gguf")
+    check_spec(f"hf:{tmp_path / 'm.gguf'}")
+    with pytest.raises(FileNotFoundError, match="nor a .gguf file"):
+        check_spec(f"hf:{tmp_path / 'm.bin'}")
+
+
+def test_parse_tool_calls_reads_qwen_and_smollm2_forms():
+    qwen = parse_tool_calls('I will read it.\n<tool_call>\n{"name": "file_operations_reader", "arguments": '
+                            '{"source": "a.csv"}}\n</tool_call>')
+    assert qwen == {"role": "assistant", "content": "I will read it.", "tool_calls": [
+        {"id": "call_0", "type": "function",
+         "function": {"name": "file_operations_reader", "arguments": '{"source": "a.csv"}'}}]}
+    smol = parse_tool_calls('<tool_call>[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 1}}]'
+                            '</tool_call>')
+    assert [c["function"]["name"] for c in smol["tool_calls"]] == ["a", "b"] and smol["content"] == ""
+    unclosed = parse_tool_calls('<tool_call>{"name": "a", "arguments": {"x": 2}}')  # stopped before the tag
+    assert unclosed["tool_calls"][0]["function"]["arguments"] == '{"x": 2}'
+    prose = parse_tool_calls("<tool_call>read the file</tool_call> Task completed.")
+    assert "tool_calls" not in prose and prose["content"] == "<tool_call>read the file</tool_call> Task completed."
+
+
+def test_transformers_tools_with_a_template_that_ignores_them(hf):
+    prompt = hf._render(check_conversations([TOOL_CONVERSATION])[0], TOOLS)
+    assert hf._template_takes_tools is False
+    assert "<tools>" in prompt and '"name": "file_operations_reader"' in prompt
+    assert '<tool_call>\n{"name": "file_operations_reader", "arguments": {"source": "a.csv"}}' in prompt
+    assert "<tool_response>\nfile_operations_reader executed successfully.\n</tool_response>" in prompt
+    answers = hf.generate_with_tools([TOOL_CONVERSATION, TOOL_CONVERSATION[:1]], GREEDY, TOOLS)
+    assert all(a["role"] == "assistant" and isinstance(a["content"], str) for a in answers)
+    assert answers[1] == hf.generate_with_tools([TOOL_CONVERSATION[:1]], GREEDY, TOOLS)[0]
+
+
+def test_transformers_tools_with_a_template_that_takes_them(tiny_path):
+    backend = TransformersBackend(tiny_path)
+    backend.tokenizer.chat_template = TOOLS_TEMPLATE
+    prompt = backend._render(check_conversations([TOOL_CONVERSATION])[0], TOOLS)
+    assert backend._template_takes_tools is True
+    assert prompt.startswith("<|system|>\n<tools>") and "<tool_response>" not in prompt
+    assert '"arguments": {"source": "a.csv"}' in prompt  # an object, not a JSON string written again
+
+
+def test_a_prompt_past_the_models_positions_fails_alone(tmp_path):
+    backend = TransformersBackend(build_tiny_lm(tmp_path / "short", max_positions=64))
+    long = [{"role": "user", "content": "validate the records " * 40}]
+    with pytest.raises(PartialFailure) as caught:
+        backend.generate([CONVERSATIONS[0], long], GREEDY)
+    answer, failure = caught.value.answers
+    assert isinstance(answer, str) and isinstance(failure, ContextOverflowError)
+    assert "exceeds the model's 64 positions" in str(failure)
+    assert answer == backend.generate([CONVERSATIONS[0]], GREEDY)[0]
+
+
+def test_openai_tools_request_and_answer():
+    calls = [{"id": "x", "type": "function", "function": {"name": "file_operations_reader",
+                                                          "arguments": '{"source": "a.csv"}'}}]
+    with ChatServer(lambda body: (200, {"choices": [{"message": {"role": "assistant", "content": None,
+                                                                 "tool_calls": calls}}]})) as server:
+        got = OpenAIBackend(server.url, "m").generate_with_tools([TOOL_CONVERSATION], GREEDY, TOOLS)
+    assert got == [{"role": "assistant", "content": "", "tool_calls": calls}]
+    assert server.requests[0]["tools"] == TOOLS and server.requests[0]["messages"] == TOOL_CONVERSATION
+    # A server that returns the model's own tool-call blocks as text (llama-cpp-python's default).
+    text = 'Reading.\n<tool_call>\n{"name": "file_operations_reader", "arguments": {"source": "a.csv"}}\n</tool_call>'
+    with ChatServer(lambda body: (200, completion(text))) as server:
+        (got,) = OpenAIBackend(server.url, "m").generate_with_tools([TOOL_CONVERSATION], GREEDY, TOOLS)
+    assert got["content"] == "Reading." and got["tool_calls"][0]["function"]["arguments"] == '{"source": "a.csv"}'
+
+
+def test_ctrl_c_does_not_wait_for_a_request_in_flight():
+    def interrupt():
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with ChatServer(lambda body: (time.sleep(30), (200, completion("late")))[1]) as server:
+        threading.Thread(target=interrupt, daemon=True).start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            OpenAIBackend(server.url, "m", timeout=60).generate(CONVERSATIONS[:2], GREEDY)
+        assert time.monotonic() - start < 5
+        assert len(server.requests) == 1, "with one request at a time the second is never sent"

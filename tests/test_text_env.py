@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import gymnasium as gym
 import numpy as np
@@ -81,9 +82,14 @@ def test_observations_stay_in_the_space():
     env = ResiliBenchTextEnv(tasks=[task], search="lexical", max_length=1024)
     prompt, _ = env.reset(seed=0)
     assert env.observation_space.contains(prompt) and len(prompt) == 1024
-    assert "Café – résumé → ?? x" in prompt and prompt.endswith("[... truncated]")
-    obs, *_ = env.step("<tool_search>file</tool_search>" * 3)  # three searches: longer than the limit
-    assert env.observation_space.contains(obs) and obs.endswith("[... truncated]")
+    assert "Café – résumé → ?? x" in prompt and "characters cut ...]" in prompt  # cut in the middle
+    assert prompt.endswith("Use appropriate tools to complete the task.")
+    # Three searches: longer than the limit; the cut keeps the end, where progress and turns left are.
+    obs, *_ = env.step("".join(f"<tool_search>{q}</tool_search>" for q in ("file", "parse data", "network")))
+    assert env.observation_space.contains(obs) and len(obs) == 1024 and "characters cut ...]" in obs
+    assert obs.endswith("Progress: 0/5 required tools done; 9 turns left.")
+    cut = int(obs.split("[... ")[1].split(" characters")[0])
+    assert len(obs) - len("\n[...  characters cut ...]\n") - len(str(cut)) + cut > 1024  # the count is exact
 
 
 def test_bad_use_is_rejected():
@@ -377,7 +383,8 @@ def test_the_work_per_message_is_capped():
     obs, *_, info = env.step(searches + infos)
     assert info["turn"] == 1
     assert obs.count("Tool search results") == MAX_REQUESTS
-    assert f"Only {MAX_REQUESTS} searches and info requests are answered per message: 1995 not answered." in obs
+    # The 1000 identical info requests count once: 1001 distinct requests, 5 answered.
+    assert f"Only {MAX_REQUESTS} searches and info requests are answered per message: 996 not answered." in obs
     long_query = "read a file " * 100_000  # 1.2 MB
     obs, *_ = env.step(f"<tool_search>{long_query}</tool_search>")
     head = obs.splitlines()[0]  # Tool search results for 'read a file read a ...': file_operations_reader
@@ -392,3 +399,145 @@ def test_wrong_typed_reset_options_name_the_option():
         env.reset(seed=0, options={"shown_prompt": "hello"})
     with pytest.raises(ValueError, match="turn_limit must be an integer"):
         ResiliBenchTextEnv(turn_limit="10")
+
+
+def test_a_call_that_ends_the_episode_prints_the_end_line_once():
+    env = make_env([False] * 10)
+    for _ in range(2):
+        env.step(call("utility_logger"))
+    obs, *_ = env.step(call("utility_logger"))  # the third failure in a row ends the episode
+    assert env.episode.done and obs.count("Episode ended (repetition loop); result: failure.") == 1
+
+
+# --- the tools protocol (native function calls) -------------------------------------------------------
+
+
+def tool_call(name: str, arguments: dict | str | None = None, call_id: str | None = None) -> dict:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+    return {"id": call_id or f"id_{name}", "type": "function", "function": {"name": name, "arguments": text}}
+
+
+def assistant(*calls: dict, content: str = "") -> dict:
+    return {"role": "assistant", "content": content, "tool_calls": list(calls)}
+
+
+def test_tools_protocol_offers_the_tools_as_function_schemas():
+    env = make_env(protocol="tools")
+    names = [t["function"]["name"] for t in env.tools]
+    assert names == ["tool_search", "tool_info", *NAMES] and len(names) == 32
+    reader = env.tools[2 + NAMES.index("file_operations_reader")]["function"]
+    assert reader["parameters"] == default_registry()["file_operations_reader"].input_schema()
+    assert "<tool_call>" not in env.prompt.text and "tool_search" in env.prompt.text
+    assert make_env().tools is None and "<tool_call>" in make_env().prompt.text
+    with pytest.raises(ValueError, match="protocol must be one of"):
+        ResiliBenchTextEnv(protocol="xml")
+
+
+def test_tools_protocol_answers_each_call_in_a_tool_message():
+    env = make_env([True] * 10, protocol="tools")
+    message = assistant(tool_call("tool_search", {"query": "read a file"}, "s1"),
+                        tool_call("tool_info", {"name": "file_operations_reader"}, "i1"),
+                        tool_call("file_operations_reader", {}, "c1"),
+                        tool_call("data_processing_validator", None, "c2"))
+    obs, reward, terminated, truncated, info = env.step(message)
+    replies = env.messages[-4:]
+    assert [m["role"] for m in replies] == ["tool"] * 4
+    assert [m["tool_call_id"] for m in replies] == ["s1", "i1", "c1", "c2"]
+    assert replies[0]["content"].startswith("Tool search results for 'read a file'")
+    assert replies[1]["content"].startswith("file_operations_reader\n  Category")
+    assert replies[2]["content"].startswith("file_operations_reader executed successfully")  # {} = no arguments
+    assert "Progress: 1/5 required tools done; 9 turns left." in replies[2]["content"]
+    assert replies[3]["content"] == "Not executed: only one tool call per turn."
+    assert env.messages[-5] == message and info["turn"] == 1 and [r["tool"] for r in info["trace"]] == [
+        "file_operations_reader"]
+    assert obs == "\n\n".join(m["content"] for m in replies)
+    # A message without calls: a reminder (no invitation to quit) in a user message; then completion.
+    obs, *_ = env.step({"role": "assistant", "content": "I will now read the data."})
+    assert env.messages[-1]["role"] == "user" and "No tool call found" in obs and "task completed" not in obs
+    _, reward, terminated, _, info = env.step("Task completed.")
+    assert terminated and info["evaluation"]["completed"] and info["turn"] == 2
+
+
+def test_tools_protocol_bad_arguments_and_names():
+    env = make_env([True] * 10, protocol="tools")
+    env.step(assistant(tool_call("file_operations_reader", '{"source": 3')))  # malformed JSON
+    assert env.info()["trace"][0]["error_code"] == INVALID_INPUT
+    assert "malformed JSON arguments" in env.messages[-1]["content"]
+    env.step(assistant(tool_call("file_reader", {"source": "a"})))
+    assert "Tool call not executed: unknown tool 'file_reader'" in env.messages[-1]["content"]
+    env.step(assistant(tool_call("qqq"), tool_call("tool_info", {"name": "zzz"}), tool_call("tool_search", {"q": 1})))
+    unknown_call, unknown_info, empty_search = (m["content"] for m in env.messages[-3:])
+    assert "unknown tool 'qqq'; call tool_search with what you need" in unknown_call
+    assert unknown_info == "Tool info: unknown tool 'zzz'; call tool_search with what you need"
+    assert empty_search.startswith("Empty tool search: give tool_search a query saying what you need.\n\nProgress")
+    with pytest.raises(ValueError, match="assistant message"):
+        env.step(["not", "a", "message"])
+    requests = [tool_call("tool_search", {"query": f"q{i}"}, f"s{i}") for i in range(MAX_REQUESTS + 2)]
+    env.step(assistant(*requests))
+    assert [m["content"].startswith("Not answered") for m in env.messages[-len(requests):]] == [False] * 5 + [True] * 2
+
+
+# --- robust reading of real models' messages (docs/text_env.md, "Reading real models") -----------------
+
+
+def protocol_section(prompt: str) -> str:
+    """The part of a prompt that explains the protocol (what an echoing model copies)."""
+    return prompt[prompt.index("Tool Search Available"):prompt.index("Instructions:")]
+
+
+def test_an_echoed_prompt_runs_nothing_costly_and_does_not_complete():
+    env = make_env([True] * 10)
+    echo = protocol_section(env.prompt.text)
+    assert 'say "task completed"' in echo  # the rule, restated: not the agent's own statement
+    obs, _, terminated, truncated, info = env.step(echo + "\n" + echo)  # echoed twice
+    assert not (terminated or truncated) and info["trace"] == [] and info["turn"] == 1
+    assert "Empty tool search" in obs and "Tool search results" not in obs and len(obs) < 1000
+    # The paper's wording writes its example searches as live tags: an echo runs every one of them.
+    paper = make_env([True] * 10, wording="paper")
+    obs, *_ = paper.step(protocol_section(paper.prompt.text))
+    assert obs.count("Tool search results") == 4 and len(obs) > 5000
+
+
+@pytest.mark.parametrize("message", [
+    '```xml\n<tool_call>\n{"name": "file_operations_reader", "arguments": {"source": "in.csv"}}\n</tool_call>\n```',
+    '<tool_call>file_operations_reader {"source": "in.csv"}\nThis loads the input; next I will validate it.',
+    '<tool_call>file_operations_reader {"source": "in.csv"} (reads the file)</tool_call> Then the validator.',
+    '<tool_call>{"name": "file_operations_reader", "arguments": {"source": "in.csv"}} and then more</tool_call>',
+    '<tool_call>file_operations_reader({"source": "in.csv"}) to read the data</tool_call>',
+])
+def test_calls_are_read_where_their_meaning_is_plain(message):
+    env = make_env([True] * 10)
+    _, _, _, _, info = env.step(message)
+    assert info["parsed"]["calls"] == [{"name": "file_operations_reader", "arguments": {"source": "in.csv"},
+                                        "problem": None}]
+    assert info["trace"][0]["success"] and not info["parsed"]["completes"]
+
+
+def test_a_name_followed_by_prose_is_a_call_without_arguments():
+    env = make_env([True] * 10)
+    _, _, _, _, info = env.step("<tool_call>file_operations_reader to load the sensor data first")
+    assert info["parsed"]["calls"] == [{"name": "file_operations_reader", "arguments": None, "problem": None}]
+
+
+@pytest.mark.parametrize(("message", "completes"), [
+    ('When the task is completed, say "task completed".', False),
+    ("I will say task completed once every step has succeeded.", False),
+    ("```\nTask completed.\n```", False),
+    ("The rule: `task completed` ends the episode.", False),
+    ("Reminder noted: reply 'task completed' when done.", False),
+    ("The task is not completed yet; task complete? Not yet.", False),
+    ("The writer succeeded. Task completed.", True),
+    ("All steps completed!", True),
+    ("<tool_call>file_operations_writer</tool_call>\nTask completed.", True),
+])
+def test_completion_is_the_agents_own_statement(message, completes):
+    env = make_env()
+    _, _, terminated, _, info = env.step(message)
+    assert info["parsed"]["completes"] is completes and terminated is completes
+
+
+def test_the_reminder_does_not_invite_quitting():
+    env = make_env()
+    obs, *_ = env.step("I am thinking about which tool to use.")
+    assert "No tool request found" in obs and "task completed" not in obs.lower()
+    assert obs.endswith("Progress: 0/5 required tools done; 9 turns left.")
