@@ -5,8 +5,7 @@ lists the ones checked for this suite; nothing is downloaded at run time:
 
 * ``gguf_path(name)``: the GGUF file (for llama.cpp's server). A whole file is used where pip put it; a
   chunked one is joined once into the cache directory and checked against its size and SHA-256.
-* ``hf_dir(name)``: a transformers directory converted from the GGUF once (weights dequantised to
-  float32, tokenizer and chat template included), for ``hf:DIR`` specs.
+  Transformers loads it too: ``hf:FILE.gguf`` (the ``gguf`` package dequantises it).
 * ``llama_server(name)``: llama.cpp's OpenAI-compatible server (``llama-cpp-python[server]``) on a free
   loopback port for the length of a ``with`` block, with CPU settings; it yields the ``openai:`` base URL.
 
@@ -14,8 +13,7 @@ A model whose packages are missing raises ``ModelNotInstalled`` with the pip com
 The cache directory is ``$RESILIBENCH_MODEL_CACHE``, else ``~/.cache/resilibench/models``.
 
     python -m resilibench.agents.models                 # the table: name, installed, size, packages
-    python -m resilibench.agents.models gguf smollm2-135m
-    python -m resilibench.agents.models hf smollm2-135m
+    python -m resilibench.agents.models smollm2-135m    # the path of its GGUF file
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ import fnmatch
 import hashlib
 import importlib.metadata
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -168,36 +165,6 @@ def gguf_path(name: str) -> Path:
     return join_chunks(files, cache_dir() / model.filename, model.size, model.sha256)
 
 
-def hf_dir(name: str) -> Path:
-    """A transformers directory of model ``name``, converted from its GGUF once (needs the ``gguf``
-    package): float32 weights, the tokenizer and its chat template."""
-    model = get_model(name)
-    gguf = gguf_path(name)
-    target = cache_dir() / f"{model.name}-hf"
-    if (target / "config.json").is_file():
-        return target
-    try:
-        import gguf as _gguf  # noqa: F401  (transformers needs it to read GGUF files)
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as exc:
-        raise ImportError(f"converting a GGUF model needs torch, transformers and gguf: pip install "
-                          f"'resilibench[llm-models]' ({exc})") from None
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    lm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    lm.hf_quantizer = None  # dequantised already; transformers refuses to save a model it marks as GGUF
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f"{target.name}."))
-    staging.chmod(0o755)
-    try:
-        lm.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        os.replace(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
     with socket.socket() as sock:
@@ -258,16 +225,16 @@ def _table() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``[gguf|hf NAME]``: print the table of models, or the path of one model's GGUF or transformers dir."""
+    """``[NAME]``: print the table of models, or the path of one model's GGUF file."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         print(_table())
         return 0
-    if len(args) != 2 or args[0] not in ("gguf", "hf"):
-        print("usage: python -m resilibench.agents.models [gguf NAME | hf NAME]", file=sys.stderr)
+    if len(args) != 1:
+        print("usage: python -m resilibench.agents.models [NAME]", file=sys.stderr)
         return 2
     try:
-        print(gguf_path(args[1]) if args[0] == "gguf" else hf_dir(args[1]))
+        print(gguf_path(args[0]))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

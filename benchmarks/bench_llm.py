@@ -7,17 +7,19 @@ is played with every prompt type (baseline, cot, optimal, flawed with ``--flaw``
 
 * ``llamacpp``: llama.cpp's OpenAI-compatible server started here on loopback (``models.llama_server``,
   one request at a time), reached through ``OpenAIBackend``;
-* ``hf``: the transformers backend on the directory converted from the same GGUF (``models.hf_dir``).
+* ``hf``: the transformers backend on the same GGUF (``hf:FILE.gguf``, dequantised to float32).
 
-Every episode goes through the evaluation harness (``run_eval``), one episode at a time, greedy decoding.
-Per model, backend and protocol it reports: turns/s (agent messages per wall-clock second, model loading
-excluded), tokens/s (generated tokens, counted with the model's tokenizer, per wall-clock second), the
-parsed-call rate (agent messages holding at least one well-formed tool call), then the paper's tables
-beside bound (iii) for the same episodes played by two scripted references: ``scripted:names`` (copies
-the tool names of the task text: the trivial baseline) and ``scripted:optimal`` (bound (iii)'s policy).
+and with each protocol of ``--protocols`` (``tags``: the paper's text protocol; ``tools``: native tool
+calls). Every episode goes through the evaluation harness (``run_eval``), one episode at a time, greedy
+decoding. Per model, backend and protocol it reports: turns/s (agent messages per wall-clock second,
+model loading excluded), tokens/s (generated tokens, counted with the model's tokenizer, per wall-clock
+second), the parsed-call rate (agent messages holding at least one well-formed request the env acts on:
+a tool call with valid arguments, a search or an info request), then the paper's tables beside bound
+(iii) for the same episodes played by two scripted references: ``scripted:names`` (copies the tool names
+of the task text: the trivial baseline) and ``scripted:optimal`` (bound (iii)'s policy).
 
-Run: ``nice python benchmarks/bench_llm.py --output-dir runs/bench_llm`` (a few minutes per model and
-backend on two CPU cores; the rows are kept in ``results.jsonl`` there, so a rerun resumes).
+Run: ``nice python benchmarks/bench_llm.py --output-dir runs/bench_llm`` (minutes per model, backend and
+protocol on two CPU cores; each one's rows, with the conversations, go to a JSONL file there).
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ from resilibench.agents.harness import EvalJob, eval_jobs, run_eval
 from resilibench.agents.report import format_tables, summarize_eval
 from resilibench.agents.scripted import make_scripted_agent
 from resilibench.envs.tasks import TASK_TYPE_NAMES, load_tasks
-from resilibench.envs.toolbox import parse_message
+from resilibench.envs.text_env import read_tool_calls
+from resilibench.envs.toolbox import PROTOCOLS, parse_message
 
 PROMPTS = ("baseline", "cot", "optimal", "flawed")
 BACKENDS = ("llamacpp", "hf")
-PROTOCOLS = ("tags",)
 
 
 def task_slice(n_types: int) -> list[Any]:
@@ -50,36 +52,39 @@ def task_slice(n_types: int) -> list[Any]:
     return [next(t for t in tasks if t.task_type == kind) for kind in TASK_TYPE_NAMES[:n_types]]
 
 
-def well_formed_call(message: dict[str, Any]) -> bool:
-    """Whether an agent message holds at least one tool call the env can run as written."""
-    if message.get("tool_calls"):
-        return True
-    return any(call.problem is None and call.name for call in parse_message(message["content"]).calls)
+def well_formed_request(message: dict[str, Any], protocol: str) -> bool:
+    """Whether an agent message (as the env kept it) holds a request the env acts on: a search, an info
+    request or a tool call whose arguments are valid, read as the env of ``protocol`` reads it."""
+    parsed = parse_message(message["content"]) if protocol == "tags" else read_tool_calls(message)[0]
+    return bool(parsed.searches or parsed.infos or any(c.name and c.problem is None for c in parsed.calls))
 
 
 @contextlib.contextmanager
 def served(model: str, backend: str, threads: int) -> Iterator[str]:
     """The backend spec of ``model`` on ``backend``, live for the block (llama.cpp's server runs in it)."""
     if backend == "hf":
-        yield f"hf:{models.hf_dir(model)}?batch_size=1"
+        yield f"hf:{models.gguf_path(model)}?batch_size=1&dtype=float32"
         return
     with models.llama_server(model, n_threads=threads) as url:
         yield f"openai:{url}?model={model}&timeout=900&max_concurrency=1&max_retries=0"
 
 
-def play(spec: str, name: str, jobs: list[EvalJob], generation: GenerationConfig, results: Path,
+def play(backend: Any, protocol: str, jobs: list[EvalJob], generation: GenerationConfig, output_dir: Path,
          tokenizer: Any) -> dict[str, Any]:
-    """Run ``jobs`` with the backend of ``spec`` named ``name``; throughput and form figures."""
-    backend = make_backend(f"{spec}&name={name}")
+    """Run ``jobs`` with ``backend`` under ``protocol``, afresh (a resumed row has no timing); throughput
+    and form figures. The rows go to ``output_dir/MODEL-BACKEND-PROTOCOL.jsonl``."""
+    results = output_dir / f"{backend.name.replace('/', '-')}-{protocol}.jsonl"
     start = time.perf_counter()
-    rows = run_eval(backend, jobs, generation=generation, batch_size=1, results_path=results,
-                    keep_messages=True, progress=False)
+    rows = run_eval(backend, jobs, generation=generation, batch_size=1, protocol=protocol, results_path=results,
+                    resume=False, keep_messages=True, progress=False)
     seconds = time.perf_counter() - start
-    said = [m for row in rows for m in row["messages"] if m["role"] == "assistant"]
-    tokens = sum(len(tokenizer(m["content"], add_special_tokens=False)["input_ids"]) for m in said)
-    return {"name": name, "episodes": len(rows), "messages": len(said), "seconds": seconds,
-            "turns_per_s": len(said) / seconds, "tokens_per_s": tokens / seconds,
-            "parsed_call_rate": sum(map(well_formed_call, said)) / max(1, len(said)), "rows": rows}
+    said = [m for row in rows for m in row.get("messages", ()) if m["role"] == "assistant"]
+    tokens = sum(len(tokenizer(m["content"] or "", add_special_tokens=False)["input_ids"]) for m in said)
+    return {"name": f"{backend.name}/{protocol}", "episodes": len(rows), "messages": len(said),
+            "seconds": seconds, "turns_per_s": len(said) / seconds, "tokens_per_s": tokens / seconds,
+            "infra_errors": sum(row["level"] == "infra_error" for row in rows),
+            "parsed_call_rate": sum(well_formed_request(m, protocol) for m in said) / max(1, len(said)),
+            "rows": rows}
 
 
 def main() -> None:
@@ -100,8 +105,6 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     torch.set_num_threads(args.threads)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    results = args.output_dir / "results.jsonl"
     jobs = eval_jobs(task_slice(args.tasks), args.prompts, args.seeds, flaw_types=[args.flaw])
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
     print(f"{len(jobs)} episodes per model, backend and protocol; {platform.machine()}, "
@@ -109,22 +112,25 @@ def main() -> None:
 
     figures, rows = [], []
     for model in args.models:
-        tokenizer = AutoTokenizer.from_pretrained(models.hf_dir(model))
-        for backend in args.backends:
-            with served(model, backend, args.threads) as spec:
+        gguf = models.gguf_path(model)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        for kind in args.backends:
+            with served(model, kind, args.threads) as spec:
+                backend = make_backend(f"{spec}&name={model}/{kind}")
                 for protocol in args.protocols:
-                    figure = play(spec, f"{model}/{backend}/{protocol}", jobs, generation, results, tokenizer)
+                    figure = play(backend, protocol, jobs, generation, args.output_dir, tokenizer)
                     rows += figure.pop("rows")
                     figures.append(figure)
                     print(f"{figure['name']}: {figure['seconds']:.0f} s", flush=True)
     for kind in ("names", "optimal"):
         rows += run_eval(make_scripted_agent(kind), jobs, progress=False)
 
-    print("\n| model/backend/protocol | episodes | agent messages | wall s | turns/s | tokens/s | parsed-call rate |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| model/backend/protocol | episodes | infra errors | agent messages | wall s | turns/s | tokens/s "
+          "| parsed-call rate |")
+    print("|---|---|---|---|---|---|---|---|")
     for f in figures:
-        print(f"| {f['name']} | {f['episodes']} | {f['messages']} | {f['seconds']:.0f} | {f['turns_per_s']:.3f} "
-              f"| {f['tokens_per_s']:.1f} | {f['parsed_call_rate']:.2f} |")
+        print(f"| {f['name']} | {f['episodes']} | {f['infra_errors']} | {f['messages']} | {f['seconds']:.0f} "
+              f"| {f['turns_per_s']:.3f} | {f['tokens_per_s']:.1f} | {f['parsed_call_rate']:.2f} |")
     print()
     print(format_tables(summarize_eval(rows)))
 

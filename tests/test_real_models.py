@@ -16,6 +16,7 @@ from tiny_lm import torch_one_thread  # noqa: F401 (fixture)
 from resilibench.agents import models
 from resilibench.agents.base import GenerationConfig
 from resilibench.agents.harness import eval_jobs, run_eval
+from resilibench.envs.config import WorldConfig
 from resilibench.envs.simulator import END_REASONS
 from resilibench.envs.tasks import load_tasks
 
@@ -36,10 +37,12 @@ def model_cache(tmp_path_factory):
 
 
 def one_episode(agent, **kwargs):
-    """One v1 test task, baseline prompt, seed 0, with the conversation kept."""
+    """One v1 test task, baseline prompt, seed 0, with the conversation kept; three turns, not ten (a
+    135M model on CPU takes seconds a turn, and CI's budget is shared)."""
     jobs = eval_jobs(load_tasks(split="test")[:1], ["baseline"], seeds=[0])
-    (row,) = run_eval(agent, jobs, generation=GenerationConfig(max_new_tokens=32), keep_messages=True,
-                      progress=False, **kwargs)
+    config = WorldConfig.for_world("v1").replace(rules={"turn_limit": 3})
+    (row,) = run_eval(agent, jobs, generation=GenerationConfig(max_new_tokens=32), config=config,
+                      keep_messages=True, progress=False, **kwargs)
     return row
 
 
@@ -51,7 +54,7 @@ def check_model_episode(row):
     said = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
     assert said and all(isinstance(text, str) for text in said)
     assert any(text.strip() and text.strip() != "Task completed." for text in said)
-    assert 0 <= row["turns"] <= len(said)
+    assert 0 <= row["turns"] <= min(3, len(said))
 
 
 # --- locating models ----------------------------------------------------------------------------------
@@ -94,7 +97,7 @@ def test_the_model_table_lists_every_model_with_its_install_command(capsys):
     out = capsys.readouterr().out
     for model in models.MODELS.values():
         assert model.name in out and model.install in out
-    assert models.main(["gguf", "gpt-9"]) == 2
+    assert models.main(["gpt-9"]) == 2
     assert "accepted: smollm2-135m" in capsys.readouterr().err
 
 
@@ -110,36 +113,13 @@ def test_the_shipped_gguf_is_the_declared_file():
 # --- a real model in the harness ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def small_hf(model_cache):
-    return models.hf_dir(SMALL)
-
-
 @needs_small
 @pytest.mark.slow
 @pytest.mark.usefixtures("torch_one_thread")
-def test_the_converted_directory_computes_what_the_gguf_computes(small_hf):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = models.gguf_path(SMALL)
-    tokenizer = AutoTokenizer.from_pretrained(small_hf)
-    assert tokenizer.chat_template is not None
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Read the file data.csv."}],
-                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    converted = AutoModelForCausalLM.from_pretrained(small_hf)
-    with torch.inference_mode():
-        assert torch.equal(direct(**ids).logits, converted(**ids).logits)
-
-
-@needs_small
-@pytest.mark.slow
-@pytest.mark.usefixtures("torch_one_thread")
-def test_smollm2_plays_a_v1_episode_through_the_transformers_backend(small_hf):
+def test_smollm2_plays_a_v1_episode_through_the_transformers_backend(model_cache):
     from resilibench.agents.backends import make_backend
 
-    backend = make_backend(f"hf:{small_hf}?name={SMALL}")
+    backend = make_backend(f"hf:{models.gguf_path(SMALL)}?name={SMALL}")
     row = one_episode(backend)
     check_model_episode(row)
     assert row["model"] == SMALL
