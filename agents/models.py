@@ -177,14 +177,15 @@ def llama_server(name: str, n_ctx: int | None = None, n_threads: int = 1, startu
                  ) -> Iterator[str]:
     """llama.cpp's server for model ``name`` on 127.0.0.1 while the block runs; yields its base URL
     (``http://127.0.0.1:PORT/v1``; the served model answers to any model name). ``n_ctx`` defaults to
-    the model's maximum positions, ``n_threads`` to one (a shared CPU). RuntimeError with the end of the
+    the model's maximum positions, ``n_threads`` to one (a shared CPU); no logits are kept (the server's
+    default keeps n_ctx x vocabulary floats). RuntimeError with the end of the
     server's log when it exits or does not answer within ``startup_timeout`` seconds."""
     model = get_model(name)
     gguf = gguf_path(name)
     port = free_port()
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", name,
                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx or model.context),
-               "--n_threads", str(n_threads), "--n_threads_batch", str(n_threads)]
+               "--n_threads", str(n_threads), "--n_threads_batch", str(n_threads), "--logits_all", "false"]
     url = f"http://127.0.0.1:{port}/v1"
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

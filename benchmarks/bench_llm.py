@@ -18,8 +18,9 @@ a tool call with valid arguments, a search or an info request), then the paper's
 (iii) for the same episodes played by two scripted references: ``scripted:names`` (copies the tool names
 of the task text: the trivial baseline) and ``scripted:optimal`` (bound (iii)'s policy).
 
-Run: ``nice python benchmarks/bench_llm.py --output-dir runs/bench_llm`` (minutes per model, backend and
-protocol on two CPU cores; each one's rows, with the conversations, go to a JSONL file there).
+Run: ``nice python benchmarks/bench_llm.py --output-dir runs/bench_llm`` (minutes per episode on two
+shared CPU cores; each run's rows, with the conversations, go to a JSONL file there). Ctrl-C stops it and
+prints the figures and tables of the episodes that finished (the references play the same episodes).
 """
 
 from __future__ import annotations
@@ -69,22 +70,70 @@ def served(model: str, backend: str, threads: int) -> Iterator[str]:
         yield f"openai:{url}?model={model}&timeout=900&max_concurrency=1&max_retries=0"
 
 
-def play(backend: Any, protocol: str, jobs: list[EvalJob], generation: GenerationConfig, output_dir: Path,
-         tokenizer: Any) -> dict[str, Any]:
-    """Run ``jobs`` with ``backend`` under ``protocol``, afresh (a resumed row has no timing); throughput
-    and form figures. The rows go to ``output_dir/MODEL-BACKEND-PROTOCOL.jsonl``."""
-    results = output_dir / f"{backend.name.replace('/', '-')}-{protocol}.jsonl"
-    start = time.perf_counter()
-    rows = run_eval(backend, jobs, generation=generation, batch_size=1, protocol=protocol, results_path=results,
-                    resume=False, keep_messages=True, progress=False)
-    seconds = time.perf_counter() - start
+def figures(name: str, protocol: str, rows: list[dict[str, Any]], seconds: float, tokenizer: Any
+            ) -> dict[str, Any]:
+    """Throughput and form of finished episodes ``rows`` played in ``seconds``."""
     said = [m for row in rows for m in row.get("messages", ()) if m["role"] == "assistant"]
     tokens = sum(len(tokenizer(m["content"] or "", add_special_tokens=False)["input_ids"]) for m in said)
-    return {"name": f"{backend.name}/{protocol}", "episodes": len(rows), "messages": len(said),
-            "seconds": seconds, "turns_per_s": len(said) / seconds, "tokens_per_s": tokens / seconds,
+    return {"name": f"{name}/{protocol}", "episodes": len(rows), "messages": len(said), "seconds": seconds,
+            "turns_per_s": len(said) / seconds, "tokens_per_s": tokens / seconds,
             "infra_errors": sum(row["level"] == "infra_error" for row in rows),
-            "parsed_call_rate": sum(well_formed_request(m, protocol) for m in said) / max(1, len(said)),
-            "rows": rows}
+            "parsed_call_rate": sum(well_formed_request(m, protocol) for m in said) / max(1, len(said))}
+
+
+FIGURE_HEADER = ("| model/backend/protocol | episodes | infra errors | agent messages | wall s | turns/s | tokens/s "
+                 "| parsed-call rate |\n|---|---|---|---|---|---|---|---|")
+
+
+def figure_line(f: dict[str, Any]) -> str:
+    return (f"| {f['name']} | {f['episodes']} | {f['infra_errors']} | {f['messages']} | {f['seconds']:.0f} "
+            f"| {f['turns_per_s']:.3f} | {f['tokens_per_s']:.1f} | {f['parsed_call_rate']:.2f} |")
+
+
+def play(backend: Any, protocol: str, jobs: list[EvalJob], generation: GenerationConfig, output_dir: Path
+         ) -> tuple[list[dict[str, Any]], float, bool]:
+    """Run ``jobs`` with ``backend`` under ``protocol``, afresh (a resumed row has no timing), printing a
+    line per episode. Returns the finished rows, the seconds until the last one finished, and whether
+    Ctrl-C stopped the run (the finished episodes still count). Rows go to
+    ``output_dir/MODEL-BACKEND-PROTOCOL.jsonl``."""
+    results = output_dir / f"{backend.name.replace('/', '-')}-{protocol}.jsonl"
+    start = time.perf_counter()
+    done: list[dict[str, Any]] = []
+    last = [start]
+
+    def finished(row: dict[str, Any]) -> None:
+        done.append(row)
+        last[0] = time.perf_counter()
+        print(f"  {backend.name}/{protocol} {row['prompt']}: {row['level']}, {row['turns']} turns, "
+              f"{last[0] - start:.0f} s", flush=True)
+
+    try:
+        run_eval(backend, jobs, generation=generation, batch_size=1, protocol=protocol, results_path=results,
+                 resume=False, keep_messages=True, progress=False, on_result=finished)
+    except KeyboardInterrupt:
+        return done, last[0] - start, True
+    return done, last[0] - start, False
+
+
+def run_all(args: argparse.Namespace, jobs: list[EvalJob], generation: GenerationConfig, lines: list[str],
+            rows: list[dict[str, Any]]) -> None:
+    """Every model x backend x protocol of ``args``, appending figure lines and rows; returns at Ctrl-C."""
+    from transformers import AutoTokenizer
+
+    for model in args.models:
+        gguf = models.gguf_path(model)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        for kind in args.backends:
+            with served(model, kind, args.threads) as spec:
+                backend = make_backend(f"{spec}&name={model}/{kind}")
+                for protocol in args.protocols:
+                    done, seconds, stopped = play(backend, protocol, jobs, generation, args.output_dir)
+                    if done:
+                        rows += done
+                        lines.append(figure_line(figures(backend.name, protocol, done, seconds, tokenizer)))
+                        print(lines[-1], flush=True)
+                    if stopped:
+                        return
 
 
 def main() -> None:
@@ -102,7 +151,6 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from transformers import AutoTokenizer
 
     torch.set_num_threads(args.threads)
     jobs = eval_jobs(task_slice(args.tasks), args.prompts, args.seeds, flaw_types=[args.flaw])
@@ -110,27 +158,15 @@ def main() -> None:
     print(f"{len(jobs)} episodes per model, backend and protocol; {platform.machine()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
 
-    figures, rows = [], []
-    for model in args.models:
-        gguf = models.gguf_path(model)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        for kind in args.backends:
-            with served(model, kind, args.threads) as spec:
-                backend = make_backend(f"{spec}&name={model}/{kind}")
-                for protocol in args.protocols:
-                    figure = play(backend, protocol, jobs, generation, args.output_dir, tokenizer)
-                    rows += figure.pop("rows")
-                    figures.append(figure)
-                    print(f"{figure['name']}: {figure['seconds']:.0f} s", flush=True)
+    lines, rows = [], []
+    run_all(args, jobs, generation, lines, rows)
+    played = {(row["task_id"], row["prompt"], row["flaw_type"], row["seed"]) for row in rows}
+    jobs = [job for job in jobs if (job.task.instance_id, job.prompt, job.flaw_type, job.seed) in played]
     for kind in ("names", "optimal"):
         rows += run_eval(make_scripted_agent(kind), jobs, progress=False)
 
-    print("\n| model/backend/protocol | episodes | infra errors | agent messages | wall s | turns/s | tokens/s "
-          "| parsed-call rate |")
-    print("|---|---|---|---|---|---|---|---|")
-    for f in figures:
-        print(f"| {f['name']} | {f['episodes']} | {f['infra_errors']} | {f['messages']} | {f['seconds']:.0f} "
-              f"| {f['turns_per_s']:.3f} | {f['tokens_per_s']:.1f} | {f['parsed_call_rate']:.2f} |")
+    print("\n" + FIGURE_HEADER)
+    print("\n".join(lines))
     print()
     print(format_tables(summarize_eval(rows)))
 
