@@ -13,8 +13,8 @@ and with each protocol of ``--protocols`` (``tags``: the paper's text protocol; 
 calls). Every episode goes through the evaluation harness (``run_eval``), one episode at a time, greedy
 decoding. Per model, backend and protocol it reports: turns/s (agent messages per wall-clock second,
 model loading excluded), tokens/s (generated tokens, counted with the model's tokenizer, per wall-clock
-second), the parsed-call rate (agent messages holding at least one well-formed request the env acts on:
-a tool call with valid arguments, a search or an info request), then the paper's tables beside bound
+second), the parsed-call rate (agent messages holding at least one tool call the env runs as written: a
+known tool with valid JSON arguments), then the paper's tables beside bound
 (iii) for the same episodes played by two scripted references: ``scripted:names`` (copies the tool names
 of the task text: the trivial baseline) and ``scripted:optimal`` (bound (iii)'s policy).
 
@@ -41,7 +41,7 @@ from resilibench.agents.report import format_tables, summarize_eval
 from resilibench.agents.scripted import make_scripted_agent
 from resilibench.envs.tasks import TASK_TYPE_NAMES, load_tasks
 from resilibench.envs.text_env import read_tool_calls
-from resilibench.envs.toolbox import PROTOCOLS, parse_message
+from resilibench.envs.toolbox import PROTOCOLS, UnknownToolError, parse_message, resolve_tool
 
 PROMPTS = ("baseline", "cot", "optimal", "flawed")
 BACKENDS = ("llamacpp", "hf")
@@ -53,11 +53,20 @@ def task_slice(n_types: int) -> list[Any]:
     return [next(t for t in tasks if t.task_type == kind) for kind in TASK_TYPE_NAMES[:n_types]]
 
 
-def well_formed_request(message: dict[str, Any], protocol: str) -> bool:
-    """Whether an agent message (as the env kept it) holds a request the env acts on: a search, an info
-    request or a tool call whose arguments are valid, read as the env of ``protocol`` reads it."""
+def well_formed_call(message: dict[str, Any], protocol: str) -> bool:
+    """Whether an agent message (as the env kept it) holds a tool call the env runs as written: a known
+    tool (name or alias) with valid JSON arguments, read as the env of ``protocol`` reads it. Searches
+    and info requests do not count (an echoed prompt example is one)."""
     parsed = parse_message(message["content"]) if protocol == "tags" else read_tool_calls(message)[0]
-    return bool(parsed.searches or parsed.infos or any(c.name and c.problem is None for c in parsed.calls))
+    return any(call.problem is None and known_tool(call.name) for call in parsed.calls)
+
+
+def known_tool(name: str) -> bool:
+    try:
+        resolve_tool(name)
+    except UnknownToolError:
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -78,7 +87,7 @@ def figures(name: str, protocol: str, rows: list[dict[str, Any]], seconds: float
     return {"name": f"{name}/{protocol}", "episodes": len(rows), "messages": len(said), "seconds": seconds,
             "turns_per_s": len(said) / seconds, "tokens_per_s": tokens / seconds,
             "infra_errors": sum(row["level"] == "infra_error" for row in rows),
-            "parsed_call_rate": sum(well_formed_request(m, protocol) for m in said) / max(1, len(said))}
+            "parsed_call_rate": sum(well_formed_call(m, protocol) for m in said) / max(1, len(said))}
 
 
 FIGURE_HEADER = ("| model/backend/protocol | episodes | infra errors | agent messages | wall s | turns/s | tokens/s "
