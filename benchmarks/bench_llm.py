@@ -137,8 +137,8 @@ def run_all(args: argparse.Namespace, jobs: list[EvalJob], generation: Generatio
                 backend = make_backend(f"{spec}&name={model}/{kind}")
                 for protocol in args.protocols:
                     done, seconds, stopped = play(backend, protocol, jobs, generation, args.output_dir)
-                    if done:
-                        rows += done
+                    if done:  # the tables keep the protocols apart
+                        rows += [{**row, "model": f"{row['model']}/{protocol}"} for row in done]
                         lines.append(figure_line(figures(backend.name, protocol, done, seconds, tokenizer)))
                         print(lines[-1], flush=True)
                     if stopped:
