@@ -80,21 +80,41 @@ def check_conversations(conversations: Sequence[Sequence[Message]]) -> list[list
 
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_JSON_FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+_CALL_KEYS = {"name", "arguments", "parameters"}
+
+
+def _call_items(block: str, strict: bool) -> list[dict[str, Any]] | None:
+    """The calls of one block: a JSON object with a string ``name`` (or a list of them), else None.
+    ``strict`` (a fenced block outside ``<tool_call>``) also asks for nothing but name and arguments."""
+    try:
+        data = json.loads(block.strip())
+    except (ValueError, RecursionError):
+        return None
+    items = data if isinstance(data, list) else [data]
+    if not items or not all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in items):
+        return None
+    if strict and not all(set(d) <= _CALL_KEYS and isinstance(d.get("arguments", d.get("parameters", {})), dict)
+                          for d in items):
+        return None
+    return items
 
 
 def parse_tool_calls(text: str) -> Message:
     """A model's answer in the ``<tool_call>`` form of Qwen2.5/Hermes chat templates (one JSON object
     ``{"name", "arguments"}`` per block) or SmolLM2's (a JSON list of them in one block) as an assistant
-    message: the text outside the blocks as ``content``, the calls as ``tool_calls``. A block that is not
-    such JSON stays in the content, so nothing the model wrote is lost."""
+    message: the text outside the blocks as ``content``, the calls as ``tool_calls``. An answer without
+    such a block may carry its calls in ```json code fences instead (small Qwen2.5 models do): a fence
+    holding nothing but ``{"name": ..., "arguments": {...}}`` objects is read as calls too. A block that is
+    not such JSON stays in the content, so nothing the model wrote is lost."""
     calls, kept, last = [], [], 0
-    for match in _TOOL_CALL_BLOCK.finditer(text):
-        try:
-            data = json.loads(match.group(1).strip())
-        except (ValueError, RecursionError):
-            continue
-        items = data if isinstance(data, list) else [data]
-        if not items or not all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in items):
+    matches = [(m, _call_items(m.group(1), strict=False)) for m in _TOOL_CALL_BLOCK.finditer(text)]
+    if not matches:
+        matches = [(m, _call_items(m.group(1), strict=True)) for m in _JSON_FENCE.finditer(text)]
+    for match, items in matches:
+        if items is None:
             continue
         for d in items:
             arguments = d.get("arguments", d.get("parameters", {}))

@@ -297,6 +297,22 @@ def test_parse_tool_calls_reads_qwen_and_smollm2_forms():
     assert "tool_calls" not in prose and prose["content"] == "<tool_call>read the file</tool_call> Task completed."
 
 
+
+def test_parse_tool_calls_reads_calls_in_json_fences_only_when_unambiguous():
+    # As Qwen2.5-Coder-0.5B-Instruct answered under the tools protocol (a transcript of docs/agents.md).
+    fenced = parse_tool_calls('To scan the files:\n```json\n{"name": "file_operations_scanner", "arguments": '
+                              '{"path": "data/in"}}\n```\nThen convert them.')
+    assert [c["function"]["name"] for c in fenced["tool_calls"]] == ["file_operations_scanner"]
+    assert fenced["tool_calls"][0]["function"]["arguments"] == '{"path": "data/in"}'
+    assert fenced["content"] == "To scan the files:\n\nThen convert them."
+    for text in ('```json\n{"name": "x", "arguments": {}, "result": "done"}\n```',  # more than a call
+                 '```json\n{"name": "x", "arguments": "path"}\n```',  # arguments not an object
+                 '```json\n{"tool": "x"}\n```', '```python\nprint("x")\n```'):
+        assert "tool_calls" not in parse_tool_calls(text) and parse_tool_calls(text)["content"] == text
+    both = parse_tool_calls('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n```json\n'
+                            '{"name": "b", "arguments": {}}\n```')
+    assert [c["function"]["name"] for c in both["tool_calls"]] == ["a"]  # the template's form wins
+
 def test_transformers_tools_with_a_template_that_ignores_them(hf):
     prompt = hf._render(check_conversations([TOOL_CONVERSATION])[0], TOOLS)
     assert hf._template_takes_tools is False
