@@ -104,8 +104,8 @@ def play(backend: Any, protocol: str, jobs: list[EvalJob], generation: Generatio
     """Run ``jobs`` with ``backend`` under ``protocol``, afresh (a resumed row has no timing), printing a
     line per episode. Returns the finished rows, the seconds until the last one finished, and whether
     Ctrl-C stopped the run (the finished episodes still count). Rows go to
-    ``output_dir/MODEL-BACKEND-PROTOCOL.jsonl``."""
-    results = output_dir / f"{backend.name.replace('/', '-')}-{protocol}.jsonl"
+    ``output_dir/MODEL-BACKEND-PROTOCOL/results.jsonl`` (a run directory)."""
+    run_dir = output_dir / f"{backend.name.replace('/', '-')}-{protocol}"
     start = time.perf_counter()
     done: list[dict[str, Any]] = []
     last = [start]
@@ -117,7 +117,7 @@ def play(backend: Any, protocol: str, jobs: list[EvalJob], generation: Generatio
               f"{last[0] - start:.0f} s", flush=True)
 
     try:
-        run_eval(backend, jobs, generation=generation, batch_size=1, protocol=protocol, results_path=results,
+        run_eval(backend, jobs, generation=generation, batch_size=1, protocol=protocol, output_dir=run_dir,
                  resume=False, keep_messages=True, progress=False, on_result=finished)
     except KeyboardInterrupt:
         return done, last[0] - start, True
