@@ -86,42 +86,79 @@ _JSON_FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)```", re.DOTALL)
 _CALL_KEYS = {"name", "arguments", "parameters"}
 
 
-def _call_items(block: str, strict: bool) -> list[dict[str, Any]] | None:
-    """The calls of one block: a JSON object with a string ``name`` (or a list of them), else None.
-    ``strict`` (a fenced block outside ``<tool_call>``) also asks for nothing but name and arguments."""
-    try:
-        data = json.loads(block.strip())
-    except (ValueError, RecursionError):
-        return None
+def _is_plain_call(d: dict[str, Any]) -> bool:
+    """Nothing but a name and arguments (an object, or an object written as a JSON string)."""
+    arguments = d.get("arguments", d.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return False
+    return set(d) <= _CALL_KEYS and isinstance(arguments, dict)
+
+
+def _call_items(data: Any, strict: bool) -> list[dict[str, Any]] | None:
+    """The calls in a JSON value: an object with a string ``name`` or a list of them, else None.
+    ``strict`` (calls outside a ``<tool_call>`` block) also asks for nothing but name and arguments."""
     items = data if isinstance(data, list) else [data]
     if not items or not all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in items):
         return None
-    if strict and not all(set(d) <= _CALL_KEYS and isinstance(d.get("arguments", d.get("parameters", {})), dict)
-                          for d in items):
+    if strict and not all(_is_plain_call(d) for d in items):
         return None
     return items
+
+
+def _json_values(text: str) -> list[Any] | None:
+    """``text`` as a sequence of JSON values separated by white space, else None."""
+    decoder, values, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i == len(text):
+            return values or None
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except (ValueError, RecursionError):
+            return None
+        values.append(value)
+
+
+def _call_spans(text: str) -> list[tuple[int, int, list[dict[str, Any]]]]:
+    """(start, end, calls) of each part of ``text`` read as calls (``parse_tool_calls``)."""
+    blocks = list(_TOOL_CALL_BLOCK.finditer(text))
+    if blocks:
+        found = [(m.start(), m.end(), _json_values(m.group(1))) for m in blocks]
+        return [(a, b, items) for a, b, values in found if values and len(values) == 1
+                and (items := _call_items(values[0], strict=False))]
+    spans = []
+    for m in _JSON_FENCE.finditer(text):
+        values = _json_values(m.group(1))
+        items = [_call_items(v, strict=True) for v in values or ()]
+        if values and all(items):
+            spans.append((m.start(), m.end(), [d for group in items for d in group or ()]))
+    if spans:
+        return spans
+    values = _json_values(text)
+    items = [_call_items(v, strict=True) for v in values or ()]
+    return [(0, len(text), [d for group in items for d in group or ()])] if values and all(items) else []
 
 
 def parse_tool_calls(text: str) -> Message:
     """A model's answer in the ``<tool_call>`` form of Qwen2.5/Hermes chat templates (one JSON object
     ``{"name", "arguments"}`` per block) or SmolLM2's (a JSON list of them in one block) as an assistant
     message: the text outside the blocks as ``content``, the calls as ``tool_calls``. An answer without
-    such a block may carry its calls in ```json code fences instead (small Qwen2.5 models do): a fence
-    holding nothing but ``{"name": ..., "arguments": {...}}`` objects is read as calls too. A block that is
-    not such JSON stays in the content, so nothing the model wrote is lost."""
+    such a block may write its calls as plain JSON instead, as small Qwen2.5 models do: in ```json code
+    fences, or as the whole answer (one call object after another); they are read as calls when they hold
+    nothing but ``{"name": ..., "arguments": {...}}`` objects (arguments may be a JSON string of an
+    object). Anything else stays in the content, so nothing the model wrote is lost."""
     calls, kept, last = [], [], 0
-    matches = [(m, _call_items(m.group(1), strict=False)) for m in _TOOL_CALL_BLOCK.finditer(text)]
-    if not matches:
-        matches = [(m, _call_items(m.group(1), strict=True)) for m in _JSON_FENCE.finditer(text)]
-    for match, items in matches:
-        if items is None:
-            continue
+    for start, end, items in _call_spans(text):
         for d in items:
             arguments = d.get("arguments", d.get("parameters", {}))
             calls.append({"id": f"call_{len(calls)}", "type": "function", "function": {
                 "name": d["name"], "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
-        kept.append(text[last:match.start()])
-        last = match.end()
+        kept.append(text[last:start])
+        last = end
     message: Message = {"role": "assistant", "content": ("".join(kept) + text[last:]).strip()}
     if calls:
         message["tool_calls"] = calls

@@ -298,7 +298,7 @@ def test_parse_tool_calls_reads_qwen_and_smollm2_forms():
 
 
 
-def test_parse_tool_calls_reads_calls_in_json_fences_only_when_unambiguous():
+def test_parse_tool_calls_reads_plain_json_calls_only_when_unambiguous():
     # As Qwen2.5-Coder-0.5B-Instruct answered under the tools protocol (a transcript of docs/agents.md).
     fenced = parse_tool_calls('To scan the files:\n```json\n{"name": "file_operations_scanner", "arguments": '
                               '{"path": "data/in"}}\n```\nThen convert them.')
@@ -309,6 +309,14 @@ def test_parse_tool_calls_reads_calls_in_json_fences_only_when_unambiguous():
                  '```json\n{"name": "x", "arguments": "path"}\n```',  # arguments not an object
                  '```json\n{"tool": "x"}\n```', '```python\nprint("x")\n```'):
         assert "tool_calls" not in parse_tool_calls(text) and parse_tool_calls(text)["content"] == text
+    # ... and through llama.cpp: the whole answer one call object after another, arguments as JSON text.
+    lines = parse_tool_calls('{"name": "tool_info", "arguments": "{\\"name\\": \\"data_processing_parser\\"}"}\n'
+                             '{"name": "tool_info", "arguments": "{\\"name\\": \\"file_operations_reader\\"}"}')
+    assert [json.loads(c["function"]["arguments"]) for c in lines["tool_calls"]] == [
+        {"name": "data_processing_parser"}, {"name": "file_operations_reader"}] and lines["content"] == ""
+    for text in ('{"name": "x", "arguments": {}} and then more', '{"name": "x", "arguments": "not json"}',
+                 '{"answer": 42}'):
+        assert "tool_calls" not in parse_tool_calls(text)
     both = parse_tool_calls('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n```json\n'
                             '{"name": "b", "arguments": {}}\n```')
     assert [c["function"]["name"] for c in both["tool_calls"]] == ["a"]  # the template's form wins
