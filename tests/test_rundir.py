@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import signal
 import subprocess
 import sys
@@ -93,28 +92,26 @@ def test_ctrl_c_leaves_a_resumable_directory(tmp_path):
     assert [r["n"] for r in read_jsonl(tmp_path / "results.jsonl").rows] == list(range(10))
 
 
-def _hold(path, ready, release):
-    run = RunDirectory(path)
-    with run.session():
-        ready.set()
-        release.wait(30)
-
-
 def test_a_second_writer_is_refused(tmp_path):
     """Another process holds the directory: a second session fails at once; after it ends, it works."""
-    context = multiprocessing.get_context("spawn")
-    ready, release = context.Event(), context.Event()
-    holder = context.Process(target=_hold, args=(tmp_path, ready, release))
-    holder.start()
+    script = textwrap.dedent(f"""
+        import sys
+        from resilibench.rundir import RunDirectory
+        with RunDirectory({str(tmp_path)!r}).session():
+            print("ready", flush=True)
+            sys.stdin.readline()
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
     try:
-        assert ready.wait(60)
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
         started = time.monotonic()
         with pytest.raises(DirectoryBusy, match="another process is writing there"):
             _squares(tmp_path)
         assert time.monotonic() - started < 5
     finally:
-        release.set()
-        holder.join(30)
+        holder.communicate("\n", timeout=30)
+    assert holder.returncode == 0
     assert _squares(tmp_path, count=2) == [0, 1]
 
 
