@@ -108,19 +108,23 @@ def _call_items(data: Any, strict: bool) -> list[dict[str, Any]] | None:
     return items
 
 
-def _json_values(text: str) -> list[Any] | None:
-    """``text`` as a sequence of JSON values separated by white space, else None."""
+def _json_values(text: str, cut_tail: bool = False) -> tuple[list[Any], int] | None:
+    """``text`` as a sequence of JSON values separated by white space, and where the sequence ends; else
+    None. With ``cut_tail`` an object cut off by the token limit (the text ends inside it) ends the
+    sequence instead of spoiling it."""
     decoder, values, i = json.JSONDecoder(), [], 0
     while True:
         while i < len(text) and text[i].isspace():
             i += 1
         if i == len(text):
-            return values or None
+            return (values, i) if values else None
         try:
-            value, i = decoder.raw_decode(text, i)
+            value, end = decoder.raw_decode(text, i)
         except (ValueError, RecursionError):
-            return None
+            cut = cut_tail and values and text[i] == "{" and not text.rstrip().endswith("}")
+            return (values, i) if cut else None
         values.append(value)
+        i = end
 
 
 def _call_spans(text: str) -> list[tuple[int, int, list[dict[str, Any]]]]:
@@ -128,19 +132,24 @@ def _call_spans(text: str) -> list[tuple[int, int, list[dict[str, Any]]]]:
     blocks = list(_TOOL_CALL_BLOCK.finditer(text))
     if blocks:
         found = [(m.start(), m.end(), _json_values(m.group(1))) for m in blocks]
-        return [(a, b, items) for a, b, values in found if values and len(values) == 1
-                and (items := _call_items(values[0], strict=False))]
+        return [(a, b, items) for a, b, parsed in found if parsed and len(parsed[0]) == 1
+                and (items := _call_items(parsed[0][0], strict=False))]
     spans = []
     for m in _JSON_FENCE.finditer(text):
-        values = _json_values(m.group(1))
-        items = [_call_items(v, strict=True) for v in values or ()]
-        if values and all(items):
-            spans.append((m.start(), m.end(), [d for group in items for d in group or ()]))
+        calls = _plain_calls(_json_values(m.group(1)))
+        if calls:
+            spans.append((m.start(), m.end(), calls))
     if spans:
         return spans
-    values = _json_values(text)
-    items = [_call_items(v, strict=True) for v in values or ()]
-    return [(0, len(text), [d for group in items for d in group or ()])] if values and all(items) else []
+    parsed = _json_values(text, cut_tail=True)
+    calls = _plain_calls(parsed)
+    return [(0, parsed[1], calls)] if parsed and calls else []
+
+
+def _plain_calls(parsed: tuple[list[Any], int] | None) -> list[dict[str, Any]]:
+    """The calls of parsed JSON values when every value is plain calls (``_call_items`` strict), else []."""
+    groups = [_call_items(v, strict=True) for v in (parsed[0] if parsed else ())]
+    return [d for group in groups for d in group or ()] if groups and all(groups) else []
 
 
 def parse_tool_calls(text: str) -> Message:
@@ -148,9 +157,10 @@ def parse_tool_calls(text: str) -> Message:
     ``{"name", "arguments"}`` per block) or SmolLM2's (a JSON list of them in one block) as an assistant
     message: the text outside the blocks as ``content``, the calls as ``tool_calls``. An answer without
     such a block may write its calls as plain JSON instead, as small Qwen2.5 models do: in ```json code
-    fences, or as the whole answer (one call object after another); they are read as calls when they hold
-    nothing but ``{"name": ..., "arguments": {...}}`` objects (arguments may be a JSON string of an
-    object). Anything else stays in the content, so nothing the model wrote is lost."""
+    fences, or as the whole answer (one call object after another, the last maybe cut off by the token
+    limit); they are read as calls when they hold nothing but ``{"name": ..., "arguments": {...}}`` objects
+    (arguments may be a JSON string of an object). Anything else stays in the content, so nothing the
+    model wrote is lost."""
     calls, kept, last = [], [], 0
     for start, end, items in _call_spans(text):
         for d in items:

@@ -314,6 +314,9 @@ def test_parse_tool_calls_reads_plain_json_calls_only_when_unambiguous():
                              '{"name": "tool_info", "arguments": "{\\"name\\": \\"file_operations_reader\\"}"}')
     assert [json.loads(c["function"]["arguments"]) for c in lines["tool_calls"]] == [
         {"name": "data_processing_parser"}, {"name": "file_operations_reader"}] and lines["content"] == ""
+    cut = parse_tool_calls('{"name": "tool_search", "arguments": {"query": "xml"}}\n{"name": "tool_info", "argu')
+    assert [c["function"]["name"] for c in cut["tool_calls"]] == ["tool_search"]  # the token limit cut the second
+    assert cut["content"] == '{"name": "tool_info", "argu'
     for text in ('{"name": "x", "arguments": {}} and then more', '{"name": "x", "arguments": "not json"}',
                  '{"answer": 42}'):
         assert "tool_calls" not in parse_tool_calls(text)
