@@ -50,15 +50,17 @@ class ConfigError(InputError):
 
 def setting(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, help: str = "",
             bounds: tuple | None = None, above: float | None = None, choices: tuple | None = None,
-            reason: str = "", flag: str | tuple[str, ...] | None = None, metavar: str | None = None) -> Any:
+            reason: str = "", flag: str | tuple[str, ...] | None = None, metavar: str | None = None,
+            several: bool = False) -> Any:
     """A dataclass field with what checks it and documents it.
 
     ``bounds``: (low, high) of every number the field holds, inclusive, None = open; for a field of pairs,
     one (low, high) per place. ``above``: an exclusive lower bound. ``choices``: the accepted values (of
     each item, for a tuple). ``reason``: why the bounds are what they are (shown in the error). ``flag`` and
-    ``metavar``: the command-line option's name(s) (default ``--field-name``) and placeholder."""
+    ``metavar``: the command-line option's name(s) (default ``--field-name``) and placeholder; ``several``:
+    a tuple's option takes several values at once (``--seeds 0 1 2``) rather than repeating."""
     metadata = {"help": help, "bounds": bounds, "above": above, "choices": choices, "reason": reason,
-                "flag": flag, "metavar": metavar}
+                "flag": flag, "metavar": metavar, "several": several}
     return dataclasses.field(default=default, default_factory=factory, metadata=metadata)
 
 

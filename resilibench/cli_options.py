@@ -70,7 +70,7 @@ def add_options(parser: argparse.ArgumentParser, cls: type, names: Iterable[str]
         item = fields[name]
         meta = item.metadata
         hint, repeats = _item_type(hints[name])
-        parts = ["repeatable"] if repeats else []
+        parts = ["repeatable"] if repeats and not meta.get("several") else []
         parts.append(meta.get("help", ""))
         if meta.get("choices") and meta.get("metavar"):  # a metavar hides argparse's list of choices
             parts.append(f"one of {', '.join(meta['choices'])}")
@@ -84,7 +84,9 @@ def add_options(parser: argparse.ArgumentParser, cls: type, names: Iterable[str]
         else:
             metavar = meta.get("metavar") or {int: "N", float: "X"}.get(hint)
             options.update(type=_converter(cls, item, hint), choices=meta.get("choices"), metavar=metavar)
-            if repeats:
+            if repeats and meta.get("several"):
+                options.update(action="extend", nargs="+")
+            elif repeats:
                 options["action"] = "append"
         flags = meta.get("flag") or "--" + name.replace("_", "-")
         parser.add_argument(*((flags,) if isinstance(flags, str) else flags), **options)

@@ -69,8 +69,10 @@ class GRPOSettings(Settings):
                                                                       "(default all)")
     eval_tasks: int = setting(20, bounds=(0, None), help="evaluate on the first N held-out tasks (0: no "
                                                          "evaluation)")
-    seeds: tuple[int, ...] = setting((0,), bounds=(0, None), help="episode seeds of each training task")
-    eval_seeds: tuple[int, ...] = setting((0,), bounds=(0, None), help="episode seeds of each evaluation task")
+    seeds: tuple[int, ...] = setting((0,), bounds=(0, None), several=True, help="episode seeds of each "
+                                                                                "training task")
+    eval_seeds: tuple[int, ...] = setting((0,), bounds=(0, None), several=True, help="episode seeds of each "
+                                                                                     "evaluation task")
     max_steps: int = setting(20, bounds=AT_LEAST_ONE, help="optimizer steps")
     time_budget_min: float | None = setting(None, above=0, help="also stop after this many minutes of this "
                                                                 "session's training")

@@ -112,3 +112,18 @@ def test_robust_help_shows_each_commands_own_defaults():
     sft, scpo = (" ".join(commands[c].format_help().split()) for c in ("sft", "scpo"))
     assert "--lora-r R LoRA rank (default 16)" in sft and "--lora-r R LoRA rank (default 8)" in scpo
     assert "--max-length N tokens (default 2048)" in sft and "--max-length N tokens (default 4096)" in scpo
+
+
+def test_a_tuple_option_repeats_or_takes_several_values_as_its_field_says():
+    @dataclass(frozen=True)
+    class Picks(Settings):
+        seeds: tuple[int, ...] = setting((0,), bounds=(0, None), several=True, help="seeds")
+        names: tuple[str, ...] = setting((), help="names")
+
+    parser = argparse.ArgumentParser()
+    add_options(parser, Picks, ("seeds", "names"))
+    args = parser.parse_args(["--seeds", "1", "2", "--seeds", "3", "--names", "a", "--names", "b"])
+    assert Picks(**option_values(args, Picks, ("seeds", "names"))) == Picks(seeds=(1, 2, 3), names=("a", "b"))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--names", "a", "b"])  # a repeatable option takes one value each time
+    assert "repeatable" not in parser.format_help().split("--seeds")[2].split("--names")[0]
