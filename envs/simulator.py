@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import secrets
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -270,7 +271,19 @@ class Episode:
             p = (tr.base_success(self.success_rate) * tr.dependency_factor**n_unmet
                  * tr.retry_factor ** self.calls[tool] * semantic)
             return min(1.0, p)
+        key = self.covariates(tool)
+        p = self._probabilities.get(key)
+        if p is None:  # memo of success_probability, shared by every episode with this failure model
+            fm = self.config.failure
+            p = self._probabilities[key] = success_probability(fm.base_success, *key, fm)
+        return p
+
+    def covariates(self, tool: int) -> tuple[int, int, int]:
+        """(N_u, N_f, N_h) of a call of ``tool`` now: its dependencies never called, its dependencies whose
+        calls all failed, and the episode's failed calls so far (the success formula's inputs; call logs
+        record them so the formula can be fitted to real calls)."""
         n_uncalled = n_failed = 0
+        deps = self._dependency_ids[tool]
         if deps:
             calls, succeeded = self.calls, self.succeeded
             for d in deps:
@@ -278,13 +291,7 @@ class Episode:
                     n_uncalled += 1
                 elif not succeeded[d]:
                     n_failed += 1
-        key = (n_uncalled, n_failed, self.n_failures)
-        p = self._probabilities.get(key)
-        if p is None:  # memo of success_probability, shared by every episode with this failure model
-            fm = self.config.failure
-            p = self._probabilities[key] = success_probability(fm.base_success, n_uncalled, n_failed,
-                                                               self.n_failures, fm)
-        return p
+        return n_uncalled, n_failed, self.n_failures
 
     def legal_tools(self) -> np.ndarray:
         """Planner-env legality per tool (int8): not yet succeeded, under the call cap, a turn left, running.
@@ -306,11 +313,16 @@ class Episode:
         self._require_running()
         self._use_turn()
 
-    def call(self, tool: int | str, invalid_input: bool = False) -> CallRecord:
+    def call(self, tool: int | str, invalid_input: bool = False,
+             outcome: Callable[[int], tuple[bool, str | None]] | None = None) -> CallRecord:
         """Call a tool: costs one turn; draws from the stream unless answered without a draw.
 
         ``invalid_input=True`` says the front end found the call's arguments invalid (its schema check):
-        the call then fails with INVALID_INPUT without a draw and counts like any failed call."""
+        the call then fails with INVALID_INPUT without a draw and counts like any failed call.
+        ``outcome``: the real-API mode. Where the simulator would draw, ``outcome(tool_id)`` is called
+        instead (it performs the real call) and its (success, error code) is recorded; the record's
+        probability is then None. Every rule that answers without a draw (replay, call cap, invalid
+        input, strict dependencies) still answers without calling it."""
         if self.end_reason is not None:
             self._require_running()
         tool_id = self.registry.id_of(tool) if isinstance(tool, str) else int(tool)
@@ -340,6 +352,15 @@ class Episode:
             calls[tool_id] += 1
             record = CallRecord(name, False, DEPENDENCY_ERROR, turn, None, unmet_names)
             return self._record_failure(tool_id, record, dependency_problem=True)
+        if outcome is not None:
+            calls[tool_id] += 1
+            success, code = outcome(tool_id)
+            record = CallRecord(name, success, None if success else code, turn, None, unmet_names)
+            if success:
+                self.trace.append(record)
+                self._record_success(tool_id)
+                return record
+            return self._record_failure(tool_id, record, dependency_problem=bool(unmet_names))
         p = self.probability(tool_id)
         draw = self.draws_used
         stream = self._stream
