@@ -66,9 +66,10 @@ class Endpoint:
             raise InputError("method", f"method must be one of {METHODS}, got {self.method!r}")
         _check_url(self.url, "url")
 
-    def request_parts(self, arguments: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None, Any]:
-        """(URL, query parameters, JSON body) of a call with ``arguments``."""
-        rest = dict(arguments)
+    def request_parts(self, arguments: Mapping[str, Any] | None) -> tuple[str, dict[str, Any] | None, Any]:
+        """(URL, query parameters, JSON body) of a call with ``arguments`` (None: no body at all, which
+        the tool service plays as a call without arguments)."""
+        rest = dict(arguments or {})
 
         def fill(match: re.Match[str]) -> str:
             name = match.group(1)
@@ -81,7 +82,7 @@ class Endpoint:
         if self.method in ("GET", "DELETE"):
             params = {k: v if isinstance(v, str) else json.dumps(v) for k, v in rest.items()}
             return url, params or None, None
-        return url, None, rest
+        return url, None, None if arguments is None else rest
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ class ToolClient:
                 headers: Mapping[str, str] | None = None, attempt: int = 1) -> HttpOutcome:
         """One HTTP attempt at ``tool`` (``episode``: the tool service's episode id, sent as X-Episode)."""
         endpoint = self.endpoint(tool)
-        url, params, body = endpoint.request_parts(arguments or {})
+        url, params, body = endpoint.request_parts(arguments)
         sent = dict(endpoint.headers)
         if episode is not None:
             sent[EPISODE_HEADER] = episode
