@@ -221,9 +221,10 @@ class ToolService:
             arguments = json.loads(body) if body.strip() else None
         except (ValueError, UnicodeDecodeError) as exc:
             problem = f"{name}: the request body is not JSON ({exc})"
+        handle = request.headers.get(EPISODE_HEADER)
         try:
             replay = _replay_calls(request.headers.get(REPLAY_HEADER), self.registry)
-            handle = request.headers.get(EPISODE_HEADER) or self._default_episode()
+            handle = handle or self._default_episode()
             with self.episodes.use(handle) as episode:
                 for tool, code in replay:
                     self._check_playable(episode, handle)
@@ -245,11 +246,11 @@ class ToolService:
         headers = {EPISODE_HEADER: handle}
         if result.record.success:
             return JSONResponse(output, 200, headers)
-        return await self._fault(hf.fault_of(result.record.error_code), output, headers)
+        return await self._fault(hf.fault_of(str(result.record.error_code)), output, headers)
 
     @staticmethod
     def _check_playable(episode: Episode, handle: str) -> None:
-        if episode.done:
+        if episode.evaluation is not None:
             raise ServiceError(409, EPISODE_ENDED, EPISODE_HEADER, f"episode {handle} has ended "
                                f"({episode.end_reason}); open a new one", level=episode.evaluation.level)
         if episode.turns_left == 0:
