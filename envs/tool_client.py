@@ -308,11 +308,13 @@ class HttpExecutor:
              invalid_input: bool = False) -> CallRecord:
         """Call ``tool`` on the episode, retrying as the client allows while the episode can take another
         call of it; each attempt is one call (one turn). The last attempt's record."""
-        self.arguments, self._attempt = arguments, 1
+        self.arguments = arguments
         episode = self.episode
         tool_id = episode.registry.id_of(tool) if isinstance(tool, str) else int(tool)
+        attempt = 1
         while True:
             before = len(self.outcomes)
+            self._attempt = attempt
             record = episode.call(tool_id, invalid_input=invalid_input, outcome=self)
             if len(self.outcomes) == before or record.success or episode.done or episode.turns_left == 0:
                 return record
@@ -322,7 +324,7 @@ class HttpExecutor:
             if delay is None:
                 return record
             time.sleep(delay)
-            self._attempt += 1
+            attempt += 1
 
     def __call__(self, tool_id: int) -> tuple[bool, str | None]:
         """The real call in place of the draw (``Episode.call``'s ``outcome``)."""
@@ -335,6 +337,7 @@ class HttpExecutor:
                 headers[REPLAY_HEADER] = json.dumps(unsent)
         outcome = self.client.request(name, self.arguments, episode=self.service_episode, headers=headers,
                                       attempt=self._attempt)
+        self._attempt = 1  # a later call made straight through Episode.call is a first attempt
         self._sent = len(episode.trace) + 1  # this call's record is appended when we return
         self.last_outcome = outcome
         self.outcomes.append(outcome)

@@ -116,7 +116,8 @@ class ToolService:
     """The tool service of one world: ``tasks`` (default: the shipped library), ``config`` (the world),
     ``registry``; the default episode plays ``task_id`` (default: the first test task) from run seed
     ``seed``; a TIMEOUT answers after ``slow_seconds``, a 429 says ``Retry-After: retry_after`` seconds.
-    ``host`` (when given and a loopback address) limits the Host header to this machine's names."""
+    ``host`` (when given and a loopback address) accepts only Host headers that name this machine, as a
+    guard against DNS rebinding (``serve-tools`` gives it)."""
 
     def __init__(self, tasks: Sequence[Task] | None = None, config: WorldConfig | None = None,
                  registry: ToolRegistry | None = None, task_id: str | None = None, seed: int = 0,
@@ -144,8 +145,8 @@ class ToolService:
         self.openapi = openapi_document(self.registry)
         middleware = []
         if host is not None and is_loopback(host):
-            middleware.append(Middleware(TrustedHostMiddleware,
-                                         allowed_hosts=list(dict.fromkeys([host, "127.0.0.1", "localhost"]))))
+            names = [f"[{host}]" if ":" in host else host, "127.0.0.1", "localhost", "[::1]"]
+            middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(dict.fromkeys(names))))
         self.app = Starlette(routes=[
             Route("/tools/{name}", self._tool, methods=["POST"]),
             Route("/episodes", self._open_episode, methods=["POST"]),

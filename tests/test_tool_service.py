@@ -380,3 +380,11 @@ def test_serve_tools_command(tmp_path):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_loopback_service_refuses_foreign_host_headers():
+    """DNS rebinding: a page of another site must not reach a loopback service through its own name."""
+    with running_service(ToolService(host="127.0.0.1")) as url:
+        assert httpx.get(f"{url}/health").status_code == 200
+        assert httpx.get(f"{url}/health", headers={"Host": f"localhost:{urlsplit(url).port}"}).status_code == 200
+        assert httpx.get(f"{url}/health", headers={"Host": "attacker.example"}).status_code == 400
