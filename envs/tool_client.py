@@ -294,9 +294,12 @@ class HttpExecutor:
         if self.log_episode is None:
             self.log_episode = f"{self.episode.task.instance_id}/{self.episode.seed}"
         if self.mirror:
+            if self.episode.turns_used:
+                raise InputError("episode", "a mirrored episode must start with the executor: this one has "
+                                 f"used {self.episode.turns_used} turns already")
             self.service_episode = self.client.open_episode(self.episode.task.instance_id, self.episode.seed,
                                                             self.episode.config.to_dict())
-        self._sent = len(self.episode.trace)  # trace records the service has seen
+        self._sent = 0  # trace records the service has seen
         self._attempt = 1
 
     @property

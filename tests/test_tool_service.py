@@ -6,13 +6,18 @@ wanted error code, then opens a service episode with that seed and looks at what
 
 from __future__ import annotations
 
+import email.utils
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from urllib.parse import urlsplit
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlsplit
 
 import httpx2 as httpx
 import pytest
@@ -341,14 +346,92 @@ def test_client_checks_its_settings():
         endpoint.request_parts({})
 
 
-def test_live_endpoints_map(base_url):
-    """The endpoints form (as for a live API) calls exactly the URL given for a tool."""
-    endpoints = {"network_fetcher": Endpoint("POST", f"{base_url}/tools/network_fetcher")}
-    with ToolClient(endpoints=endpoints, timeout=TIMEOUT) as c:
+class _LiveApi(BaseHTTPRequestHandler):
+    """A stand-in for a live API that is not our service: text answers, its own error bodies."""
+
+    def _answer(self, status: int, body: bytes, kind: str, **headers: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name.replace("_", "-"), value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        parts = urlsplit(self.path)
+        self._answer(200, f"{unquote(parts.path)}?{parts.query} key={self.headers['X-Key']}".encode(), "text/plain")
+
+    def do_POST(self):  # noqa: N802
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == "/echo":
+            self._answer(200, body, "application/json")
+        elif self.path == "/broken":
+            self._answer(200, b'{"data": ', "application/json")
+        elif self.path == "/limited":
+            when = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+            self._answer(429, b"slow down", "text/plain", Retry_After=when)
+        else:
+            self._answer(500, json.dumps({"error": {"code": "TIMEOUT", "description": "upstream"}}).encode(),
+                         "application/json")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def live_api():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _LiveApi)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_live_api_through_endpoints(live_api):
+    """Path and query parameters, endpoint headers, text bodies, malformed JSON, a 429 with an HTTP date
+    and a foreign error body, as a live API shows them."""
+    endpoints = {
+        "network_fetcher": Endpoint("GET", f"{live_api}/items/{{item_id}}", (("X-Key", "k1"),)),
+        "network_poster": Endpoint("POST", f"{live_api}/echo"),
+        "data_processing_parser": Endpoint("POST", f"{live_api}/broken"),
+        "network_router": Endpoint("POST", f"{live_api}/limited"),
+        "computation_optimizer": Endpoint("POST", f"{live_api}/fails"),
+    }
+    with ToolClient(endpoints=endpoints, timeout=5) as c:
+        got = c.request("network_fetcher", {"item_id": "a b", "limit": 3})
+        assert (got.success, got.status, got.output) == (True, 200, "/items/a b?limit=3 key=k1")
+        got = c.request("network_poster", {"destination": "x", "data": {"n": 1}})
+        assert got.output == {"destination": "x", "data": {"n": 1}}
+        got = c.request("data_processing_parser", {})
+        assert (got.success, got.error_class, got.error_code) == (False, hf.MALFORMED_BODY, "SCHEMA_MISMATCH")
+        got = c.request("network_router", {})
+        assert (got.status, got.error_code) == (429, "RATE_LIMIT_ERROR") and 25 < got.retry_after <= 30
+        assert c.retry_delay(got) is None  # beyond the cap (and no retries configured)
+        got = c.request("computation_optimizer", {})
+        assert (got.status, got.error_class, got.error_code, got.description) == (500, hf.SERVER_ERROR, "TIMEOUT",
+                                                                                  "upstream")
         assert not c.is_service
-        assert c.request("network_fetcher").status in (200, 401, 403, 404, 422, 429, 500, 503, None)
         with pytest.raises(InputError, match="tool"):
-            c.request("network_router")
+            c.request("utility_cache")
+        with pytest.raises(InputError, match="base_url"):
+            HttpExecutor(c, Episode.start(TASK, 0), mirror=True)
+
+
+def test_executor_plugs_into_episode_call_directly(base_url):
+    """A front end may pass the executor as Episode.call's outcome itself, arguments set beforehand."""
+    with ToolClient(base_url, timeout=TIMEOUT) as c:
+        episode = Episode.start(TASK, 11)
+        executor = HttpExecutor(c, episode)
+        executor.arguments = {"source": 5}
+        record = episode.call("network_fetcher", outcome=executor)
+        assert (record.error_code, executor.last_outcome.status) == ("INVALID_INPUT", 422)
+        assert "argument 'source'" in executor.last_output["error"]["description"]
+        episode.call("network_fetcher", outcome=executor)
+        assert [o.attempt for o in executor.outcomes] == [1, 1]
+        with pytest.raises(InputError, match="episode"):
+            HttpExecutor(c, episode)  # a mirror must start with the episode
 
 
 def test_connection_refused_is_a_connection_error():
