@@ -131,7 +131,7 @@ class ToolService:
         self.registry = registry or default_registry()
         for name, value in (("slow_seconds", slow_seconds), ("retry_after", retry_after)):
             if not 0 <= value < float("inf"):
-                raise InputError(name, f"{name} must be a finite number of seconds >= 0, got {value!r}")
+                raise InputError(name, f"must be a finite number of seconds >= 0, got {value!r}")
         self.slow_seconds, self.retry_after = float(slow_seconds), float(retry_after)
         if task_id is None:
             task_id = next((t for t in self.tasks if t.split == "test"), self.tasks[0]).instance_id
