@@ -82,6 +82,7 @@ def test_fault_table_reads_back_every_code():
     assert hf.code_of(hf.CLIENT_ERROR, 404, "UNKNOWN_TOOL", ("TIMEOUT",)) == "FILE_NOT_FOUND"
     assert hf.code_of(hf.SERVER_ERROR, 500, "DEPENDENCY_ERROR", ("TIMEOUT",)) == "OPERATION_FAILED"
     assert hf.class_of_status(200) is None and hf.class_of_status(418) == hf.CLIENT_ERROR
+    assert hf.class_of_status(304) == hf.CLIENT_ERROR and hf.class_of_status(502) == hf.SERVER_ERROR
 
 
 @pytest.mark.parametrize(("tool", "code", "status", "error_class"), [
