@@ -306,6 +306,10 @@ def test_bad_requests_are_named(client, base_url):
     body = response.json()
     assert response.status_code == 422 and body["error"]["code"] == "INVALID_INPUT"
     assert "not JSON" in body["error"]["description"] and body["turns_left"] == 9
+    deep = b"[" * 100_000 + b"]" * 100_000  # too deep for the JSON reader: still the agent's bad JSON
+    response = httpx.post(f"{base_url}/tools/network_fetcher", content=deep, headers={"X-Episode": episode})
+    assert response.status_code == 422 and response.json()["turns_left"] == 8
+    assert error(httpx.post(f"{base_url}/episodes", content=deep), 400)["field"] == "body"
     with pytest.raises(InputError, match="episode"):
         client.open_episode("nope", 0)
 
