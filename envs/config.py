@@ -361,6 +361,8 @@ class FailureProcesses(Settings):
     time_budget_seconds: float | None = setting(None, above=0, help="seconds of calls per episode; once used, "
                                                 "only finishing is possible (null: no budget)")
 
+    active: ClassVar[bool]  # whether any process has an effect (else the world is exactly v1); set when built
+
     def __post_init__(self) -> None:
         super().__post_init__()
         seconds, weights = self.latency_seconds, self.latency_weights
@@ -370,11 +372,9 @@ class FailureProcesses(Settings):
         if seconds and sum(weights) <= 0:
             raise ConfigError("processes.latency_weights", f"processes.latency_weights must have a positive "
                               f"sum, got {list(weights)}")
-
-    @property
-    def active(self) -> bool:
-        """Whether any process is on (else the world is exactly v1)."""
-        return self != FailureProcesses()
+        # Read at every episode start, so computed once here. A timeout or a budget without latency never binds.
+        object.__setattr__(self, "active", bool(self.tool_base_success) or self.outage_start > 0
+                           or self.rate_limit_probability > 0 or bool(seconds))
 
 
 WORLD_PARTIAL_RULES = {"v0": "v0", "v1": "v1"}  # each world's evaluator rule for partial success
@@ -398,10 +398,10 @@ class WorldConfig(Settings):
                                   f"{_short(getattr(self, item.name))}")
 
     def to_dict(self) -> dict[str, Any]:
-        """Every section as plain data; ``processes`` only when a process is on, so that a v1 world's dict
+        """Every section as plain data; ``processes`` only when it is not the default, so that a v1 world's dict
         (and the run identities built from it) stays what it was."""
         data = dataclasses.asdict(self)
-        if not self.processes.active:
+        if self.processes == FailureProcesses():
             del data["processes"]
         return data
 
