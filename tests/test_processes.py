@@ -104,7 +104,27 @@ def test_select_matches_v1_for_the_formula_draws():
         assert select(STAGE_CODE, u, (1 / 3,) * 3) == min(int(u * 3), 2)
 
 
+def test_process_streams_are_pinned():
+    """The process stages' keys (docs/envs.md, "Failure processes"): subkey(k, tag) = mix(k ^ tag * MUL)."""
+    k = rs.key(0)
+    assert [hex(rs.subkey(k, tag)) for tag in (1, 2, 3)] == [
+        "0x927a7c57dc016e42", "0x92141e68bb0f9dd3", "0xb53aa4065a211020"]
+    assert rs.subkey(k, 1) == rs.mix(k ^ ((1 * rs.SUBKEY_MUL) & rs.M64))
+    assert rs.uniform(rs.subkey(k, 1), 0) == 0.826027878428408
+
+
 # --- the Episode --------------------------------------------------------------------------------------
+
+
+def test_a_real_call_bypasses_the_simulated_processes():
+    """``outcome=`` (the real-API mode) replaces the draw: no refusal, outage or latency is simulated."""
+    config = world(rate_limit_probability=1.0, rate_limit_wait=3, outage_start=1.0, latency_seconds=(9.0,),
+                   latency_weights=(1,), call_timeout_seconds=1.0)
+    episode = Episode.start(make_task(), 0, config)
+    asked = []
+    record = episode.call(READER, outcome=lambda tool: (asked.append(tool), (True, None))[1])
+    assert record.success and asked == [REG.id_of(READER)] and episode.time_used == 0.0
+    assert record.duration == 0.0 and record.retry_after is None and record.probability is None
 
 
 def test_options_off_are_v1_bit_for_bit():
@@ -306,6 +326,24 @@ def test_planner_env_shows_the_process_state():
         if ep.end_reason == "out_of_time":
             assert truncated or info["level"]
     assert seen == {"blocked": True, "down": True}
+
+
+def test_episode_observation_matches_the_env_with_processes():
+    """PPO's from-scratch observation (``episode_observation``) equals the env's step for step."""
+    import numpy as np
+
+    from resilibench.envs.planner_env import ResiliBenchEnv
+    from resilibench.policies.ppo.wrappers import episode_observation
+
+    env = ResiliBenchEnv(tasks=[make_task(max_retries=5)], config=world(**BURSTY))
+    rng = np.random.default_rng(0)
+    for seed in range(10):
+        obs, info = env.reset(seed=seed)
+        done = False
+        while not done:
+            assert np.array_equal(episode_observation(env.episode), obs)
+            obs, _, terminated, truncated, info = env.step(int(rng.choice(np.flatnonzero(info["action_mask"]))))
+            done = terminated or truncated
 
 
 def test_planner_env_truncates_once_the_time_budget_is_spent():
