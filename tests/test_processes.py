@@ -186,6 +186,31 @@ def test_first_call_is_down_with_the_stationary_probability_and_bursts_persist()
     assert_rate(downs_after_up, after_up, 0.2)
 
 
+def test_first_calls_are_down_with_the_stationary_probability():
+    config, n = world(outage_start=0.05, outage_end=0.45), 20000
+    task = make_task()
+    down = sum(Episode.start(task, seed, config).call(READER).error_code == SERVICE_UNAVAILABLE for seed in range(n))
+    assert_rate(down, n, 0.05 / 0.5)
+
+
+def test_the_chain_advances_only_when_its_tool_is_called():
+    """Calls of other tools in between leave a down tool's chain where it was: its next call is down
+    again with 1 - end, however many turns passed."""
+    config = world(outage_start=0.5, outage_end=0.2).replace(
+        rules={"max_consecutive_failures": 10, "turn_limit": 12})
+    task, again, n = make_task(), 0, 0
+    for seed in range(8000):
+        episode = Episode.start(task, seed, config)
+        if episode.call(READER).error_code != SERVICE_UNAVAILABLE:
+            continue
+        for tool in ("utility_logger", "utility_cache", "utility_tracker", "utility_notifier"):
+            episode.call(tool)
+        n += 1
+        again += episode.call(READER).error_code == SERVICE_UNAVAILABLE
+    assert n > 4000
+    assert_rate(again, n, 0.8)
+
+
 def test_rate_limit_blocks_without_draws_and_counts_down_the_wait():
     config = world(rate_limit_probability=1.0, rate_limit_wait=3).replace(
         rules={"max_same_tool_failures": 10, "max_consecutive_failures": 10})
