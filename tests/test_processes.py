@@ -457,6 +457,17 @@ def test_run_writes_a_call_log(tmp_path):
     assert main(["run", "--limit", "1", "--output-dir", str(tmp_path / "r2"), "--call-log", str(tmp_path)]) == 2
 
 
+def test_the_cli_names_an_unknown_tool_before_any_work(tmp_path, capsys):
+    from resilibench.cli import main
+
+    config = tmp_path / "world.yaml"
+    config.write_text("processes:\n  tool_base_success: {network_fetchr: 0.5}\n")
+    assert main(["run", "--limit", "1", "--config", str(config), "--output-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "processes.tool_base_success names unknown tool(s) ['network_fetchr']" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+
+
 def test_run_call_log_of_the_v1_world_has_no_latency(tmp_path):
     from resilibench.envs.call_log import read_rows
     from resilibench.envs.tasks import load_tasks
