@@ -21,63 +21,34 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
 
 from resilibench.envs.config import WorldConfig
-from resilibench.envs.registry import COMMON_ERRORS, Parameter, Tool, ToolRegistry
+from resilibench.envs.http_faults import FAULTS
+from resilibench.envs.registry import CATEGORY_ERRORS, COMMON_ERRORS, Parameter, Tool, ToolRegistry
 from resilibench.envs.tasks import COMPLEXITIES, Task
+from resilibench.envs.tool_client import Endpoint, ToolClient
 from resilibench.errors import InputError
 
 LIVE_CATEGORY = "live_api"
 LIVE_TASK_TYPE = "live_workflow"  # the task type of a task file's tasks unless it names another
 DEFAULT_MIN_COVERAGE = 0.6
 HTTP_METHODS = ("get", "put", "post", "delete", "patch")
-LOCATIONS = ("path", "query", "body")
-# What a live call can fail with: the common codes and what the wire shows (docs/real_apis.md).
-LIVE_ERRORS: tuple[tuple[str, str], ...] = COMMON_ERRORS + (
-    ("NETWORK_ERROR", "Network request failed"),
-    ("RATE_LIMIT_ERROR", "Rate limit exceeded"),
-    ("SERVICE_UNAVAILABLE", "Remote service unavailable"),
-    ("SCHEMA_MISMATCH", "Response does not match the expected schema"),
-    ("AUTHENTICATION_FAILED", "Credentials were rejected"),
-    ("PERMISSION_DENIED", "Insufficient permissions"),
-    ("FILE_NOT_FOUND", "Resource not found"),
-)
+_DESCRIPTIONS = dict(COMMON_ERRORS) | {c: d for errors in CATEGORY_ERRORS.values() for c, d in errors}
+# What a live call can fail with: the common codes and every code the wire can show (envs.http_faults).
+LIVE_ERRORS: tuple[tuple[str, str], ...] = COMMON_ERRORS + tuple(
+    (code, _DESCRIPTIONS[code]) for code in FAULTS if code not in dict(COMMON_ERRORS))
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _FETCH_TIMEOUT = 30.0
-
-
-@dataclass(frozen=True)
-class LiveEndpoint:
-    """Where one live tool is called: HTTP ``method``, ``url`` (a template with ``{name}`` path parameters)
-    and, per argument, where it goes (``path``, ``query`` or ``body``)."""
-
-    method: str
-    url: str
-    locations: Mapping[str, str] = field(default_factory=dict)
-
-    def request(self, arguments: Mapping[str, Any]) -> tuple[str, str, dict[str, Any], dict[str, Any] | None]:
-        """(method, URL, query parameters, JSON body or None) of a call with ``arguments``: path arguments
-        are put into the URL (quoted), the rest where ``locations`` says (the body by default)."""
-        url, query, body = self.url, {}, {}
-        for name, value in arguments.items():
-            where = self.locations.get(name, "body")
-            if where == "path":
-                url = url.replace("{" + name + "}", urllib.parse.quote(str(value), safe=""))
-            elif where == "query":
-                query[name] = value if isinstance(value, str | int | float) else json.dumps(value)
-            else:
-                body[name] = value
-        has_body = self.method.lower() not in ("get", "delete") or bool(body)
-        return self.method.upper(), url, query, body if has_body else None
 
 
 # --- JSON Schema -> tool parameters ---------------------------------------------------------------------
@@ -129,16 +100,18 @@ def _parameter(name: str, prop: Any, required: bool, where: str) -> Parameter:
 
 
 def live_tool(name: str, description: str, parameters: Sequence[Parameter], version: str = "1.0.0",
-              category: str = LIVE_CATEGORY, dependencies: Sequence[str] = ()) -> Tool:
+              category: str = LIVE_CATEGORY, codes: Sequence[str] | None = None) -> Tool:
     """A live API's tool: returns ``success``, ``data`` (the response body) and ``metadata``; fails with
-    ``LIVE_ERRORS``; no semantic role (the evaluator then counts the last required tool as the output)."""
+    ``codes`` (an operation's ``x-error-codes``, as our tool service lists them) or else ``LIVE_ERRORS``; no
+    semantic role (the evaluator then counts the last required tool as the output)."""
+    errors = LIVE_ERRORS if not codes else tuple((str(c), _DESCRIPTIONS.get(str(c), str(c))) for c in codes)
     return Tool(
         name=name, description=description or name.replace("_", " "), parameters=tuple(parameters),
         returns=({"name": "success", "type": "boolean", "description": "Whether the call succeeded"},
                  {"name": "data", "type": "object", "description": "The response body"},
                  {"name": "metadata", "type": "object", "description": "Call metadata"}),
-        errors=tuple({"code": c, "description": d} for c, d in LIVE_ERRORS),
-        dependencies=tuple(dependencies), dependency_metadata={"level": 0, "execution_order": 0, "category": category},
+        errors=tuple({"code": c, "description": d} for c, d in errors),
+        dependencies=(), dependency_metadata={"level": 0, "execution_order": 0, "category": category},
         metadata={"category": category, "operation": name, "version": version},
         canonical_name=name, aliases=(), role=None)
 
@@ -172,8 +145,8 @@ def load_document(source: str | Path, base: Path | None = None) -> tuple[dict[st
     try:
         import yaml
 
-        document = yaml.safe_load(text)  # JSON is YAML
-    except Exception as exc:  # yaml.YAMLError
+        document = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError (PyYAML would read 1e-06 as a string)
         raise InputError("openapi", f"cannot parse the OpenAPI document {text_source}: "
                          f"{str(exc).splitlines()[0]}") from None
     if not isinstance(document, dict) or not str(document.get("openapi", "")).startswith("3"):
@@ -182,10 +155,12 @@ def load_document(source: str | Path, base: Path | None = None) -> tuple[dict[st
 
 
 def openapi_tools(document: Mapping[str, Any], base_url: str | None = None, operations: Sequence[str] | None = None,
-                  document_url: str | None = None) -> tuple[list[Tool], dict[str, LiveEndpoint]]:
+                  document_url: str | None = None, headers: Mapping[str, str] | None = None
+                  ) -> tuple[list[Tool], dict[str, Endpoint]]:
     """The tools and endpoints of an OpenAPI 3.x document: one per operation (only ``operations`` when
     given, by operationId). The URL is ``base_url``, else the document's first server (relative to
-    ``document_url``), joined with the operation's path."""
+    ``document_url``), joined with the operation's path; ``headers`` go with every request (credentials)."""
+    headers = tuple((headers or {}).items())
     server = base_url or next((s.get("url") for s in document.get("servers") or [] if isinstance(s, dict)), None)
     if server is None and document_url is not None:
         server = "/"
@@ -208,10 +183,10 @@ def openapi_tools(document: Mapping[str, Any], base_url: str | None = None, oper
                 continue
             if name in endpoints:
                 raise InputError(f"{where}.operationId", f"{where}: operationId {name!r} is used twice")
-            parameters, locations = _operation_parameters(op, item, document, where)
+            parameters, url = _operation_parameters(op, item, document, where, method, server.rstrip("/") + path)
             description = op.get("description") or op.get("summary") or ""
-            tools.append(live_tool(name, description, parameters, version))
-            endpoints[name] = LiveEndpoint(method.upper(), server.rstrip("/") + path, locations)
+            tools.append(live_tool(name, description, parameters, version, codes=op.get("x-error-codes")))
+            endpoints[name] = Endpoint(method.upper(), url, headers)
     missing = sorted(set(operations or ()) - set(endpoints))
     if missing:
         raise InputError("operations", f"operation(s) {missing} not in the OpenAPI document; it has "
@@ -219,30 +194,35 @@ def openapi_tools(document: Mapping[str, Any], base_url: str | None = None, oper
     return tools, endpoints
 
 
-def _operation_parameters(op: dict, item: dict, document: Mapping[str, Any], where: str
-                          ) -> tuple[list[Parameter], dict[str, str]]:
+def _operation_parameters(op: dict, item: dict, document: Mapping[str, Any], where: str, method: str, url: str
+                          ) -> tuple[list[Parameter], str]:
+    """(the tool's parameters, the endpoint's URL template) of one operation. ``Endpoint`` fills ``{name}``
+    from the arguments and sends the others as the query (GET, DELETE) or the JSON body: a required query
+    parameter of a body method is written into the URL template; an optional one is left out."""
     parameters: list[Parameter] = []
-    locations: dict[str, str] = {}
+    query: list[str] = []
     for i, raw in enumerate([*(item.get("parameters") or []), *(op.get("parameters") or [])]):
         spec = _resolve(raw, document, f"{where}.parameters[{i}]")
-        place = spec.get("in")
-        if place not in ("path", "query"):
+        place, name = spec.get("in"), spec.get("name")
+        required = bool(spec.get("required")) or place == "path"
+        body_method = method not in ("get", "delete")
+        if place not in ("path", "query") or (place == "query" and body_method and not required):
             continue  # headers and cookies carry credentials and settings, not an agent's arguments
-        name = spec.get("name")
+        if place == "query" and body_method:
+            query.append(f"{name}={{{name}}}")
         schema = {**(spec.get("schema") or {}), **({"description": spec["description"]} if "description" in spec
                                                    else {})}
-        parameters.append(_parameter(name, schema, bool(spec.get("required")) or place == "path",
+        parameters.append(_parameter(_check_name(name, f"{where}.parameters[{i}].name"), schema, required,
                                      f"{where}.parameters[{i}]"))
-        locations[name] = place
     body = _resolve(op.get("requestBody") or {}, document, f"{where}.requestBody")
     schema = ((body.get("content") or {}).get("application/json") or {}).get("schema")
-    if schema is not None:
+    if schema is not None and method not in ("get", "delete"):
+        taken = {p.name for p in parameters}
         for parameter in schema_parameters(schema, f"{where}.requestBody"):
-            if parameter.name in locations:
+            if parameter.name in taken:
                 raise InputError(where, f"{where}: argument {parameter.name!r} is both a parameter and a body field")
             parameters.append(parameter)
-            locations[parameter.name] = "body"
-    return parameters, locations
+    return parameters, url + ("?" + "&".join(query) if query else "")
 
 
 # --- MCP ------------------------------------------------------------------------------------------------
@@ -268,7 +248,7 @@ def mcp_tools(tool_list: Sequence[Any], names: Sequence[str] | None = None) -> l
 # --- task files -----------------------------------------------------------------------------------------
 
 TASK_FILE_KEYS = ("name", "description", "api", "min_coverage", "tasks")
-API_KEYS = ("openapi", "base_url", "service", "operations")
+API_KEYS = ("openapi", "base_url", "service", "operations", "headers")
 TASK_KEYS = ("id", "task_type", "description", "inputs", "expected_outputs", "max_retries", "timeout", "complexity",
              "steps")
 STEP_KEYS = ("tool", "description", "arguments", "depends_on")
@@ -319,6 +299,9 @@ def read_task_file(path: str | Path) -> TaskFile:
     if "operations" in api and not (isinstance(api["operations"], list)
                                     and all(isinstance(o, str) for o in api["operations"])):
         raise InputError("api.operations", "api.operations must be a list of operation names")
+    headers = api.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise InputError("api.headers", "api.headers must map header names to strings")
     coverage = data.get("min_coverage", DEFAULT_MIN_COVERAGE)
     if not isinstance(coverage, int | float) or isinstance(coverage, bool) or not 0 <= coverage <= 1:
         raise InputError("min_coverage", f"min_coverage must be a number in [0, 1], got {coverage!r}")
@@ -403,13 +386,13 @@ def _read_task(raw: Any, where: str, file_name: str) -> tuple[Task, dict[str, tu
 
 @dataclass(frozen=True)
 class LiveApi:
-    """A registered live API: its tools (``registry``), tasks, endpoints (tool -> ``LiveEndpoint``; empty
+    """A registered live API: its tools (``registry``), tasks, endpoints (tool -> ``Endpoint``; empty
     for an MCP server) and the evaluator's minimum coverage for the task file's task types."""
 
     name: str
     registry: ToolRegistry
     tasks: tuple[Task, ...]
-    endpoints: dict[str, LiveEndpoint]
+    endpoints: dict[str, Endpoint]
     min_coverage: dict[str, float]
     source: str  # where the tools came from (the OpenAPI document or URL, the MCP server)
 
@@ -419,6 +402,19 @@ class LiveApi:
         config = config or WorldConfig()
         table = {**self.min_coverage, **config.evaluator.min_coverage}
         return config if table == config.evaluator.min_coverage else config.replace(evaluator={"min_coverage": table})
+
+
+def api_client(api: str | LiveApi | ToolClient, registry: ToolRegistry | None = None, **settings: Any) -> ToolClient:
+    """The ``ToolClient`` of a front end's ``api`` option: a client as it is; a ``LiveApi``'s endpoints; a
+    URL: our tool service (``resilibench serve-tools``) at that base URL. ``settings`` go to the client
+    (``timeout``, ``max_retries``, ``log``, ...)."""
+    if isinstance(api, ToolClient):
+        return api
+    if isinstance(api, LiveApi):
+        return ToolClient(endpoints=api.endpoints, registry=api.registry, **settings)
+    if isinstance(api, str):
+        return ToolClient(base_url=api, registry=registry, **settings)
+    raise InputError("api", f"api must be a tool service URL, a LiveApi or a ToolClient, got {type(api).__name__}")
 
 
 def live_registry(tools: Sequence[Tool], task_file: TaskFile) -> ToolRegistry:
@@ -454,7 +450,8 @@ def service_openapi_url(base_url: str) -> str:
 def load_live_api(task_file: str | Path, openapi: str | None = None, base_url: str | None = None) -> LiveApi:
     """A live API from a task file: tools from the OpenAPI document ``openapi`` (a file or URL; default
     the file's ``api.openapi``, else the document of the tool service at ``base_url`` / ``api.service``),
-    calls to ``base_url`` (default the file's ``api.base_url``, else the document's server)."""
+    calls to ``base_url`` (default the file's ``api.base_url``, else the document's server), with the file's
+    ``api.headers`` (``$VAR`` read from the environment, so keys stay out of the file)."""
     spec = read_task_file(task_file)
     base_url = base_url or spec.api.get("base_url") or spec.api.get("service")
     source = openapi or spec.api.get("openapi") or (service_openapi_url(base_url) if base_url else None)
@@ -462,7 +459,8 @@ def load_live_api(task_file: str | Path, openapi: str | None = None, base_url: s
         raise InputError("api", f"{spec.path}: name the API: api.openapi (a document or URL) or api.service "
                          "(a tool service's base URL), or give one")
     document, url = load_document(source, spec.path.parent)
-    tools, endpoints = openapi_tools(document, base_url, spec.api.get("operations"), url)
+    headers = {k: os.path.expandvars(v) for k, v in (spec.api.get("headers") or {}).items()}
+    tools, endpoints = openapi_tools(document, base_url, spec.api.get("operations"), url, headers)
     registry = live_registry(tools, spec)
     return LiveApi(spec.name, registry, spec.tasks, {n: endpoints[n] for n in registry.names}, spec.min_coverage,
                    str(source))

@@ -29,7 +29,8 @@ PROG = "resilibench"
 SPLIT_CHOICES = ("train", "validation", "test", "all")
 RUN_KEY = ("planner", "task_id", "seed")
 # Commands of the other areas live in their own modules; each has ``add_commands(commands, parents)``
-# where ``parents`` maps "library" (--tasks) and "world" (--config) to argparse parent parsers.
+# where ``parents`` maps "library" (--tasks), "world" (--config) and "api" (--api and its options, read by
+# ``load_api``) to argparse parent parsers.
 COMMAND_MODULES = (
     "resilibench.cli_agents",
     "resilibench.cli_breaker",
@@ -156,6 +157,55 @@ def load_library(path: str | None, world: str = "v1"):
     source = {"path": f"default ({world})" if path is None else str(file), "world": world, "sha256": digest,
               "count": len(tasks)}
     return tasks, source
+
+
+@dataclass(frozen=True)
+class ApiChoice:
+    """What ``--api`` / ``--api-tasks`` / ``--call-log`` / ``--api-timeout`` chose: the front end's ``api``
+    (a tool service URL or a ``LiveApi``), the client's settings, and the run identity's ``api`` entry."""
+
+    api: Any
+    options: dict[str, Any]
+    identity: dict[str, Any]
+
+    @property
+    def live(self) -> Any:
+        """The ``LiveApi`` of ``--api-tasks``, or None."""
+        return None if isinstance(self.api, str) else self.api
+
+
+def load_api(args: argparse.Namespace) -> ApiChoice | None:
+    """The real-API mode of a command (None: the simulator). ``--api URL`` alone: our tool service, whose
+    episodes mirror the world's; with ``--api-tasks FILE``: the live API that file names (its tools from
+    the OpenAPI document at URL/openapi.json unless the file names one). CliError naming the option."""
+    if args.api is None and args.api_tasks is None:
+        for option, value in (("--call-log", args.call_log), ("--api-timeout", args.api_timeout)):
+            if value is not None:
+                raise CliError(f"{option}: for real-API mode only (give --api URL)")
+        return None
+    if args.api is not None and not args.api.startswith(("http://", "https://")):
+        raise CliError(f"--api: expected the http:// or https:// base URL of a tool service, got {args.api!r}")
+    log = output_file(args.call_log, "--call-log")
+    options: dict[str, Any] = {"timeout": args.api_timeout or 10.0, "log": log}
+    identity: dict[str, Any] = {"url": args.api}
+    if args.api_tasks is None:
+        import urllib.request
+
+        try:  # reachable now, rather than a traceback at the first episode
+            urllib.request.urlopen(args.api.rstrip("/") + "/health", timeout=options["timeout"]).close()
+        except OSError as exc:
+            raise CliError(f"--api: no tool service answers at {args.api} ({exc}); start one with "
+                           f"`{PROG} serve-tools`") from None
+        return ApiChoice(args.api, options, identity)
+    from resilibench.envs.live_apis import load_live_api
+
+    try:
+        live = load_live_api(args.api_tasks, base_url=args.api)
+    except InputError as exc:
+        raise CliError(f"--api-tasks {args.api_tasks}: {exc}") from None
+    identity.update({"tasks": live.name, "source": live.source,
+                     "tasks_sha256": hashlib.sha256(Path(args.api_tasks).read_bytes()).hexdigest()})
+    return ApiChoice(live, options, identity)
 
 
 def select_tasks(tasks, split: str | None, task_types: Sequence[str] | None,
@@ -513,6 +563,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "v0 reproduces earlier figures)")
     world = Parser(add_help=False)
     world.add_argument("--config", metavar="FILE", help="WorldConfig as YAML or JSON (default: paper values)")
+    api = Parser(add_help=False)
+    api.add_argument("--api", metavar="URL", help="real-API mode: tool calls go over HTTP to the tool service at URL "
+                     "(`resilibench serve-tools`; its episodes mirror the world's), or to the live API of --api-tasks")
+    api.add_argument("--api-tasks", metavar="FILE", help="a live API's task file (YAML; docs/real_apis.md): its tasks "
+                     "over the API's tools (from URL/openapi.json unless the file names its OpenAPI document)")
+    api.add_argument("--call-log", metavar="FILE", help="append one JSON line per HTTP attempt to FILE (the call log "
+                     "that `calibrate-failures` reads)")
+    api.add_argument("--api-timeout", type=positive_float, metavar="SECONDS",
+                     help="seconds an HTTP call may take before it fails with TIMEOUT (default 10)")
 
     show = task_commands.add_parser("show", parents=[library, world],
                                     help="a task, its reference workflow and its bound (iii)")
@@ -558,7 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     for module in COMMAND_MODULES:
-        importlib.import_module(module).add_commands(commands, {"library": library, "world": world})
+        importlib.import_module(module).add_commands(commands, {"library": library, "world": world, "api": api})
     return parser
 
 

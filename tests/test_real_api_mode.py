@@ -1,0 +1,295 @@
+"""Real-API mode in every front end, over a real tool service on a loopback socket, and live APIs registered
+from OpenAPI documents, MCP tool lists and task files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+
+from resilibench.agents.harness import eval_jobs, run_eval
+from resilibench.agents.scripted import OptimalTextAgent, PlanFollowingTextAgent
+from resilibench.cli import main as cli_main
+from resilibench.envs.call_log import read_rows
+from resilibench.envs.config import WorldConfig
+from resilibench.envs.live_apis import (
+    LIVE_TASK_TYPE,
+    load_document,
+    load_live_api,
+    mcp_tools,
+    openapi_tools,
+    read_task_file,
+    service_openapi_url,
+)
+from resilibench.envs.mcp_server import build_server
+from resilibench.envs.registry import default_registry
+from resilibench.envs.tasks import load_tasks
+from resilibench.envs.text_env import ResiliBenchTextEnv
+from resilibench.envs.tool_service import ToolService, running_service
+from resilibench.errors import InputError
+
+REGISTRY = default_registry()
+EXAMPLE = Path(__file__).resolve().parents[1] / "envs" / "data" / "live_example" / "tasks.yaml"
+# A TIMEOUT is a response slower than the client waits: the service sleeps SLOW, the client waits WAIT.
+SLOW, WAIT = 1.5, 0.75
+API_OPTIONS = {"timeout": WAIT}
+TASKS = load_tasks(split="test")[:3]
+
+
+@pytest.fixture(scope="module")
+def service_url():
+    with running_service(ToolService(slow_seconds=SLOW, retry_after=0.1)) as url:
+        yield url
+
+
+def without_probability(trace):
+    """A trace as both modes record it: real calls carry no probability (nothing was drawn here)."""
+    return [{k: v for k, v in record.items() if k != "probability"} for record in trace]
+
+
+def play(env, task, seed, agent, options=None):
+    """One episode of ``agent`` in ``env``: (its trace, its level, the conversation)."""
+    env.reset(seed=seed, options={"task_id": task.instance_id, **(options or {})})
+    info = env.info()
+    while info["level"] is None:
+        reply = agent.respond([(env.messages, env)])[0]
+        _, _, _, _, info = env.step(reply)
+    return info["trace"], info["level"], env.messages
+
+
+# --- live APIs: registries and task files ------------------------------------------------------------------
+
+
+def test_registry_from_the_service_openapi_is_the_30_tools(service_url):
+    document, url = load_document(service_openapi_url(service_url))
+    tools, endpoints = openapi_tools(document, service_url, document_url=url)
+    assert [t.name for t in tools] == list(REGISTRY.names)
+    for tool, original in zip(tools, REGISTRY.tools, strict=True):
+        assert tool.input_schema() == original.input_schema()
+        assert tool.error_codes == original.error_codes
+        assert endpoints[tool.name].url == f"{service_url}/tools/{tool.name}"
+        assert endpoints[tool.name].method == "POST"
+
+
+def test_openapi_parameters_go_where_the_document_says():
+    document = {"openapi": "3.0.3", "info": {"version": "2"}, "servers": [{"url": "https://api.example.org/v1"}],
+                "components": {"schemas": {"Note": {"type": "object", "required": ["text"],
+                                                    "properties": {"text": {"type": "string"}}}}},
+                "paths": {"/items/{item_id}": {
+                    "parameters": [{"name": "item_id", "in": "path", "schema": {"type": "integer"}}],
+                    "get": {"operationId": "getItem", "summary": "Read an item",
+                            "parameters": [{"name": "verbose", "in": "query", "schema": {"type": "boolean"}},
+                                           {"name": "X-Key", "in": "header", "schema": {"type": "string"}}]},
+                    "post": {"operationId": "addNote",
+                             "parameters": [{"name": "lang", "in": "query", "required": True,
+                                             "schema": {"type": "string"}},
+                                            {"name": "dry_run", "in": "query", "schema": {"type": "boolean"}}],
+                             "requestBody": {"content": {"application/json": {
+                                 "schema": {"$ref": "#/components/schemas/Note"}}}}}}}}
+    tools, endpoints = openapi_tools(document, headers={"X-Key": "secret"})
+    get, post = tools
+    assert get.input_schema()["properties"].keys() == {"item_id", "verbose"}
+    assert get.input_schema()["required"] == ["item_id"]
+    assert post.input_schema()["required"] == ["item_id", "lang", "text"]  # dry_run: optional query of a POST
+    assert endpoints["getItem"].request_parts({"item_id": 7, "verbose": True}) == (
+        "https://api.example.org/v1/items/7", {"verbose": "true"}, None)
+    assert endpoints["addNote"].request_parts({"item_id": 7, "lang": "en", "text": "hi"}) == (
+        "https://api.example.org/v1/items/7?lang=en", None, {"text": "hi"})
+    assert endpoints["addNote"].headers == (("X-Key", "secret"),)
+    with pytest.raises(InputError, match="operations"):
+        openapi_tools(document, operations=["getItem", "nothing"])
+
+
+def test_registry_from_an_mcp_tool_list():
+    async def listing():
+        async with Client(build_server(search="lexical")) as client:
+            return (await client.list_tools()).tools
+
+    tools = mcp_tools(anyio.run(listing), names=["network_fetcher", "finish"])
+    assert [t.name for t in tools] == ["finish", "network_fetcher"]  # in the server's order
+    schema = tools[1].input_schema()
+    assert schema["required"] == ["episode", *REGISTRY["network_fetcher"].input_schema()["required"]]
+    assert schema["properties"]["source"] == REGISTRY["network_fetcher"].input_schema()["properties"]["source"]
+    with pytest.raises(InputError, match="nothing"):
+        mcp_tools(anyio.run(listing), names=["nothing"])
+
+
+def test_the_example_task_file():
+    spec = read_task_file(EXAMPLE)
+    assert len(spec.tasks) == 8
+    assert all(len(t.required_tools) >= 4 and t.split == "test" for t in spec.tasks)
+    for task in spec.tasks:  # the steps' dependencies are the world's, so the service's rules agree
+        for tool in task.required_tools:
+            assert spec.dependencies[tool] == tuple(sorted(REGISTRY[tool].dependencies))
+    assert set(spec.min_coverage) == {t.task_type for t in spec.tasks}
+
+
+BAD_FILES = {
+    "not a mapping": ("- 1\n", "task_file must be a mapping"),
+    "unknown field": ("tasks: []\ncolour: red\n", "unknown field(s) ['colour']"),
+    "no tasks": ("tasks: []\n", "tasks must be a non-empty list"),
+    "no id": ("tasks: [{steps: [{tool: a}]}]\n", "tasks[0].id"),
+    "bad tool name": ("tasks: [{id: t, steps: [{tool: 'a b'}]}]\n", "tasks[0].steps[0].tool"),
+    "later dependency": ("tasks: [{id: t, steps: [{tool: a, depends_on: [b]}, {tool: b}]}]\n",
+                         "tasks[0].steps[0].depends_on"),
+    "repeated step": ("tasks: [{id: t, steps: [{tool: a}, {tool: a}]}]\n", "tasks[0].steps[1].tool"),
+    "twice the same id": ("tasks: [{id: t, steps: [{tool: a}]}, {id: t, steps: [{tool: a}]}]\n", "tasks[1].id"),
+    "dependencies differ": ("tasks: [{id: t, steps: [{tool: a}, {tool: b, depends_on: [a]}]},\n"
+                            "        {id: u, steps: [{tool: a}, {tool: b}]}]\n", "tasks[1].steps[1].depends_on"),
+    "bad coverage": ("min_coverage: 2\ntasks: [{id: t, steps: [{tool: a}]}]\n", "min_coverage"),
+    "bad retries": ("tasks: [{id: t, max_retries: -1, steps: [{tool: a}]}]\n", "tasks[0].max_retries"),
+    "not YAML": ("tasks: [\n", "cannot parse task file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_task_files_are_named(tmp_path, case):
+    text, expected = BAD_FILES[case]
+    path = tmp_path / "tasks.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError) as excinfo:
+        read_task_file(path)
+    assert expected in str(excinfo.value)
+    assert "\n" not in str(excinfo.value)
+
+
+def test_a_step_tool_the_api_lacks_is_named(tmp_path, service_url, capsys):
+    path = tmp_path / "tasks.yaml"
+    path.write_text("tasks: [{id: t, steps: [{tool: network_fetcher}, {tool: weather_now}]}]\n")
+    with pytest.raises(InputError, match=r"tasks\[0\]\.steps\[1\]\.tool: 'weather_now' is not a tool of the API"):
+        load_live_api(path, base_url=service_url)
+    code = cli_main(["eval", "--agent", "scripted:plan", "--api", service_url, "--api-tasks", str(path),
+                     "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--api-tasks" in err and "weather_now" in err and len(err.strip().splitlines()) == 1
+
+
+# --- real-API mode in the front ends -----------------------------------------------------------------------
+
+
+def test_text_env_against_the_service_meets_the_simulator(service_url):
+    """Same task and seed: the same trace and level through HTTP as in the simulator, including calls the
+    env answers without a request (a dependency not met, bad arguments, a replay)."""
+    agent = OptimalTextAgent()
+    simulated = ResiliBenchTextEnv(split=None, tasks=TASKS, search="lexical")
+    real = ResiliBenchTextEnv(split=None, tasks=TASKS, search="lexical", api=service_url, api_options=API_OPTIONS)
+    failures = set()
+    for task in TASKS:
+        for seed in range(3):
+            trace, level, _ = play(simulated, task, seed, agent)
+            real_trace, real_level, messages = play(real, task, seed, agent)
+            assert without_probability(real_trace) == without_probability(trace)
+            assert real_level == level
+            failures |= {r["error_code"] for r in trace if not r["success"]}
+            assert all(r["probability"] is None for r in real_trace)
+    assert failures  # the comparison met failures, not only successes
+    # Calls answered by the env without a request keep the service's episode in step.
+    task = TASKS[0]
+    script = ["<tool_call>computation_analyzer</tool_call>",  # dependencies unmet: DEPENDENCY_ERROR
+              f'<tool_call>{task.required_tools[0]} {{"unexpected": 1}}</tool_call>',  # INVALID_INPUT
+              *[f"<tool_call>{t}</tool_call>" for t in task.required_tools], "Task completed."]
+    results = []
+    for env in (simulated, real):
+        env.reset(seed=5, options={"task_id": task.instance_id})
+        for message in script:
+            _, _, terminated, truncated, info = env.step(message)
+            if terminated or truncated:
+                break
+        results.append((without_probability(info["trace"]), info["level"]))
+    assert results[0] == results[1]
+    assert [r["error_code"] for r in results[0][0][:2]] == ["DEPENDENCY_ERROR", "INVALID_INPUT"]
+    real.close()
+
+
+def test_the_agent_reads_the_real_response_body(service_url):
+    env = ResiliBenchTextEnv(split=None, tasks=TASKS, search="lexical", api=service_url, api_options=API_OPTIONS)
+    task = TASKS[0]
+    for seed in range(20):
+        env.reset(seed=seed, options={"task_id": task.instance_id})
+        feedback, *_ , info = env.step(f"<tool_call>{task.required_tools[0]}</tool_call>")
+        if info["trace"][0]["success"]:
+            break
+    body = env.executor.last_output
+    assert isinstance(body, dict) and body  # the service's JSON answer, shown as the output's data
+    assert json.dumps({"data": body}, sort_keys=True)[1:-1] in feedback.replace("\n", "")
+    env.close()
+
+
+def test_eval_over_the_service_writes_rows_and_the_call_log(service_url, tmp_path, capsys):
+    common = ["eval", "--agent", "scripted:optimal", "--prompts", "baseline", "--limit", "3", "--seeds", "0", "1",
+              "--batch-size", "2"]
+    assert cli_main([*common, "--output-dir", str(tmp_path / "sim")]) == 0
+    log = tmp_path / "calls.jsonl"
+    assert cli_main([*common, "--output-dir", str(tmp_path / "real"), "--api", service_url, "--call-log", str(log),
+                     "--api-timeout", str(WAIT)]) == 0
+    rows = {}
+    for name in ("sim", "real"):
+        lines = (tmp_path / name / "results.jsonl").read_text().splitlines()
+        rows[name] = sorted((json.loads(line) for line in lines[1:]), key=lambda r: (r["task_id"], r["seed"]))
+    assert len(rows["real"]) == 6
+    for sim, real in zip(rows["sim"], rows["real"], strict=True):
+        assert (real["task_id"], real["seed"], real["level"]) == (sim["task_id"], sim["seed"], sim["level"])
+        assert without_probability(real["trace"]) == without_probability(sim["trace"])
+        assert real["bound_iii"] == sim["bound_iii"]
+    log_rows = list(read_rows(log))
+    requested = [r for row in rows["real"] for r in row["trace"]
+                 if not r["replayed"] and r["error_code"] not in ("DEPENDENCY_ERROR", "RETRY_LIMIT_EXCEEDED")]
+    assert len(log_rows) == len(requested) > 0
+    assert {r.source for r in log_rows} == {"http"}
+    assert sorted((r.tool, r.success, r.error_code) for r in log_rows) == sorted(
+        (r["tool"], r["success"], r["error_code"]) for r in requested)
+    # The API target is part of the run: resuming against another one is refused, naming it.
+    capsys.readouterr()
+    code = cli_main([*common, "--output-dir", str(tmp_path / "real"), "--api", service_url + "/"])
+    assert code == 2 and "api" in capsys.readouterr().err
+
+
+def test_mcp_session_in_real_api_mode(service_url):
+    task = TASKS[1]
+    script = [*task.required_tools, *task.required_tools]
+
+    async def session(server):
+        async with Client(server) as client:
+            start = await client.call_tool("start_task", {"task_id": task.instance_id, "seed": 3})
+            handle = start.structured_content["episode"]
+            outputs = []
+            for tool in script:
+                result = await client.call_tool(tool, {"episode": handle})
+                outputs.append(result.structured_content)
+                if result.structured_content.get("episode_end") or "level" in result.structured_content:
+                    break
+            status = await client.call_tool("episode_status", {"episode": handle})
+            return outputs, status.structured_content
+
+    sim_outputs, sim_status = anyio.run(session, build_server(search="lexical"))
+    real_outputs, real_status = anyio.run(session, build_server(search="lexical", api=service_url,
+                                                                api_options=API_OPTIONS))
+    assert without_probability(real_status["trace"]) == without_probability(sim_status["trace"])
+    assert real_status.get("level", real_status.get("level_if_finished")) == sim_status.get(
+        "level", sim_status.get("level_if_finished"))
+    for sim, real in zip(sim_outputs, real_outputs, strict=True):
+        assert real["success"] == sim["success"]
+        if real["success"] and not real["metadata"]["replayed"]:
+            assert "data" in real  # the real body, where the simulator shows its simulated fields
+
+
+def test_the_example_task_set_runs_end_to_end(tmp_path):
+    with running_service(ToolService(slow_seconds=SLOW)) as url:
+        live = load_live_api(EXAMPLE, base_url=url)
+        assert len(live.tasks) == 8 and set(live.registry.names) == {t for task in live.tasks
+                                                                     for t in task.required_tools}
+        jobs = eval_jobs(live.tasks, ["optimal"], [0], config=live.world())
+        log = tmp_path / "calls.jsonl"
+        rows = run_eval(PlanFollowingTextAgent(), jobs, config=WorldConfig(), api=live,
+                        api_options={**API_OPTIONS, "log": log}, progress=False, env_kwargs={"search": "lexical"})
+    assert [r["task_id"] for r in rows] == [t.instance_id for t in live.tasks]
+    assert {r["level"] for r in rows} <= {"full_success", "partial_success", "failure"}
+    assert any(r["level"] != "failure" for r in rows)
+    assert all(r["bound_iii"] is None and r["task_type"] != LIVE_TASK_TYPE for r in rows)
+    log_rows = list(read_rows(log))
+    assert len(log_rows) >= sum(1 for r in rows for t in r["trace"] if not t["replayed"]
+                                and t["error_code"] not in ("DEPENDENCY_ERROR", "RETRY_LIMIT_EXCEEDED"))
+    assert {r.task_id for r in log_rows} == {t.instance_id for t in live.tasks}
