@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import re
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -30,13 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import networkx as nx
+from mcp.shared.exceptions import MCPError
 
+from resilibench.envs import http_faults as hf
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.http_faults import FAULTS
 from resilibench.envs.registry import CATEGORY_ERRORS, COMMON_ERRORS, Parameter, Tool, ToolRegistry
 from resilibench.envs.tasks import COMPLEXITIES, Task
-from resilibench.envs.tool_client import Endpoint, ToolClient
+from resilibench.envs.tool_client import Endpoint, HttpOutcome, ToolClient
 from resilibench.errors import InputError
 
 LIVE_CATEGORY = "live_api"
@@ -47,6 +51,9 @@ _DESCRIPTIONS = dict(COMMON_ERRORS) | {c: d for errors in CATEGORY_ERRORS.values
 # What a live call can fail with: the common codes and every code the wire can show (envs.http_faults).
 LIVE_ERRORS: tuple[tuple[str, str], ...] = COMMON_ERRORS + tuple(
     (code, _DESCRIPTIONS[code]) for code in FAULTS if code not in dict(COMMON_ERRORS))
+# What a call over a lost MCP session raises (a closed or broken stream, the OS).
+LOST_SESSION: tuple[type[BaseException], ...] = (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError,
+                                                 anyio.EndOfStream)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _FETCH_TIMEOUT = 30.0
 
@@ -245,10 +252,106 @@ def mcp_tools(tool_list: Sequence[Any], names: Sequence[str] | None = None) -> l
     return tools
 
 
+class McpToolClient:
+    """Calls the tools of an MCP server through one client session, for ``HttpExecutor`` (it has the
+    client side that the executor uses: ``request``, ``retry_delay``, ``log``), so a live API served over
+    MCP plays exactly like one over HTTP. ``server``: a streamable-HTTP URL, a command line (a list: the
+    server over stdio) or an ``mcp`` server object (in memory). A tool result with ``is_error`` fails with
+    the code its ``error`` names when the tool has it, else OPERATION_FAILED; no answer within
+    ``timeout`` is a TIMEOUT; a lost session a NETWORK_ERROR. Calls are not retried. Close it when done."""
+
+    is_service = False
+
+    def __init__(self, server: Any, *, timeout: float = 10.0, log: str | Path | None = None,
+                 registry: ToolRegistry | None = None):
+        import anyio.from_thread
+        from mcp import Client, StdioServerParameters
+
+        if isinstance(server, list | tuple):
+            if not server or not all(isinstance(a, str) for a in server):
+                raise InputError("mcp", f"an MCP server command must be a non-empty list of strings, got {server!r}")
+            server = StdioServerParameters(command=server[0], args=list(server[1:]))
+        self.timeout, self.registry = float(timeout), registry
+        self.log = None if log is None else Path(log)
+        self._portal_context = anyio.from_thread.start_blocking_portal()
+        self._portal = self._portal_context.__enter__()
+        self._session_context = self._portal.wrap_async_context_manager(Client(server))
+        try:
+            self._client = self._session_context.__enter__()
+        except Exception as exc:
+            self._portal_context.__exit__(None, None, None)
+            raise InputError("mcp", f"cannot open an MCP session with {server!r}: {exc}") from None
+
+    def list_tools(self) -> list[Any]:
+        """The server's ``tools/list`` result."""
+        return list(self._portal.call(self._client.list_tools).tools)
+
+    def request(self, tool: str, arguments: Mapping[str, Any] | None = None, *, episode: str | None = None,
+                headers: Mapping[str, str] | None = None, attempt: int = 1) -> HttpOutcome:
+        """One call of ``tool`` as an ``HttpOutcome`` (no HTTP status: the session carries no such thing)."""
+        codes = self.registry[tool].error_codes if self.registry is not None and tool in self.registry else ()
+        start = time.perf_counter()
+        try:
+            result = self._portal.call(lambda: self._client.call_tool(tool, dict(arguments or {}),
+                                                                      read_timeout_seconds=self.timeout))
+        except MCPError as exc:  # the SDK's: a request that timed out, or one the server refused
+            error_class = hf.TIMEOUT_CLASS if "timed out" in str(exc).lower() else hf.CLIENT_ERROR
+            return self._failure(tool, error_class, start, attempt, str(exc))
+        except LOST_SESSION as exc:
+            return self._failure(tool, hf.CONNECTION, start, attempt, f"the MCP session was lost ({exc!r})")
+        latency = time.perf_counter() - start
+        text = "".join(getattr(c, "text", "") for c in result.content)
+        output = result.structured_content if result.structured_content is not None else _json_or_text(text)
+        if not result.is_error:
+            return HttpOutcome(tool, True, None, None, latency, output=output, body=text, attempt=attempt)
+        error = output.get("error") if isinstance(output, dict) else None
+        body_code = error.get("code") if isinstance(error, dict) else None
+        code = hf.code_of(hf.SERVER_ERROR, None, body_code, codes)
+        return HttpOutcome(tool, False, code, None, latency, hf.SERVER_ERROR, output=output, body=text,
+                           description=(error or {}).get("description") or text[:200] or "tool error", attempt=attempt)
+
+    def retry_delay(self, outcome: HttpOutcome) -> float | None:
+        """None: calls over MCP are not retried."""
+        return None
+
+    def _failure(self, tool: str, error_class: str, start: float, attempt: int, description: str) -> HttpOutcome:
+        return HttpOutcome(tool, False, hf.code_of(error_class), None, time.perf_counter() - start, error_class,
+                           description=description, attempt=attempt)
+
+    def close(self) -> None:
+        try:
+            self._session_context.__exit__(None, None, None)
+        finally:
+            self._portal_context.__exit__(None, None, None)
+
+    def __enter__(self) -> McpToolClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _json_or_text(text: str) -> Any:
+    """A tool result's text as JSON when it is JSON (servers often answer a JSON text), else as it is."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def mcp_live_api(task_file: str | Path, client: McpToolClient) -> LiveApi:
+    """A live API from a task file over the tools an MCP server lists (``client``'s session); call through
+    the same client (``api=client`` with this API's ``tasks`` and ``registry``)."""
+    spec = read_task_file(task_file)
+    registry = live_registry(mcp_tools(client.list_tools(), spec.api.get("operations")), spec)
+    client.registry = registry
+    return LiveApi(spec.name, registry, spec.tasks, {}, spec.min_coverage, "mcp")
+
+
 # --- task files -----------------------------------------------------------------------------------------
 
 TASK_FILE_KEYS = ("name", "description", "api", "min_coverage", "tasks")
-API_KEYS = ("openapi", "base_url", "service", "operations", "headers")
+API_KEYS = ("openapi", "base_url", "service", "operations", "headers", "mcp")
 TASK_KEYS = ("id", "task_type", "description", "inputs", "expected_outputs", "max_retries", "timeout", "complexity",
              "steps")
 STEP_KEYS = ("tool", "description", "arguments", "depends_on")
@@ -395,6 +498,7 @@ class LiveApi:
     endpoints: dict[str, Endpoint]
     min_coverage: dict[str, float]
     source: str  # where the tools came from (the OpenAPI document or URL, the MCP server)
+    mcp: Any = None  # the MCP server (URL or command) whose session the calls go through; None: HTTP endpoints
 
     def world(self, config: WorldConfig | None = None) -> WorldConfig:
         """``config`` (default: the paper's world) with the task file's task types graded: their minimum
@@ -404,12 +508,15 @@ class LiveApi:
         return config if table == config.evaluator.min_coverage else config.replace(evaluator={"min_coverage": table})
 
 
-def api_client(api: str | LiveApi | ToolClient, registry: ToolRegistry | None = None, **settings: Any) -> ToolClient:
-    """The ``ToolClient`` of a front end's ``api`` option: a client as it is; a ``LiveApi``'s endpoints; a
-    URL: our tool service (``resilibench serve-tools``) at that base URL. ``settings`` go to the client
-    (``timeout``, ``max_retries``, ``log``, ...)."""
-    if isinstance(api, ToolClient):
+def api_client(api: Any, registry: ToolRegistry | None = None, **settings: Any) -> ToolClient | McpToolClient:
+    """The client of a front end's ``api`` option: a client (``ToolClient``, ``McpToolClient``) as it is; a
+    ``LiveApi``'s endpoints; a URL: our tool service (``resilibench serve-tools``) at that base URL.
+    ``settings`` go to the client (``timeout``, ``max_retries``, ``log``, ...)."""
+    if isinstance(api, ToolClient | McpToolClient):
         return api
+    if isinstance(api, LiveApi) and api.mcp is not None:
+        return McpToolClient(api.mcp, registry=api.registry, timeout=settings.get("timeout", 10.0),
+                             log=settings.get("log"))
     if isinstance(api, LiveApi):
         return ToolClient(endpoints=api.endpoints, registry=api.registry, **settings)
     if isinstance(api, str):
@@ -448,16 +555,21 @@ def service_openapi_url(base_url: str) -> str:
 
 
 def load_live_api(task_file: str | Path, openapi: str | None = None, base_url: str | None = None) -> LiveApi:
-    """A live API from a task file: tools from the OpenAPI document ``openapi`` (a file or URL; default
+    """A live API from a task file: tools from the MCP server the file names (``api.mcp``: a URL or a
+    command line) or from the OpenAPI document ``openapi`` (a file or URL; default
     the file's ``api.openapi``, else the document of the tool service at ``base_url`` / ``api.service``),
     calls to ``base_url`` (default the file's ``api.base_url``, else the document's server), with the file's
     ``api.headers`` (``$VAR`` read from the environment, so keys stay out of the file)."""
     spec = read_task_file(task_file)
+    if spec.api.get("mcp") is not None:
+        with McpToolClient(spec.api["mcp"]) as client:
+            return dataclasses.replace(mcp_live_api(spec.path, client), source=str(spec.api["mcp"]),
+                                       mcp=spec.api["mcp"])
     base_url = base_url or spec.api.get("base_url") or spec.api.get("service")
     source = openapi or spec.api.get("openapi") or (service_openapi_url(base_url) if base_url else None)
     if source is None:
-        raise InputError("api", f"{spec.path}: name the API: api.openapi (a document or URL) or api.service "
-                         "(a tool service's base URL), or give one")
+        raise InputError("api", f"{spec.path}: name the API: api.openapi (a document or URL), api.service "
+                         "(a tool service's base URL) or api.mcp (an MCP server's URL or command), or give one")
     document, url = load_document(source, spec.path.parent)
     headers = {k: os.path.expandvars(v) for k, v in (spec.api.get("headers") or {}).items()}
     tools, endpoints = openapi_tools(document, base_url, spec.api.get("operations"), url, headers)

@@ -293,3 +293,57 @@ def test_the_example_task_set_runs_end_to_end(tmp_path):
     assert len(log_rows) >= sum(1 for r in rows for t in r["trace"] if not t["replayed"]
                                 and t["error_code"] not in ("DEPENDENCY_ERROR", "RETRY_LIMIT_EXCEEDED"))
     assert {r.task_id for r in log_rows} == {t.instance_id for t in live.tasks}
+
+
+def test_a_live_api_over_mcp_through_the_text_env(tmp_path):
+    """Tools listed by an MCP server (a real session, in memory) become a live API: the same executor plays
+    them, failures come from the server's tool errors, the agent reads the server's answers."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from resilibench.envs.live_apis import McpToolClient, mcp_live_api
+
+    server, calls = MCPServer("facts"), {"joke": 0}
+
+    @server.tool()
+    def random_fact() -> dict:
+        """A random fact."""
+        return {"fact": "Honey never spoils."}
+
+    @server.tool()
+    def random_joke() -> dict:
+        """A random joke; the upstream fails on the first call."""
+        calls["joke"] += 1
+        if calls["joke"] == 1:
+            raise ToolError("upstream unavailable")
+        return {"joke": "A joke."}
+
+    @server.tool()
+    def compile_post(text: str) -> dict:
+        """Compile a social media post draft."""
+        return {"draft": text.upper()}
+
+    path = tmp_path / "tasks.yaml"
+    path.write_text("name: facts\ntasks:\n  - id: content_creation_task\n    description: Compile a post.\n"
+                    "    steps:\n      - {tool: random_fact}\n      - {tool: random_joke}\n"
+                    "      - {tool: compile_post, depends_on: [random_fact, random_joke], arguments: {text: hi}}\n")
+    log = tmp_path / "calls.jsonl"
+    with McpToolClient(server, timeout=5.0, log=log) as client:
+        live = mcp_live_api(path, client)
+        assert live.registry.names == ("random_fact", "random_joke", "compile_post")
+        assert live.registry["compile_post"].dependencies == ("random_fact", "random_joke")
+        env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=live.registry, config=live.world(),
+                                 api=client, search="lexical")
+        env.reset(seed=0)
+        feedback = [env.step(f"<tool_call>{tool}</tool_call>")[0]
+                    for tool in ("compile_post", "random_fact", "random_joke", "random_joke", "compile_post")]
+        *_, info = env.step("Task completed.")
+        env.close()
+    assert [(r["tool"], r["error_code"]) for r in info["trace"]] == [
+        ("compile_post", "DEPENDENCY_ERROR"), ("random_fact", None), ("random_joke", "OPERATION_FAILED"),
+        ("random_joke", None), ("compile_post", None)]
+    assert info["level"] == "full_success"
+    assert "Honey never spoils." in feedback[1] and "upstream unavailable" in feedback[2]
+    assert '"draft": "HI"' in feedback[4]  # the task's step arguments, sent when the agent gave none
+    assert [(r.tool, r.success) for r in read_rows(log)] == [
+        ("random_fact", True), ("random_joke", False), ("random_joke", True), ("compile_post", True)]
