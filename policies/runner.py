@@ -73,13 +73,25 @@ def run_jobs(
     config: WorldConfig | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
     clairvoyant: bool = True,
+    api: Any = None,
+    api_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (planner, task, seed) jobs in one env; ``on_result`` sees each row as it is produced.
-    Rows carry bound (iii) of the task and, with ``clairvoyant``, bound (ii) of the episode's stream."""
+    Rows carry bound (iii) of the task and, with ``clairvoyant``, bound (ii) of the episode's stream.
+    ``api``, ``api_options``: real-API mode (``ResiliBenchEnv``'s options of that name)."""
     config = config or WorldConfig()
     jobs = list(jobs)
     env = ResiliBenchEnv(tasks=sorted({t.instance_id: t for _, t, _ in jobs}.values(), key=lambda t: t.instance_id),
-                         config=config, split=None)
+                         config=config, split=None, api=api, api_options=api_options)
+    try:
+        return _run_in(env, jobs, config, on_result, clairvoyant)
+    finally:
+        env.close()
+
+
+def _run_in(env: ResiliBenchEnv, jobs: list[tuple[str, Task, int]], config: WorldConfig,
+            on_result: Callable[[dict[str, Any]], None] | None, clairvoyant: bool) -> list[dict[str, Any]]:
+    """The rows of ``jobs`` played in ``env`` (see ``run_jobs``)."""
     planners: dict[str, Planner] = {}
     clairvoyant_hits: dict[tuple[str, int], bool] = {}
     rows = []

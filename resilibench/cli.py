@@ -458,6 +458,7 @@ class _RunPlan:
     jobs: list[tuple[str, Any, int]]
     run: RunDirectory  # identity: what must match for results to be mixed (world config, task library)
     run_config: dict[str, Any]  # written into the metadata
+    api: ApiChoice | None = None  # real-API mode (`run --api`)
 
 
 def run_directory(path: str, identity: dict[str, Any]) -> RunDirectory:
@@ -471,19 +472,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     from resilibench.policies.runner import episode_jobs
 
     config = load_world_config(args.config, need_bounds=True, world=args.world)
+    if args.api_tasks is not None:
+        raise CliError("--api-tasks: not for run (the planners play the world's own tools); use --api URL")
+    api = load_api(args)
     tasks, source = load_library(args.tasks, args.world)
     planners, seeds = dedupe(args.planners), dedupe(args.seeds)
     task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
     selected = select_tasks(tasks, args.split, task_types, limit=args.limit)
     check_bound_turn_limit(config, selected)
     jobs = episode_jobs(planners, selected, seeds)
-    plan = _RunPlan(
-        config=config, planners=planners, seeds=seeds, task_types=task_types, tasks=selected, jobs=jobs,
-        run=run_directory(args.output_dir, {"world": config.to_dict(), "tasks_sha256": source["sha256"]}),
-        run_config={"world": config.to_dict(), "tasks": source, "planners": planners, "split": args.split,
-                    "task_types": task_types, "limit": args.limit, "task_count": len(selected),
-                    "episodes": len(jobs)},
-    )
+    identity: dict[str, Any] = {"world": config.to_dict(), "tasks_sha256": source["sha256"]}
+    run_config = {"world": config.to_dict(), "tasks": source, "planners": planners, "split": args.split,
+                  "task_types": task_types, "limit": args.limit, "task_count": len(selected), "episodes": len(jobs)}
+    if api is not None:  # another API target is another run: a resume against it is refused
+        identity["api"] = run_config["api"] = api.identity
+    plan = _RunPlan(config=config, planners=planners, seeds=seeds, task_types=task_types, tasks=selected, jobs=jobs,
+                    run=run_directory(args.output_dir, identity), run_config=run_config, api=api)
     return _execute_run(plan, resume=args.resume, split=args.split)
 
 
@@ -503,7 +507,8 @@ def _execute_run(plan: _RunPlan, resume: bool, split: str) -> int:
         if todo:
             run.open_results(run_metadata(plan.run_config, plan.seeds))
             with progress_bar(len(todo), "episodes") as bar:
-                run_jobs(todo, plan.config, on_result=lambda row: (run.write(row), bar.update(1)))
+                run_jobs(todo, plan.config, on_result=lambda row: (run.write(row), bar.update(1)),
+                         api=plan.api and plan.api.api, api_options=plan.api and plan.api.options)
         wanted = {(p, t.instance_id, s) for p, t, s in plan.jobs}
         rows = [row for row in run.rows() if run.key_of(row) in wanted]
         levels = summarize_levels(rows, "planner", "task_type", groups=plan.planners, subgroups=plan.task_types)
@@ -603,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
     bounds.add_argument("--output", metavar="FILE", help="also write the JSON results (with metadata) to FILE")
     bounds.set_defaults(func=cmd_bounds)
 
-    run = commands.add_parser("run", parents=[library, world], help="the quick planner benchmark")
+    run = commands.add_parser("run", parents=[library, world, api], help="the quick planner benchmark")
     run.add_argument("--planners", nargs="+", choices=PLANNER_NAMES, default=list(PLANNER_NAMES), metavar="NAME",
                      help=f"default all: {' '.join(PLANNER_NAMES)}")
     run.add_argument("--split", choices=SPLIT_CHOICES, default="test")

@@ -347,3 +347,17 @@ def test_a_live_api_over_mcp_through_the_text_env(tmp_path):
     assert '"draft": "HI"' in feedback[4]  # the task's step arguments, sent when the agent gave none
     assert [(r.tool, r.success) for r in read_rows(log)] == [
         ("random_fact", True), ("random_joke", False), ("random_joke", True), ("compile_post", True)]
+
+
+def test_run_over_the_service_gives_the_simulator_rows(service_url, tmp_path):
+    common = ["run", "--planners", "optimal", "dependency_aware", "--limit", "3", "--seeds", "0", "1"]
+    assert cli_main([*common, "--output-dir", str(tmp_path / "sim")]) == 0
+    assert cli_main([*common, "--output-dir", str(tmp_path / "real"), "--api", service_url,
+                     "--api-timeout", str(WAIT)]) == 0
+    rows = {}
+    for name in ("sim", "real"):
+        lines = (tmp_path / name / "results.jsonl").read_text().splitlines()[1:]
+        rows[name] = sorted((json.loads(line) for line in lines), key=lambda r: (r["planner"], r["task_id"], r["seed"]))
+    assert len(rows["real"]) == 12
+    keep = ("planner", "task_id", "seed", "level", "end_reason", "tools", "return", "bound_iii", "bound_ii")
+    assert [{k: r[k] for k in keep} for r in rows["real"]] == [{k: r[k] for k in keep} for r in rows["sim"]]
