@@ -484,8 +484,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     identity: dict[str, Any] = {"world": config.to_dict(), "tasks_sha256": source["sha256"]}
     run_config = {"world": config.to_dict(), "tasks": source, "planners": planners, "split": args.split,
                   "task_types": task_types, "limit": args.limit, "task_count": len(selected), "episodes": len(jobs)}
-    if api is not None:  # another API target is another run: a resume against it is refused
-        identity["api"] = run_config["api"] = api.identity
+    # The API target (None: the simulator; a run config recorded without one reads as None) is part of
+    # the run: resuming against another target is refused.
+    identity["api"] = run_config["api"] = None if api is None else api.identity
     plan = _RunPlan(config=config, planners=planners, seeds=seeds, task_types=task_types, tasks=selected, jobs=jobs,
                     run=run_directory(args.output_dir, identity), run_config=run_config, api=api)
     return _execute_run(plan, resume=args.resume, split=args.split)

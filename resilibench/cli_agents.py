@@ -109,8 +109,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                   "prompts": prompts, "flaw_types": flaw_types, "split": args.split, "task_types": task_types,
                   "task_ids": args.task_id, "limit": args.limit, "task_count": len(selected), "episodes": len(jobs)}
     identity = to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"], "eval": settings})
-    if api is not None:  # another API target is another run: a resume against it is refused
-        identity["api"] = run_config["api"] = api.identity
+    # The API target (None: the simulator; a run config recorded without one reads as None) is part of
+    # the run: resuming against another target is refused.
+    identity["api"] = run_config["api"] = None if api is None else api.identity
 
     run = eval_directory(args.output_dir, identity)
     plot_path = run.path / "summary.png"

@@ -242,9 +242,10 @@ def test_eval_over_the_service_writes_rows_and_the_call_log(service_url, tmp_pat
     assert sorted((r.tool, r.success, r.error_code) for r in log_rows) == sorted(
         (r["tool"], r["success"], r["error_code"]) for r in requested)
     # The API target is part of the run: resuming against another one is refused, naming it.
-    capsys.readouterr()
-    code = cli_main([*common, "--output-dir", str(tmp_path / "real"), "--api", service_url + "/"])
-    assert code == 2 and "api" in capsys.readouterr().err
+    for other in (["--api", service_url + "/"], []):  # another service, or the simulator
+        capsys.readouterr()
+        assert cli_main([*common, "--output-dir", str(tmp_path / "real"), *other]) == 2
+        assert "different config (api" in capsys.readouterr().err
 
 
 def test_mcp_session_in_real_api_mode(service_url):
