@@ -28,6 +28,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -385,11 +386,23 @@ def _mapping(value: Any, where: str, keys: Sequence[str]) -> dict[str, Any]:
     return value
 
 
+SHIPPED_TASK_FILES = ("live_example",)  # task sets in the package's data, by name
+
+
+def task_file_path(path: str | Path) -> Path:
+    """The path of a task file, or of a shipped set named by ``SHIPPED_TASK_FILES``."""
+    if not Path(path).is_file() and str(path) in SHIPPED_TASK_FILES:
+        return Path(str(resources.files("resilibench.envs") / "data" / str(path) / "tasks.yaml"))
+    return Path(path)
+
+
 def read_task_file(path: str | Path) -> TaskFile:
-    """Read a YAML task file (docs/real_apis.md, "Live APIs"); ``InputError`` naming the field at fault."""
-    path = Path(path)
+    """Read a YAML task file (docs/real_apis.md, "Live APIs"), or a shipped set by name (``live_example``);
+    ``InputError`` naming the field at fault."""
+    path = task_file_path(path)
     if not path.is_file():
-        raise InputError("task_file", f"task file {path} does not exist")
+        raise InputError("task_file", f"task file {path} does not exist (shipped sets: "
+                         f"{', '.join(SHIPPED_TASK_FILES)})")
     try:
         import yaml
 

@@ -203,8 +203,10 @@ def load_api(args: argparse.Namespace) -> ApiChoice | None:
         live = load_live_api(args.api_tasks, base_url=args.api)
     except InputError as exc:
         raise CliError(f"--api-tasks {args.api_tasks}: {exc}") from None
+    from resilibench.envs.live_apis import task_file_path
+
     identity.update({"tasks": live.name, "source": live.source,
-                     "tasks_sha256": hashlib.sha256(Path(args.api_tasks).read_bytes()).hexdigest()})
+                     "tasks_sha256": hashlib.sha256(task_file_path(args.api_tasks).read_bytes()).hexdigest()})
     return ApiChoice(live, options, identity)
 
 
@@ -572,8 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
     api = Parser(add_help=False)
     api.add_argument("--api", metavar="URL", help="real-API mode: tool calls go over HTTP to the tool service at URL "
                      "(`resilibench serve-tools`; its episodes mirror the world's), or to the live API of --api-tasks")
-    api.add_argument("--api-tasks", metavar="FILE", help="a live API's task file (YAML; docs/real_apis.md): its tasks "
-                     "over the API's tools (from URL/openapi.json unless the file names its OpenAPI document)")
+    api.add_argument("--api-tasks", metavar="FILE", help="a live API's task file (YAML; docs/real_apis.md), or "
+                     "live_example (the shipped set): its tasks over the API's tools (from URL/openapi.json unless "
+                     "the file names its OpenAPI document or MCP server)")
     api.add_argument("--call-log", metavar="FILE", help="append one JSON line per HTTP attempt to FILE (the call log "
                      "that `calibrate-failures` reads)")
     api.add_argument("--api-timeout", type=positive_float, metavar="SECONDS",

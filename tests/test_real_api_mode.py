@@ -279,7 +279,7 @@ def test_mcp_session_in_real_api_mode(service_url):
 
 def test_the_example_task_set_runs_end_to_end(tmp_path):
     with running_service(ToolService(slow_seconds=SLOW)) as url:
-        live = load_live_api(EXAMPLE, base_url=url)
+        live = load_live_api("live_example", base_url=url)  # the shipped set, by name
         assert len(live.tasks) == 8 and set(live.registry.names) == {t for task in live.tasks
                                                                      for t in task.required_tools}
         jobs = eval_jobs(live.tasks, ["optimal"], [0], config=live.world())
