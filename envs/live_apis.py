@@ -168,7 +168,7 @@ def openapi_tools(document: Mapping[str, Any], base_url: str | None = None, oper
     """The tools and endpoints of an OpenAPI 3.x document: one per operation (only ``operations`` when
     given, by operationId). The URL is ``base_url``, else the document's first server (relative to
     ``document_url``), joined with the operation's path; ``headers`` go with every request (credentials)."""
-    headers = tuple((headers or {}).items())
+    sent_headers = tuple((headers or {}).items())
     server = base_url or next((s.get("url") for s in document.get("servers") or [] if isinstance(s, dict)), None)
     if server is None and document_url is not None:
         server = "/"
@@ -194,7 +194,7 @@ def openapi_tools(document: Mapping[str, Any], base_url: str | None = None, oper
             parameters, url = _operation_parameters(op, item, document, where, method, server.rstrip("/") + path)
             description = op.get("description") or op.get("summary") or ""
             tools.append(live_tool(name, description, parameters, version, codes=op.get("x-error-codes")))
-            endpoints[name] = Endpoint(method.upper(), url, headers)
+            endpoints[name] = Endpoint(method.upper(), url, sent_headers)
     missing = sorted(set(operations or ()) - set(endpoints))
     if missing:
         raise InputError("operations", f"operation(s) {missing} not in the OpenAPI document; it has "
@@ -521,10 +521,11 @@ class LiveApi:
         return config if table == config.evaluator.min_coverage else config.replace(evaluator={"min_coverage": table})
 
 
-def api_client(api: Any, registry: ToolRegistry | None = None, **settings: Any) -> ToolClient | McpToolClient:
-    """The client of a front end's ``api`` option: a client (``ToolClient``, ``McpToolClient``) as it is; a
-    ``LiveApi``'s endpoints; a URL: our tool service (``resilibench serve-tools``) at that base URL.
-    ``settings`` go to the client (``timeout``, ``max_retries``, ``log``, ...)."""
+def api_client(api: Any, registry: ToolRegistry | None = None, **settings: Any) -> Any:
+    """The client of a front end's ``api`` option, for ``HttpExecutor``: a client (``ToolClient``,
+    ``McpToolClient``) as it is; a ``LiveApi``'s endpoints or MCP server; a URL: our tool service
+    (``resilibench serve-tools``) at that base URL. ``settings`` go to the client (``timeout``,
+    ``max_retries``, ``log``, ...)."""
     if isinstance(api, ToolClient | McpToolClient):
         return api
     if isinstance(api, LiveApi) and api.mcp is not None:

@@ -187,26 +187,26 @@ def load_api(args: argparse.Namespace) -> ApiChoice | None:
         raise CliError(f"--api: expected the http:// or https:// base URL of a tool service, got {args.api!r}")
     log = output_file(args.call_log, "--call-log")
     options: dict[str, Any] = {"timeout": args.api_timeout or 10.0, "log": log}
-    identity: dict[str, Any] = {"url": args.api}
-    if args.api_tasks is None:
+    url: str | None = args.api
+    identity: dict[str, Any] = {"url": url}
+    if args.api_tasks is None and url is not None:
         import urllib.request
 
         try:  # reachable now, rather than a traceback at the first episode
-            urllib.request.urlopen(args.api.rstrip("/") + "/health", timeout=options["timeout"]).close()
+            urllib.request.urlopen(url.rstrip("/") + "/health", timeout=options["timeout"]).close()
         except OSError as exc:
             raise CliError(f"--api: no tool service answers at {args.api} ({exc}); start one with "
                            f"`{PROG} serve-tools`") from None
-        return ApiChoice(args.api, options, identity)
-    from resilibench.envs.live_apis import load_live_api
+        return ApiChoice(url, options, identity)
+    from resilibench.envs.live_apis import load_live_api, task_file_path
 
+    task_file = str(args.api_tasks)
     try:
-        live = load_live_api(args.api_tasks, base_url=args.api)
+        live = load_live_api(task_file, base_url=url)
     except InputError as exc:
-        raise CliError(f"--api-tasks {args.api_tasks}: {exc}") from None
-    from resilibench.envs.live_apis import task_file_path
-
+        raise CliError(f"--api-tasks {task_file}: {exc}") from None
     identity.update({"tasks": live.name, "source": live.source,
-                     "tasks_sha256": hashlib.sha256(task_file_path(args.api_tasks).read_bytes()).hexdigest()})
+                     "tasks_sha256": hashlib.sha256(task_file_path(task_file).read_bytes()).hexdigest()})
     return ApiChoice(live, options, identity)
 
 
