@@ -27,7 +27,7 @@ import httpx2 as httpx
 
 from resilibench.envs import http_faults as hf
 from resilibench.envs.call_log import CallLogRow, write_rows
-from resilibench.envs.registry import ToolRegistry, default_registry
+from resilibench.envs.registry import INVALID_INPUT, ToolRegistry, default_registry
 from resilibench.envs.simulator import CallRecord, Episode
 from resilibench.errors import InputError
 
@@ -41,13 +41,13 @@ _PLACEHOLDER = re.compile(r"{([A-Za-z_][A-Za-z0-9_]*)}")
 
 def _check_url(url: Any, name: str) -> str:
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise InputError(name, f"{name} must be an http:// or https:// URL, got {url!r}")
+        raise InputError(name, f"must be an http:// or https:// URL, got {url!r}")
     return url
 
 
 def _positive_seconds(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise InputError(name, f"{name} must be a positive, finite number of seconds, got {value!r}")
+        raise InputError(name, f"must be a positive, finite number of seconds, got {value!r}")
     return float(value)
 
 
@@ -63,12 +63,13 @@ class Endpoint:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise InputError("method", f"method must be one of {METHODS}, got {self.method!r}")
+            raise InputError("method", f"must be one of {METHODS}, got {self.method!r}")
         _check_url(self.url, "url")
 
-    def request_parts(self, arguments: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None, Any]:
-        """(URL, query parameters, JSON body) of a call with ``arguments``."""
-        rest = dict(arguments)
+    def request_parts(self, arguments: Mapping[str, Any] | None) -> tuple[str, dict[str, Any] | None, Any]:
+        """(URL, query parameters, JSON body) of a call with ``arguments`` (None: no body at all, which
+        the tool service plays as a call without arguments)."""
+        rest = dict(arguments or {})
 
         def fill(match: re.Match[str]) -> str:
             name = match.group(1)
@@ -81,7 +82,7 @@ class Endpoint:
         if self.method in ("GET", "DELETE"):
             params = {k: v if isinstance(v, str) else json.dumps(v) for k, v in rest.items()}
             return url, params or None, None
-        return url, None, rest
+        return url, None, None if arguments is None else rest
 
 
 @dataclass(frozen=True)
@@ -135,19 +136,19 @@ class ToolClient:
                  backoff: float = 0.1, log: str | Path | None = None, registry: ToolRegistry | None = None,
                  headers: Mapping[str, str] | None = None):
         if (base_url is None) == (endpoints is None):
-            raise InputError("base_url", "give either base_url (the tool service) or endpoints (live APIs)")
+            raise InputError("base_url", "give either a base URL (the tool service) or endpoints (live APIs)")
         self.base_url = None if base_url is None else _check_url(base_url, "base_url").rstrip("/")
         self.endpoints = dict(endpoints or {})
         for name, endpoint in self.endpoints.items():
             if not isinstance(endpoint, Endpoint):
-                raise InputError("endpoints", f"endpoints[{name!r}] must be an Endpoint, got {endpoint!r}")
+                raise InputError("endpoints", f"the endpoint of {name!r} must be an Endpoint, got {endpoint!r}")
         self.timeout = _positive_seconds(timeout, "timeout")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise InputError("max_retries", f"max_retries must be an integer >= 0, got {max_retries!r}")
+            raise InputError("max_retries", f"must be an integer >= 0, got {max_retries!r}")
         self.max_retries = max_retries
         self.retry_after_cap = _positive_seconds(retry_after_cap, "retry_after_cap")
         if isinstance(backoff, bool) or not isinstance(backoff, int | float) or not 0 <= backoff < math.inf:
-            raise InputError("backoff", f"backoff must be a finite number of seconds >= 0, got {backoff!r}")
+            raise InputError("backoff", f"must be a finite number of seconds >= 0, got {backoff!r}")
         self.backoff = float(backoff)
         self.log = None if log is None else Path(log)
         self.registry = registry or default_registry()
@@ -171,7 +172,7 @@ class ToolClient:
         """Open an episode of the tool service (task, episode seed; ``config``: the client's world config as
         a dict, which the service checks against its own) and return its id for ``X-Episode``."""
         if self.base_url is None:
-            raise InputError("base_url", "episodes exist only on the tool service (a client made with base_url)")
+            raise InputError("base_url", "episodes exist only on the tool service (a client made with a base URL)")
         body: dict[str, Any] = {"task_id": task_id, "seed": seed}
         if config is not None:
             body["config"] = config
@@ -187,7 +188,7 @@ class ToolClient:
                 headers: Mapping[str, str] | None = None, attempt: int = 1) -> HttpOutcome:
         """One HTTP attempt at ``tool`` (``episode``: the tool service's episode id, sent as X-Episode)."""
         endpoint = self.endpoint(tool)
-        url, params, body = endpoint.request_parts(arguments or {})
+        url, params, body = endpoint.request_parts(arguments)
         sent = dict(endpoint.headers)
         if episode is not None:
             sent[EPISODE_HEADER] = episode
@@ -292,26 +293,36 @@ class HttpExecutor:
             self.mirror = self.client.is_service
         if self.log_episode is None:
             self.log_episode = f"{self.episode.task.instance_id}/{self.episode.seed}"
+        if not self.client.is_service:
+            missing = [n for n in self.episode.registry.names if n not in self.client.endpoints]
+            if missing:
+                raise InputError("endpoints", f"no endpoint for tool(s) {missing} of the episode's registry")
         if self.mirror:
+            if self.episode.turns_used:
+                raise InputError("episode", "a mirrored episode must start with the executor: this one has "
+                                 f"used {self.episode.turns_used} turns already")
             self.service_episode = self.client.open_episode(self.episode.task.instance_id, self.episode.seed,
                                                             self.episode.config.to_dict())
-        self._sent = len(self.episode.trace)  # trace records the service has seen
+        self._sent = 0  # trace records the service has seen
         self._attempt = 1
 
     @property
     def last_output(self) -> Any:
-        """The JSON body (or text) of the latest attempt; None when it had none."""
+        """The JSON body (or text) of the latest attempt of the latest ``call``; None when it had none or
+        the call made no request (then the simulated output stands)."""
         return None if self.last_outcome is None else self.last_outcome.output
 
     def call(self, tool: str | int, arguments: Mapping[str, Any] | None = None,
              invalid_input: bool = False) -> CallRecord:
         """Call ``tool`` on the episode, retrying as the client allows while the episode can take another
         call of it; each attempt is one call (one turn). The last attempt's record."""
-        self.arguments, self._attempt = arguments, 1
+        self.arguments, self.last_outcome = arguments, None
         episode = self.episode
         tool_id = episode.registry.id_of(tool) if isinstance(tool, str) else int(tool)
+        attempt = 1
         while True:
             before = len(self.outcomes)
+            self._attempt = attempt
             record = episode.call(tool_id, invalid_input=invalid_input, outcome=self)
             if len(self.outcomes) == before or record.success or episode.done or episode.turns_left == 0:
                 return record
@@ -321,7 +332,7 @@ class HttpExecutor:
             if delay is None:
                 return record
             time.sleep(delay)
-            self._attempt += 1
+            attempt += 1
 
     def __call__(self, tool_id: int) -> tuple[bool, str | None]:
         """The real call in place of the draw (``Episode.call``'s ``outcome``)."""
@@ -332,8 +343,16 @@ class HttpExecutor:
             unsent = [[r.tool, r.error_code] for r in episode.trace[self._sent:]]
             if unsent:
                 headers[REPLAY_HEADER] = json.dumps(unsent)
-        outcome = self.client.request(name, self.arguments, episode=self.service_episode, headers=headers,
-                                      attempt=self._attempt)
+        try:
+            outcome = self.client.request(name, self.arguments, episode=self.service_episode, headers=headers,
+                                          attempt=self._attempt)
+        except InputError as exc:  # arguments the endpoint cannot carry (a URL parameter missing): no request
+            error = {"code": INVALID_INPUT, "description": f"{name}: {exc}"}
+            self.last_outcome = HttpOutcome(name, False, INVALID_INPUT, None, 0.0, description=error["description"],
+                                            output={"success": False, "error": error})
+            return False, INVALID_INPUT  # the record is not sent: a mirror replays it with the next request
+        finally:
+            self._attempt = 1  # a later call made straight through Episode.call is a first attempt
         self._sent = len(episode.trace) + 1  # this call's record is appended when we return
         self.last_outcome = outcome
         self.outcomes.append(outcome)

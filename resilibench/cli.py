@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "resilibench.cli_breaker",
     "resilibench.cli_mcp",
     "resilibench.cli_metrics",
+    "resilibench.cli_realapi",
     "resilibench.cli_train",
     "resilibench.cli_robust",
 )
