@@ -282,6 +282,11 @@ class McpToolClient:
         except Exception as exc:
             self._portal_context.__exit__(None, None, None)
             raise InputError("mcp", f"cannot open an MCP session with {server!r}: {exc}") from None
+        try:
+            self.endpoints = {tool.name: tool for tool in self.list_tools()}  # what the executor may call
+        except BaseException:
+            self.close()
+            raise
 
     def list_tools(self) -> list[Any]:
         """The server's ``tools/list`` result."""
@@ -344,7 +349,7 @@ def mcp_live_api(task_file: str | Path, client: McpToolClient) -> LiveApi:
     """A live API from a task file over the tools an MCP server lists (``client``'s session); call through
     the same client (``api=client`` with this API's ``tasks`` and ``registry``)."""
     spec = read_task_file(task_file)
-    registry = live_registry(mcp_tools(client.list_tools(), spec.api.get("operations")), spec)
+    registry = live_registry(mcp_tools(list(client.endpoints.values()), spec.api.get("operations")), spec)
     client.registry = registry
     return LiveApi(spec.name, registry, spec.tasks, {}, spec.min_coverage, "mcp")
 

@@ -4,6 +4,7 @@ from OpenAPI documents, MCP tool lists and task files."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import anyio
@@ -362,3 +363,30 @@ def test_run_over_the_service_gives_the_simulator_rows(service_url, tmp_path):
     assert len(rows["real"]) == 12
     keep = ("planner", "task_id", "seed", "level", "end_reason", "tools", "return", "bound_iii", "bound_ii")
     assert [{k: r[k] for k in keep} for r in rows["real"]] == [{k: r[k] for k in keep} for r in rows["sim"]]
+
+
+def test_a_task_file_naming_an_mcp_server_over_stdio(tmp_path):
+    """``api.mcp`` as a command: the server runs as a subprocess, each env opens its own session."""
+    script = tmp_path / "server.py"
+    script.write_text("from mcp.server.mcpserver import MCPServer\n"
+                      "server = MCPServer('facts')\n\n"
+                      "@server.tool()\ndef random_fact() -> dict:\n    \"\"\"A random fact.\"\"\"\n"
+                      "    return {'fact': 'Honey never spoils.'}\n\n"
+                      "@server.tool()\ndef compile_post(text: str) -> dict:\n    \"\"\"A post draft.\"\"\"\n"
+                      "    return {'draft': text.upper()}\n\n"
+                      "server.run()\n")
+    path = tmp_path / "tasks.yaml"
+    path.write_text(f"api: {{mcp: [{json.dumps(sys.executable)}, {json.dumps(str(script))}]}}\n"
+                    "tasks:\n  - id: post_task\n    steps:\n      - {tool: random_fact, description: a fact}\n"
+                    "      - {tool: compile_post, depends_on: [random_fact], arguments: {text: hi}}\n")
+    live = load_live_api(path)
+    assert live.mcp is not None and live.registry.names == ("random_fact", "compile_post")
+    env = ResiliBenchTextEnv(split=None, api=live, search="lexical")
+    env.reset(seed=0)
+    first, *_ = env.step("<tool_call>random_fact</tool_call>")
+    env.step("<tool_call>compile_post</tool_call>")
+    *_, info = env.step("Task completed.")
+    env.close()
+    assert "Honey never spoils." in first
+    assert [(r["tool"], r["success"]) for r in info["trace"]] == [("random_fact", True), ("compile_post", True)]
+    assert info["level"] == "full_success"
