@@ -390,3 +390,37 @@ def test_a_task_file_naming_an_mcp_server_over_stdio(tmp_path):
     assert "Honey never spoils." in first
     assert [(r["tool"], r["success"]) for r in info["trace"]] == [("random_fact", True), ("compile_post", True)]
     assert info["level"] == "full_success"
+
+
+@pytest.mark.slow
+def test_serve_mcp_with_api_over_stdio(service_url, tmp_path, capsys):
+    """`resilibench serve-mcp --api URL` as an MCP host launches it: the session's trace is the simulator's
+    and every real call is in the call log."""
+    import os
+
+    from mcp import StdioServerParameters
+
+    from resilibench.policies.plan_follower import valid_arguments
+
+    task, log = TASKS[2], tmp_path / "calls.jsonl"
+    serve = ["-m", "resilibench", "serve-mcp", "--search", "lexical"]
+    api = ["--api", service_url, "--api-timeout", str(WAIT), "--call-log", str(log)]
+
+    async def session(args):
+        async with Client(StdioServerParameters(command=sys.executable, args=args, env=dict(os.environ))) as client:
+            start = await client.call_tool("start_task", {"task_id": task.instance_id, "seed": 4})
+            handle = start.structured_content["episode"]
+            for tool in (*task.required_tools, *task.required_tools):
+                arguments = {"episode": handle, **valid_arguments(REGISTRY[tool])}
+                result = await client.call_tool(tool, arguments)
+                if result.structured_content.get("episode_end"):
+                    break
+            return (await client.call_tool("episode_status", {"episode": handle})).structured_content["trace"]
+
+    simulated, real = anyio.run(session, serve), anyio.run(session, [*serve, *api])
+    assert without_probability(real) == without_probability(simulated)
+    requested = [r for r in real if not r["replayed"] and r["error_code"] not in ("DEPENDENCY_ERROR",
+                                                                                   "RETRY_LIMIT_EXCEEDED")]
+    assert len(list(read_rows(log))) == len(requested) > 0
+    assert cli_main(["serve-mcp", "--api", "http://127.0.0.1:9"]) == 2  # nothing listens there
+    assert "--api: no tool service answers" in capsys.readouterr().err
