@@ -43,6 +43,7 @@ from resilibench.envs.registry import CATEGORY_ERRORS, COMMON_ERRORS, Parameter,
 from resilibench.envs.tasks import COMPLEXITIES, Task
 from resilibench.envs.tool_client import Endpoint, HttpOutcome, ToolClient
 from resilibench.errors import InputError
+from resilibench.metrics.workflow import Node, Workflow
 
 LIVE_CATEGORY = "live_api"
 LIVE_TASK_TYPE = "live_workflow"  # the task type of a task file's tasks unless it names another
@@ -500,6 +501,22 @@ def _read_task(raw: Any, where: str, file_name: str) -> tuple[Task, dict[str, tu
                 metadata={"task_file": file_name, "steps": step_texts, "arguments": arguments},
                 original_description=description, split="test")
     return task, depends_on
+
+
+def task_workflow(task: Task) -> Workflow | None:
+    """The plan of a task-file task: its steps in order (with their descriptions and arguments), each after
+    the previous one and after the steps it depends on; None for a task of the world's library. The text
+    env shows it as the ``optimal`` prompt's plan of a live task (the world's bound (iii) says nothing about
+    a live API)."""
+    steps = task.metadata.get("steps") if isinstance(task.metadata, dict) else None
+    if not steps:
+        return None
+    arguments = task.metadata.get("arguments", {})
+    nodes = tuple(Node.make(s["tool"], s["description"], arguments.get(s["tool"])) for s in steps)
+    index = {s["tool"]: i for i, s in enumerate(steps)}
+    edges = {(i - 1, i) for i in range(1, len(steps))}
+    edges |= {(index[d], index[s["tool"]]) for s in steps for d in s["depends_on"]}
+    return Workflow(nodes, tuple(sorted(edges)))
 
 
 # --- putting it together ------------------------------------------------------------------------------

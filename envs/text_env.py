@@ -13,7 +13,7 @@ import numpy as np
 from gymnasium import spaces
 
 from resilibench.envs.config import WorldConfig
-from resilibench.envs.live_apis import LiveApi, api_client
+from resilibench.envs.live_apis import LiveApi, api_client, task_workflow
 from resilibench.envs.planner_env import choose_task, make_world_config, select_tasks
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import ShapedRewarder
@@ -285,7 +285,9 @@ class ResiliBenchTextEnv(gym.Env):
         task, seed_of_episode = choose_task(self.tasks, self._episodes, seed, {"task_id": task_id}, self.world)
         prompt = shown or build_prompt(
             task, settings["prompt"], flaw_type=settings["flaw_type"], severity=settings["severity"],
-            seed=flaw_seed(seed_of_episode), plan_style=settings["plan_style"], workflow=settings["workflow"],
+            seed=flaw_seed(seed_of_episode), plan_style=settings["plan_style"],
+            # A live task's plan is its own steps.
+            workflow=task_workflow(task) if settings["workflow"] is None else settings["workflow"],
             config=self.config, registry=self.registry, matcher=self.matcher, protocol=self.protocol,
             wording=self.wording,
         )

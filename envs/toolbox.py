@@ -419,10 +419,10 @@ def call_tool(episode: Episode, name: str, arguments: dict | None = None,
     already found (malformed JSON), makes the call an INVALID_INPUT failure without a draw whose
     message names the argument. Without arguments the call is played as is.
 
-    ``executor``: real-API mode (an ``envs.tool_client.HttpExecutor`` of this episode, or any object with
-    its ``call``, ``outcomes`` and ``last_output``). Where the simulator would draw, the tool is called for
-    real with the arguments (``default_arguments`` when none were given); a success shows the real
-    response body, a failure what the wire said."""
+    ``executor``: real-API mode (the ``envs.tool_client.HttpExecutor`` of this episode). Where the
+    simulator would draw, the tool is called for real with the arguments (none given: as they are to our
+    tool service, which plays such a call as the simulator does, else ``default_arguments``); a success
+    shows the real response body, a failure what the wire said."""
     tool_id = resolve_tool(name, episode.registry)
     tool = episode.registry.tools[tool_id]
     if problem is None and arguments is not None:
@@ -431,8 +431,9 @@ def call_tool(episode: Episode, name: str, arguments: dict | None = None,
         record, real, wire = episode.call(tool_id, invalid_input=problem is not None), None, None
     else:
         sent = len(executor.outcomes)
-        real_arguments = arguments if arguments is not None else default_arguments(episode.task, tool)
-        record = executor.call(tool_id, real_arguments, invalid_input=problem is not None)
+        if arguments is None and not executor.mirror:  # our tool service plays an argument-less call as is
+            arguments = default_arguments(episode.task, tool)
+        record = executor.call(tool_id, arguments, invalid_input=problem is not None)
         real, wire = _real_result(executor, sent, record)
     message = wire or (problem if record.error_code == INVALID_INPUT and problem is not None else None)
     return CallResult(record, message, call_output(episode, record, message, real))

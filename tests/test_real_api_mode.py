@@ -349,6 +349,14 @@ def test_a_live_api_over_mcp_through_the_text_env(tmp_path):
     assert '"draft": "HI"' in feedback[4]  # the task's step arguments, sent when the agent gave none
     assert [(r.tool, r.success) for r in read_rows(log)] == [
         ("random_fact", True), ("random_joke", False), ("random_joke", True), ("compile_post", True)]
+    # The optimal prompt of a live task shows its own steps as the plan; the plan follower completes it.
+    with McpToolClient(server, timeout=5.0) as client:
+        env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=live.registry, config=live.world(),
+                                 api=client, search="lexical", prompt="optimal")
+        trace, level, messages = play(env, live.tasks[0], 1, PlanFollowingTextAgent())
+        env.close()
+    assert "1. random_fact" in messages[0]["content"] and level == "full_success"
+    assert [r["tool"] for r in trace] == ["random_fact", "random_joke", "compile_post"]
 
 
 def test_run_over_the_service_gives_the_simulator_rows(service_url, tmp_path):
