@@ -91,18 +91,16 @@ def fault_of(code: str) -> Fault:
 
 
 def class_of_status(status: int) -> str | None:
-    """The error class of an HTTP status (None for 1xx-3xx: no error): the table's statuses first
-    (429, 503, 504 timeout, 401/403/404/422), then any other 4xx client_error, 408 timeout, any other
-    5xx server_error."""
+    """The error class of an HTTP status (None for 2xx: no error): the table's statuses first (429, 503,
+    504 timeout, 401/403/404/422), then 408 timeout, any other 5xx server_error, and anything else
+    (other 4xx, a redirect the client did not follow) client_error."""
+    if 200 <= status < 300:
+        return None
     if status in _BY_STATUS:
         return _BY_STATUS[status][0]
     if status == 408:
         return TIMEOUT_CLASS
-    if 400 <= status < 500:
-        return CLIENT_ERROR
-    if status >= 500:
-        return SERVER_ERROR
-    return None
+    return SERVER_ERROR if status >= 500 else CLIENT_ERROR
 
 
 def code_of(error_class: str, status: int | None = None, body_code: str | None = None,

@@ -152,7 +152,8 @@ class ToolClient:
         self.backoff = float(backoff)
         self.log = None if log is None else Path(log)
         self.registry = registry or default_registry()
-        self._http = httpx.Client(timeout=self.timeout, headers=dict(headers or {}), trust_env=False)
+        self._http = httpx.Client(timeout=self.timeout, headers=dict(headers or {}), trust_env=False,
+                                  follow_redirects=True)
 
     @property
     def is_service(self) -> bool:

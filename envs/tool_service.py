@@ -186,6 +186,8 @@ class ToolService:
                                    f"the service's world differs in section {section!r}: "
                                    f"{getattr(self.config, section)}")
         if client.rules not in self._configs:
+            if len(self._configs) >= 256:  # clients choose rules: keep the cache bounded
+                self._configs.clear()
             self._configs[client.rules] = self.config.replace(rules=client.rules)
         return self._configs[client.rules]
 
@@ -220,8 +222,8 @@ class ToolService:
         arguments, problem = None, None  # no body: a call without arguments, played as is
         try:
             arguments = json.loads(body) if body.strip() else None
-        except (ValueError, UnicodeDecodeError) as exc:
-            problem = f"{name}: the request body is not JSON ({exc})"
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            problem = f"{name}: the request body is not JSON ({type(exc).__name__}: {str(exc)[:200]})"
         handle = request.headers.get(EPISODE_HEADER)
         try:
             replay = _replay_calls(request.headers.get(REPLAY_HEADER), self.registry)
@@ -285,7 +287,7 @@ class ToolService:
 async def _json_object(request: Request) -> dict[str, Any]:
     try:
         data = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
         raise ServiceError(400, BAD_REQUEST, "body", "the request body must be a JSON object") from None
     if not isinstance(data, dict):
         raise ServiceError(400, BAD_REQUEST, "body", f"the request body must be a JSON object, got {type(data).__name__}")
@@ -298,7 +300,7 @@ def _replay_calls(header: str | None, registry: ToolRegistry) -> list[tuple[str,
         return []
     try:
         data = json.loads(header)
-    except ValueError:
+    except (ValueError, RecursionError):
         data = None
     if not isinstance(data, list) or not all(
             isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and item[0] in registry

@@ -34,7 +34,7 @@ from resilibench.envs.tool_client import REPLAY_HEADER, Endpoint, HttpExecutor, 
 from resilibench.envs.tool_service import ToolService, running_service
 from resilibench.errors import InputError
 
-SLOW, TIMEOUT, RETRY_AFTER = 0.6, 0.25, 0.05
+SLOW, TIMEOUT, RETRY_AFTER = 1.2, 0.5, 0.05  # a normal answer takes milliseconds: far below TIMEOUT
 TASK = load_tasks(split="test")[0]
 STRICT = WorldConfig().replace(rules={"strict_dependencies": True})
 
@@ -82,6 +82,7 @@ def test_fault_table_reads_back_every_code():
     assert hf.code_of(hf.CLIENT_ERROR, 404, "UNKNOWN_TOOL", ("TIMEOUT",)) == "FILE_NOT_FOUND"
     assert hf.code_of(hf.SERVER_ERROR, 500, "DEPENDENCY_ERROR", ("TIMEOUT",)) == "OPERATION_FAILED"
     assert hf.class_of_status(200) is None and hf.class_of_status(418) == hf.CLIENT_ERROR
+    assert hf.class_of_status(304) == hf.CLIENT_ERROR and hf.class_of_status(502) == hf.SERVER_ERROR
 
 
 @pytest.mark.parametrize(("tool", "code", "status", "error_class"), [
@@ -305,6 +306,10 @@ def test_bad_requests_are_named(client, base_url):
     body = response.json()
     assert response.status_code == 422 and body["error"]["code"] == "INVALID_INPUT"
     assert "not JSON" in body["error"]["description"] and body["turns_left"] == 9
+    deep = b"[" * 100_000 + b"]" * 100_000  # too deep for the JSON reader: still the agent's bad JSON
+    response = httpx.post(f"{base_url}/tools/network_fetcher", content=deep, headers={"X-Episode": episode})
+    assert response.status_code == 422 and response.json()["turns_left"] == 8
+    assert error(httpx.post(f"{base_url}/episodes", content=deep), 400)["field"] == "body"
     with pytest.raises(InputError, match="episode"):
         client.open_episode("nope", 0)
 
