@@ -7,14 +7,15 @@ evaluator work on it unchanged:
   ``operationId``, with its path, query and JSON body parameters as the input schema, and an ``Endpoint``
   (method, URL template, where each argument goes) that the HTTP client calls;
 * ``mcp_tools(tool_list)``: each entry of an MCP server's ``tools/list`` result (name, description,
-  inputSchema) is a ``Tool``; calls go through an MCP client session (``McpExecutor``);
+  inputSchema) is a ``Tool``; calls go through an MCP client session (``McpToolClient``);
 * ``read_task_file(path)``: a YAML task file (the paper's sequential real-world workflows are the model):
   tasks as ordered tool steps with descriptions, arguments and dependencies between the steps.
 
-``load_live_api(task_file)`` puts the three together: the task file names its API (an OpenAPI document or
-URL, or our own tool service's base URL) and the result holds the registry (the steps' dependencies
-become the tools' dependencies), the ``Task`` objects and the endpoints. Bad files raise ``InputError``
-naming the field (``tasks[2].steps[0].tool``).
+``load_live_api(task_file)`` puts them together: the task file names its API (an OpenAPI document or URL,
+our own tool service's base URL, or an MCP server) and the result, a ``LiveApi``, holds the registry (the
+steps' dependencies become the tools' dependencies), the ``Task`` objects and the endpoints; front ends
+take it as their ``api`` option (``api_client`` makes the client). Bad files raise ``InputError`` naming
+the field (``tasks[2].steps[0].tool``).
 """
 
 from __future__ import annotations
@@ -63,25 +64,26 @@ _FETCH_TIMEOUT = 30.0
 # --- JSON Schema -> tool parameters ---------------------------------------------------------------------
 
 
-def _resolve(node: Any, document: Mapping[str, Any], where: str, depth: int = 0) -> Any:
-    """``node`` with its local ``$ref`` (``#/components/...``) followed (nested ones too)."""
-    if depth > 32:
-        raise InputError(where, f"{where}: $ref chain too deep (a cycle?)")
+def _resolve(node: Any, document: Mapping[str, Any], where: str, following: tuple[str, ...] = ()) -> Any:
+    """``node`` with its local ``$ref`` (``#/components/...``) followed, nested ones too. A schema that
+    refers to itself (a tree of comments) is cut where it recurs: that part accepts any value."""
     if isinstance(node, dict) and "$ref" in node:
         ref = node["$ref"]
         if not isinstance(ref, str) or not ref.startswith("#/"):
             raise InputError(where, f"{where}: only local $ref (#/...) are supported, got {ref!r}")
+        if ref in following:
+            return {}
         target: Any = document
         for part in ref[2:].split("/"):
             part = part.replace("~1", "/").replace("~0", "~")
             if not isinstance(target, dict) or part not in target:
                 raise InputError(where, f"{where}: $ref {ref} points nowhere")
             target = target[part]
-        return _resolve(target, document, where, depth + 1)
+        return _resolve(target, document, where, (*following, ref))
     if isinstance(node, dict):
-        return {k: _resolve(v, document, where, depth + 1) for k, v in node.items()}
+        return {k: _resolve(v, document, where, following) for k, v in node.items()}
     if isinstance(node, list):
-        return [_resolve(v, document, where, depth + 1) for v in node]
+        return [_resolve(v, document, where, following) for v in node]
     return node
 
 

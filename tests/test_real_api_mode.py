@@ -77,8 +77,9 @@ def test_registry_from_the_service_openapi_is_the_30_tools(service_url):
 
 def test_openapi_parameters_go_where_the_document_says():
     document = {"openapi": "3.0.3", "info": {"version": "2"}, "servers": [{"url": "https://api.example.org/v1"}],
-                "components": {"schemas": {"Note": {"type": "object", "required": ["text"],
-                                                    "properties": {"text": {"type": "string"}}}}},
+                "components": {"schemas": {"Note": {"type": "object", "required": ["text"], "properties": {
+                    "text": {"type": "string"},
+                    "replies": {"type": "array", "items": {"$ref": "#/components/schemas/Note"}}}}}},
                 "paths": {"/items/{item_id}": {
                     "parameters": [{"name": "item_id", "in": "path", "schema": {"type": "integer"}}],
                     "get": {"operationId": "getItem", "summary": "Read an item",
@@ -100,6 +101,8 @@ def test_openapi_parameters_go_where_the_document_says():
     assert endpoints["addNote"].request_parts({"item_id": 7, "lang": "en", "text": "hi"}) == (
         "https://api.example.org/v1/items/7?lang=en", None, {"text": "hi"})
     assert endpoints["addNote"].headers == (("X-Key", "secret"),)
+    assert post.input_schema()["properties"]["replies"]["items"] == {}  # a recursive schema, cut where it recurs
+    assert post.check_arguments({"item_id": 1, "lang": "en", "text": "a", "replies": [{"text": "b"}]}) is None
     with pytest.raises(InputError, match="operations"):
         openapi_tools(document, operations=["getItem", "nothing"])
 
