@@ -188,8 +188,8 @@ def openapi_tools(document: Mapping[str, Any], base_url: str | None = None, oper
             if not isinstance(op, dict):
                 continue
             where = f"paths.{path}.{method}"
-            default_name = re.sub(r"[^A-Za-z0-9]+", "_", f"{method}{path}").strip("_")
-            name = _check_name(op.get("operationId") or default_name, f"{where}.operationId")
+            raw_name = str(op.get("operationId") or f"{method}{path}")  # agents write names with underscores
+            name = _check_name(re.sub(r"[^A-Za-z0-9_]+", "_", raw_name).strip("_"), f"{where}.operationId")
             if operations is not None and name not in operations:
                 continue
             if name in endpoints:

@@ -124,10 +124,19 @@ def resolve_tool(name: str, registry: ToolRegistry | None = None, search_hint: s
     key = re.sub(r"[\s\-]+", "_", name.strip().strip("`'\"").strip().lower())
     if key in registry:
         return registry.id_of(key)
+    folded = _folded_names(registry).get(key)  # a live API's camelCase names (getFact)
+    if folded is not None:
+        return folded
     known = list(registry.names) + [a for t in registry.tools for a in t.aliases]
     close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else f"; {search_hint}"
     raise UnknownToolError(f"unknown tool {name!r}{hint}")
+
+
+@cache
+def _folded_names(registry: ToolRegistry) -> dict[str, int]:
+    """Tool ids by name and alias written as ``resolve_tool`` reads a request: lower case, underscores."""
+    return {n.lower(): registry.id_of(n) for t in registry.tools for n in (t.name, *t.aliases)}
 
 
 def describe_tool(name: str, registry: ToolRegistry | None = None) -> dict[str, Any]:

@@ -26,10 +26,11 @@ from resilibench.envs.live_apis import (
     service_openapi_url,
 )
 from resilibench.envs.mcp_server import build_server
-from resilibench.envs.registry import default_registry
+from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.tasks import load_tasks
 from resilibench.envs.text_env import ResiliBenchTextEnv
 from resilibench.envs.tool_service import ToolService, running_service
+from resilibench.envs.toolbox import resolve_tool
 from resilibench.errors import InputError
 
 REGISTRY = default_registry()
@@ -101,6 +102,8 @@ def test_openapi_parameters_go_where_the_document_says():
     assert endpoints["addNote"].request_parts({"item_id": 7, "lang": "en", "text": "hi"}) == (
         "https://api.example.org/v1/items/7?lang=en", None, {"text": "hi"})
     assert endpoints["addNote"].headers == (("X-Key", "secret"),)
+    registry = ToolRegistry(tuple(tools))  # agents may write a camelCase name in any case
+    assert [resolve_tool(n, registry) for n in ("getItem", "getitem", "ADDNOTE")] == [0, 0, 1]
     assert post.input_schema()["properties"]["replies"]["items"] == {}  # a recursive schema, cut where it recurs
     assert post.check_arguments({"item_id": 1, "lang": "en", "text": "a", "replies": [{"text": "b"}]}) is None
     with pytest.raises(InputError, match="operations"):
