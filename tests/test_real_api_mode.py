@@ -438,3 +438,28 @@ def test_serve_mcp_with_api_over_stdio(service_url, tmp_path, capsys):
     assert len(list(read_rows(log))) == len(requested) > 0
     assert cli_main(["serve-mcp", "--api", "http://127.0.0.1:9"]) == 2  # nothing listens there
     assert "--api: no tool service answers" in capsys.readouterr().err
+
+
+def test_flawed_prompts_of_a_small_live_registry(tmp_path):
+    """Flaws of a live task's plan use the live registry's own tools: each flaw type is injected or said
+    not to apply (a three-tool API has no spare tool to drift to), never a crash."""
+    from resilibench.envs.live_apis import LiveApi, live_registry, live_tool
+    from resilibench.policies.flaws import FLAW_TYPES, FlawNotApplicable
+
+    path = tmp_path / "tasks.yaml"
+    path.write_text("tasks:\n  - id: t1\n    steps:\n      - {tool: getFact}\n      - {tool: getJoke}\n"
+                    "      - {tool: compilePost, depends_on: [getFact]}\n")
+    spec = read_task_file(path)
+    registry = live_registry([live_tool(n, n.lower(), ()) for n in ("getFact", "getJoke", "compilePost")], spec)
+    live = LiveApi("small", registry, spec.tasks, {}, spec.min_coverage, "test")
+    injected = set()
+    for flaw in FLAW_TYPES:
+        env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=registry, config=live.world(),
+                                 prompt="flawed", flaw_type=flaw, search="lexical", matcher="lexical")
+        try:
+            _, info = env.reset(seed=0)
+        except FlawNotApplicable:
+            continue
+        injected.add(flaw)
+        assert all(c["after"] is None or c["after"]["tool"] in registry for c in info["injection"]["changes"])
+    assert {"order", "missing_step"} <= injected
