@@ -404,9 +404,9 @@ def call_output(episode: Episode, result_record: CallRecord, message: str | None
 
 
 def default_arguments(task: Task, tool: Tool) -> dict[str, Any]:
-    """What a real-API call sends when the agent gave no arguments (the simulator plays such a call as it
-    is): the task's own arguments for the tool (a task file's step ``arguments``), else arguments valid
-    under the tool's schema filled from the task's inputs, else none."""
+    """What a call to a live API sends when the agent gave no arguments (the simulator, and our tool
+    service, play such a call as it is): the task's own arguments for the tool (a task file's step
+    ``arguments``), else arguments valid under the tool's schema filled from the task's inputs, else none."""
     from resilibench.policies.plan_follower import valid_arguments
     from resilibench.policies.prompts import task_hints
 
