@@ -177,8 +177,9 @@ class ResiliBenchTextEnv(gym.Env):
       the evaluator stay the world's. A URL of our tool service (``resilibench serve-tools``): each
       episode opens the service's episode of the same task and seed, so the outcomes are the
       simulator's. A ``LiveApi`` (``envs.live_apis.load_live_api``): its tools, tasks and endpoints. Or a
-      client (``ToolClient``, ``live_apis.McpToolClient``); the env closes only a client it made. ``api_options``: the settings of the client it
-      makes (``timeout``, ``max_retries``, ``retry_after_cap``, ``log``: a call-log file, one row per attempt).
+      client (``ToolClient``, ``live_apis.McpToolClient``); the env closes only a client it made.
+      ``api_options``: the settings of the client it makes (``timeout``, ``max_retries``,
+      ``retry_after_cap``, ``log``: a call-log file, one row per attempt).
 
     ``reset(options=...)`` accepts ``task_id``, ``prompt``, ``flaw_type``, ``severity``, ``plan_style``
     and ``workflow`` (a ``Workflow`` used as the plan instead of the optimal one) for one episode, or
