@@ -463,3 +463,35 @@ def test_flawed_prompts_of_a_small_live_registry(tmp_path):
         injected.add(flaw)
         assert all(c["after"] is None or c["after"]["tool"] in registry for c in info["injection"]["changes"])
     assert {"order", "missing_step"} <= injected
+
+
+def test_mcp_server_serves_a_live_api(service_url):
+    """`serve-mcp --api-tasks`: the MCP server offers the live API's tools and tasks, calls go to its
+    endpoints, and finishing grades the task file's task with its own task type."""
+    live = load_live_api("live_example", base_url=service_url)
+    task = live.tasks[6]  # service_health_task: four steps, no dependencies
+
+    async def session():
+        async with Client(build_server(search="lexical", api=live, api_options=API_OPTIONS)) as client:
+            listed = {t.name for t in (await client.list_tools()).tools}
+            start = await client.call_tool("start_task", {"task_id": task.instance_id, "seed": 0})
+            handle = start.structured_content["episode"]
+            outputs = []
+            for tool in task.required_tools:  # each step until it succeeds (the episode may end first)
+                while not outputs or not outputs[-1]["episode_end"]:
+                    outputs.append((await client.call_tool(tool, {"episode": handle})).structured_content)
+                    if outputs[-1]["success"]:
+                        break
+            status = await client.call_tool("episode_status", {"episode": handle})
+            return listed, start.structured_content, outputs, status.structured_content
+
+    listed, start, outputs, status = anyio.run(session)
+    assert set(live.registry.names) <= listed and "file_operations_writer" not in listed
+    assert start["task_type"] == task.task_type
+    assert [o["success"] for o in outputs] == [r["success"] for r in status["trace"]]
+    assert all("data" in o for o in outputs if o["success"])  # the service's answers, through the endpoints
+    # Graded with the file's own task type (the world's evaluator has no such type by default).
+    if status["done"]:
+        assert status["level"] in ("full_success", "partial_success", "failure")
+    else:
+        assert status["progress"]["required_done"] == 4 and status["level_if_finished"] == "full_success"
