@@ -32,6 +32,7 @@ from typing import Any
 from resilibench.agents.base import GenerationConfig, InfraError
 from resilibench.agents.scripted import Agent, LLMAgent, for_protocol
 from resilibench.envs.config import WorldConfig
+from resilibench.envs.registry import default_registry
 from resilibench.envs.simulator import task_seed
 from resilibench.envs.tasks import Task
 from resilibench.envs.toolbox import PROTOCOLS
@@ -134,8 +135,9 @@ def episode_row(model: str, job: EvalJob, env: Any, info: dict[str, Any], severi
         "trace": info["trace"],
         "plan": None if plan is None else plan.to_dict(),  # the workflow the prompt showed, if any
         "injection": info["injection"],
-        # Bound (iii) under the episode's own rules (strict dependencies in the text env).
-        "bound_iii": optimal_success(job.task, episode.config),
+        # Bound (iii) under the episode's own rules (strict dependencies in the text env); none for a live
+        # API's own tools (the world's failure model says nothing of them).
+        "bound_iii": optimal_success(job.task, episode.config) if episode.registry is default_registry() else None,
     }
     if infra_error is not None:
         row["infra_error"] = f"{type(infra_error).__name__}: {infra_error}"
@@ -174,6 +176,8 @@ def run_eval(
     env_kwargs: dict[str, Any] | None = None,
     protocol: str = "tags",
     retry_infra_errors: bool = False,
+    api: Any = None,
+    api_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Play ``jobs`` with an agent (or a backend, wrapped in ``LLMAgent`` with ``generation``) and return
     one row per job, in job order.
@@ -185,7 +189,9 @@ def run_eval(
     ``config``/``strict_dependencies`` are the text env's world rules (strict dependencies by default, as in
     the paper); ``env_kwargs`` go to every ``ResiliBenchTextEnv`` (e.g. ``{"search": "lexical"}``).
     ``on_result`` sees each new row. ``protocol``: "tags" or "tools" (module docstring);
-    ``retry_infra_errors`` plays again the jobs whose stored row is an infrastructure error.
+    ``retry_infra_errors`` plays again the jobs whose stored row is an infrastructure error. ``api`` and
+    ``api_options``: real-API mode, the text env's options of that name (a tool service URL or a
+    ``LiveApi``; the client's settings, e.g. ``{"log": "calls.jsonl"}``).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -209,7 +215,8 @@ def run_eval(
             run.open_results(metadata or run_metadata({}, None))
         new_rows = _play(agent, todo, run, on_result, progress, dict(
             config=config, strict_dependencies=strict_dependencies, plan_style=plan_style, severity=severity,
-            registry=registry, protocol=protocol, **(env_kwargs or {})), batch_size, severity, keep_messages)
+            registry=registry, protocol=protocol, api=api, api_options=api_options, **(env_kwargs or {})),
+            batch_size, severity, keep_messages)
     return [done[key] if key in done else new_rows[key] for key in keys]
 
 
@@ -242,6 +249,7 @@ def _play(agent: Agent, jobs: Sequence[EvalJob], run: RunDirectory | None,
     new_rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     tasks = list({job.task.instance_id: job.task for job in todo}.values())
     bar = _progress(len(todo), f"eval {model}", progress)
+    slots: list[_Slot] = []
     try:
         if todo:
             slots = [_Slot(ResiliBenchTextEnv(split=None, tasks=tasks, **env_kwargs))
@@ -279,6 +287,8 @@ def _play(agent: Agent, jobs: Sequence[EvalJob], run: RunDirectory | None,
                 running = still
     finally:
         bar.close()
+        for slot in slots:  # a real-API env holds an HTTP client
+            slot.env.close()
     return new_rows
 
 

@@ -41,9 +41,11 @@ from pydantic import ValidationError
 from resilibench import __version__
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.evaluator import evaluate
+from resilibench.envs.live_apis import LiveApi, api_client
 from resilibench.envs.registry import ToolRegistry, default_registry, schema_problem
 from resilibench.envs.simulator import FINISHED, Episode, env_episode, run_episode_seed
 from resilibench.envs.tasks import SPLITS, Task, load_tasks
+from resilibench.envs.tool_client import HttpExecutor
 from resilibench.envs.toolbox import (
     SEARCH_METHODS,
     UnknownToolError,
@@ -57,6 +59,7 @@ from resilibench.envs.toolbox import (
     search_text,
     search_tools,
 )
+from resilibench.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +87,7 @@ UNKNOWN_EPISODE = "UNKNOWN_EPISODE"
 UNKNOWN_TASK = "UNKNOWN_TASK"
 EPISODE_ENDED = "EPISODE_ENDED"
 OUT_OF_TURNS = "OUT_OF_TURNS"
+API_ERROR = "API_ERROR"  # real-API mode: the tool service refused to open the episode
 
 SEARCH_HINT = "find tools with the tool_search tool (a query saying what the tool should do)"
 
@@ -126,6 +130,7 @@ class EpisodeTable:
         self.max_episodes = max_episodes
         self._running: OrderedDict[str, Episode] = OrderedDict()
         self._finished: OrderedDict[str, Episode] = OrderedDict()
+        self._executors: dict[str, Any] = {}  # real-API mode: each episode's HttpExecutor
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -134,16 +139,24 @@ class EpisodeTable:
     def __contains__(self, handle: object) -> bool:
         return handle in self._running or handle in self._finished
 
-    def add(self, episode: Episode) -> str:
-        """Store a new episode; returns its handle."""
+    def add(self, episode: Episode, executor: Any = None) -> str:
+        """Store a new episode (with the ``HttpExecutor`` that plays its calls in real-API mode); returns its
+        handle."""
         with self._lock:
             handle = f"ep-{secrets.token_hex(8)}"
             while handle in self:  # 64 random bits: a clash is all but impossible
                 handle = f"ep-{secrets.token_hex(8)}"
             while len(self) >= self.max_episodes:
-                (self._finished or self._running).popitem(last=False)
+                evicted, _ = (self._finished or self._running).popitem(last=False)
+                self._executors.pop(evicted, None)
             (self._finished if episode.done else self._running)[handle] = episode
+            if executor is not None:
+                self._executors[handle] = executor
         return handle
+
+    def executor(self, handle: str) -> Any:
+        """The real-API executor of the episode of ``handle`` (None in simulator mode)."""
+        return self._executors.get(handle)
 
     @contextmanager
     def use(self, handle: str) -> Iterator[Episode]:
@@ -239,13 +252,18 @@ class ResiliBenchMCP:
       values; ``start_task`` sets strict dependencies and may set the turn limit); ``registry``: the tools.
     * ``max_episodes``: size of the handle table; ``search``: the tool search method ("auto",
       "semantic", "lexical"; auto = semantic when the embed extra is installed).
+    * ``api``, ``api_options``: real-API mode, as the text env's options of that name: each episode's
+      calls go over HTTP (to our tool service, whose episode mirrors it, or to a ``LiveApi``).
     """
 
     def __init__(self, tasks: Sequence[Task] | None = None, config: WorldConfig | None = None,
                  registry: ToolRegistry | None = None, max_episodes: int = DEFAULT_MAX_EPISODES,
-                 search: str = "auto"):
+                 search: str = "auto", api: Any = None, api_options: dict[str, Any] | None = None):
         if search not in SEARCH_METHODS:
             raise ValueError(f"search must be one of {SEARCH_METHODS}, got {search!r}")
+        if isinstance(api, LiveApi):  # its tools, tasks and task types unless given
+            config, registry = api.world(config), registry or api.registry
+            tasks = api.tasks if tasks is None else tasks
         self.tasks = list(tasks) if tasks is not None else load_tasks()
         if not self.tasks:
             raise ValueError("the task library is empty")
@@ -253,6 +271,8 @@ class ResiliBenchMCP:
         self.config = config or WorldConfig()
         self.registry = registry or default_registry()
         self.search = search
+        # Real-API mode: calls go over HTTP through one client shared by every episode (None: simulated).
+        self.client = None if api is None else api_client(api, self.registry, **(api_options or {}))
         self.episodes = EpisodeTable(max_episodes)
         self._configs: dict[tuple[bool, int], WorldConfig] = {}
         self._meta = self._meta_tools()
@@ -340,6 +360,8 @@ class ResiliBenchMCP:
         name, arguments = params.name, dict(params.arguments or {})
         meta = self._meta.get(name)
         if meta is None:
+            if self.client is not None:  # a real call blocks: off the event loop
+                return await anyio.to_thread.run_sync(self._simulated_call, name, arguments)
             return self._simulated_call(name, arguments)
         problem = schema_problem(name, meta.schema_json, arguments)
         if problem is not None:
@@ -411,7 +433,7 @@ class ResiliBenchMCP:
                     episode.end_out_of_turns()
                     return _error(OUT_OF_TURNS, f"all {episode.turns_used} turns are used; the call was not "
                                   f"played. {end_text(episode)}", episode=handle, level=episode.evaluation.level)
-                result = call_tool(episode, name, arguments)
+                result = call_tool(episode, name, arguments, executor=self.episodes.executor(handle))
                 data = {EPISODE_ARGUMENT: handle, **result.output}
                 if episode.evaluation is not None:
                     data["level"] = episode.evaluation.level
@@ -471,7 +493,11 @@ class ResiliBenchMCP:
         config = self._world(arguments.get("strict_dependencies", True),
                              arguments.get("turn_limit", self.config.rules.turn_limit))
         episode = start_episode(task, seed, config, self.registry)
-        handle = self.episodes.add(episode)
+        try:  # against our tool service this opens the service's episode of the same task and seed
+            executor = None if self.client is None else HttpExecutor(self.client, episode)
+        except InputError as exc:
+            return _error(API_ERROR, f"start_task: {exc.message}")
+        handle = self.episodes.add(episode, executor)
         data = {
             EPISODE_ARGUMENT: handle,
             "task_id": task.instance_id,
@@ -521,10 +547,10 @@ class ResiliBenchMCP:
 
 def build_server(tasks: Sequence[Task] | None = None, config: WorldConfig | None = None,
                  registry: ToolRegistry | None = None, max_episodes: int = DEFAULT_MAX_EPISODES,
-                 search: str = "auto") -> Server:
+                 search: str = "auto", api: Any = None, api_options: dict[str, Any] | None = None) -> Server:
     """The MCP server of the tool simulator (see ``ResiliBenchMCP`` for the arguments). Connect a client
     in memory with ``mcp.Client(build_server())``, or serve it with ``serve_stdio`` / ``serve_http``."""
-    return ResiliBenchMCP(tasks, config, registry, max_episodes, search).server
+    return ResiliBenchMCP(tasks, config, registry, max_episodes, search, api, api_options).server
 
 
 # --- transports ---------------------------------------------------------------------------------------

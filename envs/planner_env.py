@@ -183,6 +183,8 @@ class ResiliBenchEnv(gym.Env):
     * ``features``: "full" (default) or "no_dependency_hints": the observation without the next-required
       one-hot and the dependency task features (the ablation of docs/ppo.md; see
       ``resilibench.envs.observation``).
+    * ``api``, ``api_options``: real-API mode, as in ``ResiliBenchText-v0``: where the simulator would
+      draw, the tool is called over HTTP (a tool service URL, whose episode mirrors this one, or a client).
 
     ## Version History
 
@@ -206,6 +208,8 @@ class ResiliBenchEnv(gym.Env):
         render_mode: str | None = None,
         world: str = DEFAULT_WORLD,
         features: str = "full",
+        api: Any = None,
+        api_options: dict[str, Any] | None = None,
     ):
         if reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
@@ -237,6 +241,13 @@ class ResiliBenchEnv(gym.Env):
         self._training = self.config.rules.profile == "training"
         self._action_hint = f"FINISH = {self.n_tools}"
         self._trace: list[dict] = []  # ``info["trace"]``: the episode's calls as dicts, one per record
+        self.client = None  # real-API mode: calls go over HTTP through it (the text env's ``api``)
+        if api is not None:
+            from resilibench.envs.live_apis import api_client
+
+            self.client = api_client(api, self.registry, **(api_options or {}))
+        self._owns_client = self.client is not api
+        self._call: Any = None  # the episode's call, or its HttpExecutor's in real-API mode
 
     # --- Gymnasium API -------------------------------------------------------------------------------
 
@@ -247,6 +258,12 @@ class ResiliBenchEnv(gym.Env):
         # more than a microsecond).
         rate = self.rewarder.success_rate if self._training else 0.0
         self.episode = Episode.start(task, seed_of_episode, self.config, self.registry, success_rate=rate)
+        if self.client is None:
+            self._call = self.episode.call
+        else:
+            from resilibench.envs.tool_client import HttpExecutor
+
+            self._call = HttpExecutor(self.client, self.episode).call
         self._trace = []
         self._obs = self._initial_observation(task)
         return self._obs.copy(), self._info()
@@ -268,11 +285,11 @@ class ResiliBenchEnv(gym.Env):
             status_before, prefix = episode.status[action], episode.next_required
             if self._shaped:
                 progress = episode.progress
-                record = episode.call(action)
+                record = self._call(action)
                 self._update_observation(action, status_before, prefix)
                 reward += self.rewarder.step_reward(episode, record, progress, prefix)
             else:
-                episode.call(action)
+                self._call(action)
                 self._update_observation(action, status_before, prefix)
         evaluation = episode.evaluation
         if evaluation is not None:
@@ -285,6 +302,11 @@ class ResiliBenchEnv(gym.Env):
         if self.render_mode == "human":
             print(self.render_text())
         return self._obs.copy(), float(reward), evaluation is not None and not truncated, truncated, self._info()
+
+    def close(self):
+        if self.client is not None and self._owns_client:
+            self.client.close()
+        super().close()
 
     def render(self):
         if self.render_mode == "ansi":

@@ -13,11 +13,13 @@ import numpy as np
 from gymnasium import spaces
 
 from resilibench.envs.config import WorldConfig
+from resilibench.envs.live_apis import LiveApi, api_client, task_workflow
 from resilibench.envs.planner_env import choose_task, make_world_config, select_tasks
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import ShapedRewarder
 from resilibench.envs.simulator import EnvEpisodes, Episode
 from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, Task
+from resilibench.envs.tool_client import HttpExecutor
 from resilibench.envs.toolbox import (
     FUNCTION_SEARCH_HINT,
     INFO_FUNCTION,
@@ -171,6 +173,14 @@ class ResiliBenchTextEnv(gym.Env):
     * ``registry``: a ``ToolRegistry`` (default: the shared one); ``render_mode``: "ansi" or "human".
     * ``protocol``: "tags" (default, the paper's) or "tools" (native function calls); ``wording``: how
       the prompt words the tag protocol, "plain" (default: no live example tag) or "paper".
+    * ``api``: real-API mode (docs/real_apis.md). Where the simulator would draw, the tool is called over
+      HTTP (``envs.tool_client.HttpExecutor``) and the agent reads the real response body; the rules and
+      the evaluator stay the world's. A URL of our tool service (``resilibench serve-tools``): each
+      episode opens the service's episode of the same task and seed, so the outcomes are the
+      simulator's. A ``LiveApi`` (``envs.live_apis.load_live_api``): its tools, tasks and endpoints. Or a
+      client (``ToolClient``, ``live_apis.McpToolClient``); the env closes only a client it made.
+      ``api_options``: the settings of the client it makes (``timeout``, ``max_retries``,
+      ``retry_after_cap``, ``log``: a call-log file, one row per attempt).
 
     ``reset(options=...)`` accepts ``task_id``, ``prompt``, ``flaw_type``, ``severity``, ``plan_style``
     and ``workflow`` (a ``Workflow`` used as the plan instead of the optimal one) for one episode, or
@@ -204,6 +214,8 @@ class ResiliBenchTextEnv(gym.Env):
         world: str = DEFAULT_WORLD,
         protocol: str = "tags",
         wording: str = "plain",
+        api: Any = None,
+        api_options: dict[str, Any] | None = None,
     ):
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
@@ -222,8 +234,16 @@ class ResiliBenchTextEnv(gym.Env):
         if matcher not in SEARCH_METHODS:
             raise ValueError(f"matcher must be one of {SEARCH_METHODS}, got {matcher!r}")
         self.world = world
+        live = api if isinstance(api, LiveApi) else None
+        if live is not None:  # its tools, tasks and task types unless given
+            config, registry = live.world(config or WorldConfig.for_world(world)), registry or live.registry
+            tasks = live.tasks if tasks is None else tasks
         self.config = make_world_config(config, turn_limit, strict_dependencies, None, world)
         self.registry = registry or default_registry()
+        # Real-API mode: tool calls go through this client (None: the simulator draws).
+        self.client = None if api is None else api_client(api, self.registry, **(api_options or {}))
+        self._owns_client = self.client is not api
+        self.executor: HttpExecutor | None = None
         self.protocol, self.wording = protocol, wording
         self._search_hint = TAG_SEARCH_HINT if protocol == "tags" else FUNCTION_SEARCH_HINT
         # The function schemas offered to a model of the tools protocol (None with tags).
@@ -267,7 +287,9 @@ class ResiliBenchTextEnv(gym.Env):
         task, seed_of_episode = choose_task(self.tasks, self._episodes, seed, {"task_id": task_id}, self.world)
         prompt = shown or build_prompt(
             task, settings["prompt"], flaw_type=settings["flaw_type"], severity=settings["severity"],
-            seed=flaw_seed(seed_of_episode), plan_style=settings["plan_style"], workflow=settings["workflow"],
+            seed=flaw_seed(seed_of_episode), plan_style=settings["plan_style"],
+            # A live task's plan is its own steps.
+            workflow=task_workflow(task) if settings["workflow"] is None else settings["workflow"],
             config=self.config, registry=self.registry, matcher=self.matcher, protocol=self.protocol,
             wording=self.wording,
         )
@@ -275,6 +297,8 @@ class ResiliBenchTextEnv(gym.Env):
         self._injection = None if prompt.injection is None else prompt.injection.to_dict()
         self.episode = Episode.start(task, seed_of_episode, self.config, self.registry,
                                      success_rate=self._success_tracker.success_rate)
+        # Against our tool service the executor opens the service's episode of this task and seed.
+        self.executor = None if self.client is None else HttpExecutor(self.client, self.episode)
         self._parsed = None
         observation = self._fit(prompt.text)
         self.messages = [{"role": "user", "content": observation}]
@@ -324,6 +348,11 @@ class ResiliBenchTextEnv(gym.Env):
         if self.render_mode == "human":
             print(_blocks([assistant, *replies]))
         return observation, 1.0 if full else 0.0, episode.done and not truncated, truncated, self.info()
+
+    def close(self):
+        if self.client is not None and self._owns_client:
+            self.client.close()
+        super().close()
 
     def render(self):
         if self.render_mode == "ansi":
@@ -402,7 +431,8 @@ class ResiliBenchTextEnv(gym.Env):
         try:
             if call.name:
                 resolve_tool(call.name, self.registry, self._search_hint)  # unknown: said in the protocol's words
-            result = call_tool(episode, call.name, call.arguments, call.problem) if call.name else None
+            result = (call_tool(episode, call.name, call.arguments, call.problem, self.executor) if call.name
+                      else None)
         except UnknownToolError as exc:
             result, problem = None, f"Tool call not executed: {exc}"
         else:

@@ -22,7 +22,7 @@ from resilibench.envs.evaluator import signals_completion
 from resilibench.envs.processes import RATE_LIMIT_ERROR, SERVICE_UNAVAILABLE, TIMEOUT
 from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, Tool, ToolRegistry, default_registry
 from resilibench.envs.simulator import RETRY_LIMIT_ERROR, CallRecord, Episode
-from resilibench.envs.tasks import LexicalMatcher, load_embedding_model, tool_text
+from resilibench.envs.tasks import LexicalMatcher, Task, load_embedding_model, tool_text
 
 SEARCH_METHODS = ("auto", "semantic", "lexical")
 
@@ -127,10 +127,19 @@ def resolve_tool(name: str, registry: ToolRegistry | None = None, search_hint: s
     key = re.sub(r"[\s\-]+", "_", name.strip().strip("`'\"").strip().lower())
     if key in registry:
         return registry.id_of(key)
+    folded = _folded_names(registry).get(key)  # a live API's camelCase names (getFact)
+    if folded is not None:
+        return folded
     known = list(registry.names) + [a for t in registry.tools for a in t.aliases]
     close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else f"; {search_hint}"
     raise UnknownToolError(f"unknown tool {name!r}{hint}")
+
+
+@cache
+def _folded_names(registry: ToolRegistry) -> dict[str, int]:
+    """Tool ids by name and alias written as ``resolve_tool`` reads a request: lower case, underscores."""
+    return {n.lower(): registry.id_of(n) for t in registry.tools for n in (t.name, *t.aliases)}
 
 
 def describe_tool(name: str, registry: ToolRegistry | None = None) -> dict[str, Any]:
@@ -370,13 +379,18 @@ def _error_description(tool: Tool, code: str) -> str:
     return EXTRA_ERRORS.get(code, code)
 
 
-def call_output(episode: Episode, result_record: CallRecord, message: str | None = None) -> dict[str, Any]:
-    """The payload of a played call: the simulated result (shaped by the tool's ``returns``) or the
-    error, unmet dependencies, progress and turns left."""
+def call_output(episode: Episode, result_record: CallRecord, message: str | None = None,
+                real: Any = None) -> dict[str, Any]:
+    """The payload of a played call: the result (the real response body ``real`` of a real-API call as
+    ``data``, else the simulated result shaped by the tool's ``returns``) or the error, unmet dependencies,
+    progress and turns left."""
     tool = episode.registry[result_record.tool]
     if result_record.success:
-        output: dict[str, Any] = {r["name"]: _simulated_value(r, tool, episode) for r in tool.returns
-                                  if r["name"] not in ("success", "metadata")}
+        if real is not None:
+            output: dict[str, Any] = {"data": real}
+        else:
+            output = {r["name"]: _simulated_value(r, tool, episode) for r in tool.returns
+                      if r["name"] not in ("success", "metadata")}
         output = {"success": True, **output, "metadata": {
             "tool": tool.name, "category": tool.category, "operation": tool.operation,
             "version": tool.metadata["version"], "replayed": result_record.replayed}}
@@ -395,20 +409,64 @@ def call_output(episode: Episode, result_record: CallRecord, message: str | None
     return output
 
 
+def default_arguments(task: Task, tool: Tool) -> dict[str, Any]:
+    """What a call to a live API sends when the agent gave no arguments (the simulator, and our tool
+    service, play such a call as it is): the task's own arguments for the tool (a task file's step
+    ``arguments``), else arguments valid under the tool's schema filled from the task's inputs, else none."""
+    from resilibench.policies.plan_follower import valid_arguments
+    from resilibench.policies.prompts import task_hints
+
+    given = task.metadata.get("arguments", {}).get(tool.name) if isinstance(task.metadata, dict) else None
+    if isinstance(given, dict):
+        return dict(given)
+    try:
+        return valid_arguments(tool, task_hints(task))
+    except ValueError:  # a live tool whose schema the defaults do not fit: the API answers
+        return {}
+
+
 def call_tool(episode: Episode, name: str, arguments: dict | None = None,
-              problem: str | None = None) -> CallResult:
+              problem: str | None = None, executor: Any = None) -> CallResult:
     """Call a tool by name on ``episode`` (the one way a front end calls a tool).
 
     An unknown name raises ``UnknownToolError`` before anything happens (no turn is spent). Given
     ``arguments`` are checked with the tool's schema; a failed check, or a ``problem`` the caller
     already found (malformed JSON), makes the call an INVALID_INPUT failure without a draw whose
-    message names the argument. Without arguments the call is played as is."""
+    message names the argument. Without arguments the call is played as is.
+
+    ``executor``: real-API mode (the ``envs.tool_client.HttpExecutor`` of this episode). Where the
+    simulator would draw, the tool is called for real with the arguments (none given: as they are to our
+    tool service, which plays such a call as the simulator does, else ``default_arguments``); a success
+    shows the real response body, a failure what the wire said."""
     tool_id = resolve_tool(name, episode.registry)
+    tool = episode.registry.tools[tool_id]
     if problem is None and arguments is not None:
-        problem = episode.registry.tools[tool_id].check_arguments(arguments)
-    record = episode.call(tool_id, invalid_input=problem is not None)
-    message = problem if record.error_code == INVALID_INPUT and problem is not None else None
-    return CallResult(record, message, call_output(episode, record, message))
+        problem = tool.check_arguments(arguments)
+    if executor is None:
+        record, real, wire = episode.call(tool_id, invalid_input=problem is not None), None, None
+    else:
+        sent = len(executor.outcomes)
+        if arguments is None and not executor.mirror:  # our tool service plays an argument-less call as is
+            arguments = default_arguments(episode.task, tool)
+        record = executor.call(tool_id, arguments, invalid_input=problem is not None)
+        real, wire = _real_result(executor, sent, record)
+    message = wire or (problem if record.error_code == INVALID_INPUT and problem is not None else None)
+    return CallResult(record, message, call_output(episode, record, message, real))
+
+
+def _real_result(executor: Any, sent: int, record: CallRecord) -> tuple[Any, str | None]:
+    """(response body of a successful real call, else None; what the wire said of a failed one, else None).
+    A replay shows the body of the tool's earlier success; a call answered without a request, neither."""
+    if record.replayed:
+        earlier = [o.output for o in executor.outcomes if o.success and o.tool == record.tool]
+        return (earlier[-1] if earlier else None), None
+    if len(executor.outcomes) == sent:
+        return None, None
+    outcome = executor.outcomes[-1]
+    if outcome.success:
+        return (outcome.output if outcome.output is not None else {}), None
+    status = f"HTTP {outcome.status}" if outcome.status is not None else "no response"
+    return None, f"{outcome.description or outcome.error_class} ({status})"
 
 
 def progress_text(episode: Episode) -> str:

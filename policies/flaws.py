@@ -85,13 +85,13 @@ MATCHERS = ("auto", "semantic", "lexical")
 
 
 @cache
-def tool_similarity(matcher: str = "auto") -> np.ndarray:
-    """Cosine similarity of the default registry's tool texts (rounded to 4 places so ties are stable),
-    computed once per process and matcher: 'auto' (the embedding model when the embed extra is installed,
-    else lexical), 'semantic' or 'lexical'."""
+def tool_similarity(matcher: str = "auto", registry: ToolRegistry | None = None) -> np.ndarray:
+    """Cosine similarity of the tool texts of ``registry`` (default: the shared one; a live API's has its
+    own tools), rounded to 4 places so ties are stable, computed once per process, registry and matcher:
+    'auto' (the embedding model when the embed extra is installed, else lexical), 'semantic' or 'lexical'."""
     if matcher not in MATCHERS:
         raise ValueError(f"matcher must be one of {MATCHERS}, got {matcher!r}")
-    texts = [tool_text(t) for t in default_registry().tools]
+    texts = [tool_text(t) for t in (registry or default_registry()).tools]
     return np.round(make_matcher(matcher).similarity(texts, texts), 4)
 
 
@@ -99,7 +99,7 @@ def similar_tools(tool: int, exclude: Iterable[int] = (), registry: ToolRegistry
                   matcher: str = "auto") -> list[int]:
     """Other tools ranked by similarity to ``tool`` (ties by name), leaving out ``exclude``."""
     registry = registry or default_registry()
-    sims = tool_similarity(matcher)[tool]
+    sims = tool_similarity(matcher, None if registry is default_registry() else registry)[tool]
     excluded = set(exclude)
     others = [t for t in range(len(registry)) if t != tool and t not in excluded]
     return sorted(others, key=lambda t: (-sims[t], registry.names[t]))
@@ -218,8 +218,8 @@ def _eligible(workflow: Workflow, method: str, registry: ToolRegistry, matcher: 
         return [i for i in range(1, n) if "input_format" in workflow.nodes[i].arguments]
     if method == "unrelated_insertion":
         return list(range(1, n)) if _unrelated_tools(in_plan, registry, matcher) else []
-    if method in ("progressive_replacement", "description_drift"):
-        return tool_steps
+    if method in ("progressive_replacement", "description_drift"):  # a drift needs a tool outside the plan
+        return tool_steps if len(in_plan) < len(registry) else []
     raise AssertionError(method)
 
 
@@ -239,7 +239,7 @@ def _unrelated_tools(in_plan: set[int], registry: ToolRegistry, matcher: str) ->
     candidates = [t for t in range(len(registry)) if registry.tools[t].category not in used]
     if not in_plan:
         return candidates
-    sims = tool_similarity(matcher)
+    sims = tool_similarity(matcher, None if registry is default_registry() else registry)
     return sorted(candidates, key=lambda t: (max(sims[t][p] for p in in_plan), registry.names[t]))
 
 
@@ -399,13 +399,17 @@ def _drift(w: Workflow, positions: list[int], ctx: _Context, rename: bool) -> tu
     previous = None
     for i in positions:
         anchor = _tool_ids(w, registry)[i] if previous is None else previous
-        new = similar_tools(anchor, ctx.taken(w), registry, ctx.matcher)[0]
+        candidates = similar_tools(anchor, ctx.taken(w), registry, ctx.matcher)
+        if not candidates:  # a small registry (a live API's) has run out of spare tools: the drift stops here
+            break
+        new = candidates[0]
         node = w.nodes[i]
         if rename:
             after = ctx.tool_node(w, new, replaced=node)
             reason = f"drifted to {registry.names[new]} (nearest to {registry.names[anchor]})"
         else:
-            after = Node(node.tool, OPERATION_PHRASES[registry.tools[new].operation], node.params)
+            tool = registry.tools[new]  # a live API's tool has no operation phrase: its description
+            after = Node(node.tool, OPERATION_PHRASES.get(tool.operation, tool.description), node.params)
             reason = f"text drifted to the operation of {registry.names[new]} (nearest to {registry.names[anchor]})"
         w = _with_node(w, i, after)
         changes.append(_change(i, node, after, reason))

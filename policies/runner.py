@@ -96,16 +96,29 @@ def run_jobs(
     on_result: Callable[[dict[str, Any]], None] | None = None,
     clairvoyant: bool = True,
     call_log: str | Path | None = None,
+    api: Any = None,
+    api_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (planner, task, seed) jobs in one env; ``on_result`` sees each row as it is produced.
     Rows carry bound (iii) of the task and, with ``clairvoyant``, bound (ii) of the episode's stream, in a
     world without failure processes (their bounds are not computed here). ``call_log``: a file that
-    receives every episode's call-log rows (appended, one flushed line each)."""
+    receives every episode's call-log rows (appended, one flushed line each). ``api``, ``api_options``:
+    real-API mode (``ResiliBenchEnv``'s options of that name; the client writes its own log there)."""
     config = config or WorldConfig()
-    bounds = not config.processes.active
     jobs = list(jobs)
     env = ResiliBenchEnv(tasks=sorted({t.instance_id: t for _, t, _ in jobs}.values(), key=lambda t: t.instance_id),
-                         config=config, split=None)
+                         config=config, split=None, api=api, api_options=api_options)
+    try:
+        return _run_in(env, jobs, config, on_result, clairvoyant, call_log)
+    finally:
+        env.close()
+
+
+def _run_in(env: ResiliBenchEnv, jobs: list[tuple[str, Task, int]], config: WorldConfig,
+            on_result: Callable[[dict[str, Any]], None] | None, clairvoyant: bool,
+            call_log: str | Path | None) -> list[dict[str, Any]]:
+    """The rows of ``jobs`` played in ``env`` (see ``run_jobs``)."""
+    bounds = not config.processes.active
     planners: dict[str, Planner] = {}
     clairvoyant_hits: dict[tuple[str, int], bool] = {}
     rows = []

@@ -29,7 +29,8 @@ PROG = "resilibench"
 SPLIT_CHOICES = ("train", "validation", "test", "all")
 RUN_KEY = ("planner", "task_id", "seed")
 # Commands of the other areas live in their own modules; each has ``add_commands(commands, parents)``
-# where ``parents`` maps "library" (--tasks) and "world" (--config) to argparse parent parsers.
+# where ``parents`` maps "library" (--tasks), "world" (--config) and "api" (--api and its options, read by
+# ``load_api``) to argparse parent parsers.
 COMMAND_MODULES = (
     "resilibench.cli_agents",
     "resilibench.cli_breaker",
@@ -160,6 +161,57 @@ def load_library(path: str | None, world: str = "v1"):
     source = {"path": f"default ({world})" if path is None else str(file), "world": world, "sha256": digest,
               "count": len(tasks)}
     return tasks, source
+
+
+@dataclass(frozen=True)
+class ApiChoice:
+    """What ``--api`` / ``--api-tasks`` / ``--call-log`` / ``--api-timeout`` chose: the front end's ``api``
+    (a tool service URL or a ``LiveApi``), the client's settings, and the run identity's ``api`` entry."""
+
+    api: Any
+    options: dict[str, Any]
+    identity: dict[str, Any]
+
+    @property
+    def live(self) -> Any:
+        """The ``LiveApi`` of ``--api-tasks``, or None."""
+        return None if isinstance(self.api, str) else self.api
+
+
+def load_api(args: argparse.Namespace, simulator_log: bool = False) -> ApiChoice | None:
+    """The real-API mode of a command (None: the simulator). ``--api URL`` alone: our tool service, whose
+    episodes mirror the world's; with ``--api-tasks FILE``: the live API that file names (its tools from
+    the OpenAPI document at URL/openapi.json unless the file names one). CliError naming the option."""
+    if args.api is None and args.api_tasks is None:
+        for option, value in (("--call-log", args.call_log), ("--api-timeout", args.api_timeout)):
+            if value is not None and not (option == "--call-log" and simulator_log):
+                raise CliError(f"{option}: for real-API mode only (give --api URL)")
+        return None
+    if args.api is not None and not args.api.startswith(("http://", "https://")):
+        raise CliError(f"--api: expected the http:// or https:// base URL of a tool service, got {args.api!r}")
+    log = output_file(args.call_log, "--call-log")
+    options: dict[str, Any] = {"timeout": args.api_timeout or 10.0, "log": log}
+    url: str | None = args.api
+    identity: dict[str, Any] = {"url": url}
+    if args.api_tasks is None and url is not None:
+        import urllib.request
+
+        try:  # reachable now, rather than a traceback at the first episode
+            urllib.request.urlopen(url.rstrip("/") + "/health", timeout=options["timeout"]).close()
+        except OSError as exc:
+            raise CliError(f"--api: no tool service answers at {args.api} ({exc}); start one with "
+                           f"`{PROG} serve-tools`") from None
+        return ApiChoice(url, options, identity)
+    from resilibench.envs.live_apis import load_live_api, task_file_path
+
+    task_file = str(args.api_tasks)
+    try:
+        live = load_live_api(task_file, base_url=url)
+    except InputError as exc:
+        raise CliError(f"--api-tasks {task_file}: {exc}") from None
+    identity.update({"tasks": live.name, "source": live.source,
+                     "tasks_sha256": hashlib.sha256(task_file_path(task_file).read_bytes()).hexdigest()})
+    return ApiChoice(live, options, identity)
 
 
 def select_tasks(tasks, split: str | None, task_types: Sequence[str] | None,
@@ -412,6 +464,7 @@ class _RunPlan:
     jobs: list[tuple[str, Any, int]]
     run: RunDirectory  # identity: what must match for results to be mixed (world config, task library)
     run_config: dict[str, Any]  # written into the metadata
+    api: ApiChoice | None = None  # real-API mode (`run --api`)
 
 
 def run_directory(path: str, identity: dict[str, Any]) -> RunDirectory:
@@ -425,25 +478,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     from resilibench.policies.runner import episode_jobs
 
     config = load_world_config(args.config, need_bounds=True, world=args.world)
+    if args.api_tasks is not None:
+        raise CliError("--api-tasks: not for run (the planners play the world's own tools); use --api URL")
+    api = load_api(args, simulator_log=True)
     tasks, source = load_library(args.tasks, args.world)
     planners, seeds = dedupe(args.planners), dedupe(args.seeds)
     task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
     selected = select_tasks(tasks, args.split, task_types, limit=args.limit)
     check_bound_turn_limit(config, selected)
     jobs = episode_jobs(planners, selected, seeds)
-    plan = _RunPlan(
-        config=config, planners=planners, seeds=seeds, task_types=task_types, tasks=selected, jobs=jobs,
-        run=run_directory(args.output_dir, {"world": config.to_dict(), "tasks_sha256": source["sha256"]}),
-        run_config={"world": config.to_dict(), "tasks": source, "planners": planners, "split": args.split,
-                    "task_types": task_types, "limit": args.limit, "task_count": len(selected),
-                    "episodes": len(jobs)},
-    )
-    if args.call_log is not None and (Path(args.call_log).is_dir() or not Path(args.call_log).parent.is_dir()):
-        raise CliError(f"--call-log: {args.call_log} must be a file in an existing directory")
-    return _execute_run(plan, resume=args.resume, split=args.split, call_log=args.call_log)
+    identity: dict[str, Any] = {"world": config.to_dict(), "tasks_sha256": source["sha256"]}
+    run_config = {"world": config.to_dict(), "tasks": source, "planners": planners, "split": args.split,
+                  "task_types": task_types, "limit": args.limit, "task_count": len(selected), "episodes": len(jobs)}
+    # The API target (None: the simulator; a run config recorded without one reads as None) is part of
+    # the run: resuming against another target is refused.
+    identity["api"] = run_config["api"] = None if api is None else api.identity
+    plan = _RunPlan(config=config, planners=planners, seeds=seeds, task_types=task_types, tasks=selected, jobs=jobs,
+                    run=run_directory(args.output_dir, identity), run_config=run_config, api=api)
+    # Without --api the runner writes the simulator's call log; with it, the HTTP client writes its own.
+    simulator_log = output_file(args.call_log, "--call-log") if api is None else None
+    return _execute_run(plan, resume=args.resume, split=args.split, call_log=simulator_log)
 
 
-def _execute_run(plan: _RunPlan, resume: bool, split: str, call_log: str | None = None) -> int:
+def _execute_run(plan: _RunPlan, resume: bool, split: str, call_log: Path | None = None) -> int:
     """Run the missing episodes of ``plan`` into its directory, then write the summary and the plot;
     ``call_log``: a file that receives one call-log row per call of every episode played (appended)."""
     from resilibench.policies.runner import run_jobs
@@ -460,7 +517,8 @@ def _execute_run(plan: _RunPlan, resume: bool, split: str, call_log: str | None 
         if todo:
             run.open_results(run_metadata(plan.run_config, plan.seeds))
             with progress_bar(len(todo), "episodes") as bar:
-                run_jobs(todo, plan.config, on_result=lambda row: (run.write(row), bar.update(1)), call_log=call_log)
+                run_jobs(todo, plan.config, on_result=lambda row: (run.write(row), bar.update(1)), call_log=call_log,
+                         api=plan.api and plan.api.api, api_options=plan.api and plan.api.options)
         wanted = {(p, t.instance_id, s) for p, t, s in plan.jobs}
         rows = [row for row in run.rows() if run.key_of(row) in wanted]
         levels = summarize_levels(rows, "planner", "task_type", groups=plan.planners, subgroups=plan.task_types)
@@ -520,6 +578,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "v0 reproduces earlier figures)")
     world = Parser(add_help=False)
     world.add_argument("--config", metavar="FILE", help="WorldConfig as YAML or JSON (default: paper values)")
+    api = Parser(add_help=False)
+    api.add_argument("--api", metavar="URL", help="real-API mode: tool calls go over HTTP to the tool service at URL "
+                     "(`resilibench serve-tools`; its episodes mirror the world's), or to the live API of --api-tasks")
+    api.add_argument("--api-tasks", metavar="FILE", help="a live API's task file (YAML; docs/real_apis.md), or "
+                     "live_example (the shipped set): its tasks over the API's tools (from URL/openapi.json unless "
+                     "the file names its OpenAPI document or MCP server)")
+    api.add_argument("--call-log", metavar="FILE", help="append one JSON line per HTTP attempt to FILE (`run` without "
+                     "--api: per simulated call); the call log that `calibrate-failures` reads")
+    api.add_argument("--api-timeout", type=positive_float, metavar="SECONDS",
+                     help="seconds an HTTP call may take before it fails with TIMEOUT (default 10)")
 
     show = task_commands.add_parser("show", parents=[library, world],
                                     help="a task, its reference workflow and its bound (iii)")
@@ -551,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     bounds.add_argument("--output", metavar="FILE", help="also write the JSON results (with metadata) to FILE")
     bounds.set_defaults(func=cmd_bounds)
 
-    run = commands.add_parser("run", parents=[library, world], help="the quick planner benchmark")
+    run = commands.add_parser("run", parents=[library, world, api], help="the quick planner benchmark")
     run.add_argument("--planners", nargs="+", choices=PLANNER_NAMES, default=list(PLANNER_NAMES), metavar="NAME",
                      help=f"default all: {' '.join(PLANNER_NAMES)}")
     run.add_argument("--split", choices=SPLIT_CHOICES, default="test")
@@ -562,12 +630,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output-dir", default="runs/quick", metavar="DIR", help="default runs/quick")
     run.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                      help="skip episodes already in DIR/results.jsonl (default); --no-resume starts afresh")
-    run.add_argument("--call-log", metavar="PATH", help="also append one JSON line per tool call of every episode "
-                     "played to PATH (the call-log format that calibrate-failures reads)")
     run.set_defaults(func=cmd_run)
 
     for module in COMMAND_MODULES:
-        importlib.import_module(module).add_commands(commands, {"library": library, "world": world})
+        importlib.import_module(module).add_commands(commands, {"library": library, "world": world, "api": api})
     return parser
 
 

@@ -19,6 +19,7 @@ from resilibench.cli import (
     CliError,
     check_bound_turn_limit,
     dedupe,
+    load_api,
     load_library,
     load_world_config,
     nonnegative_int,
@@ -78,12 +79,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_agent(args.agent)
     # The text env's world: the config's rules with strict dependencies (the text protocol's rule).
     config = make_world_config(load_world_config(args.config, need_bounds=True, world=args.world), None, True, None)
-    tasks, source = load_library(args.tasks, args.world)
+    api = load_api(args)
+    if api is not None and api.live is not None:  # a live API's own tasks, graded with its task types
+        if args.tasks is not None:
+            raise CliError("--tasks: not with --api-tasks (the task file holds the tasks)")
+        tasks, source = list(api.live.tasks), {"path": args.api_tasks, "sha256": api.identity["tasks_sha256"],
+                                                "count": len(api.live.tasks)}
+        config = api.live.world(config)
+        task_types = dedupe(args.task_type) if args.task_type else sorted({t.task_type for t in tasks})
+    else:
+        tasks, source = load_library(args.tasks, args.world)
+        task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
     prompts, seeds = dedupe(args.prompts or PROMPT_VARIANTS), dedupe(args.seeds)
     flaw_types = dedupe(args.flaw_types or FLAW_TYPES) if "flawed" in prompts else []
-    task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
     selected = select_tasks(tasks, args.split, task_types, args.task_id, limit=args.limit)
-    check_bound_turn_limit(config, selected)
+    if api is None or api.live is None:
+        check_bound_turn_limit(config, selected)
     try:
         jobs = eval_jobs(selected, prompts, seeds, flaw_types, config=config)
     except ValueError as exc:
@@ -98,6 +109,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                   "prompts": prompts, "flaw_types": flaw_types, "split": args.split, "task_types": task_types,
                   "task_ids": args.task_id, "limit": args.limit, "task_count": len(selected), "episodes": len(jobs)}
     identity = to_jsonable({"world": config.to_dict(), "tasks_sha256": source["sha256"], "eval": settings})
+    # The API target (None: the simulator; a run config recorded without one reads as None) is part of
+    # the run: resuming against another target is refused.
+    identity["api"] = run_config["api"] = None if api is None else api.identity
 
     run = eval_directory(args.output_dir, identity)
     plot_path = run.path / "summary.png"
@@ -111,7 +125,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             run_eval(agent, jobs, config=config, severity=args.severity, batch_size=args.batch_size,
                      output_dir=run, keep_messages=args.keep_messages, metadata=run_metadata(run_config, seeds),
                      protocol=args.protocol, retry_infra_errors=args.retry_infra_errors,
-                     env_kwargs={"wording": args.wording})
+                     env_kwargs={"wording": args.wording}, api=api and api.api, api_options=api and api.options)
         except BackendError as exc:
             raise CliError(f"--agent {args.agent}: {exc}; finished episodes are saved in {run.results_path}: "
                            "rerun the same command to resume") from None
@@ -137,7 +151,7 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
 
     # Prompt variants and flaw types are checked when the command runs (``eval_jobs``), so building the
     # parser imports nothing from the prompt modules.
-    ev = commands.add_parser("eval", parents=[parents["library"], parents["world"]],
+    ev = commands.add_parser("eval", parents=[parents["library"], parents["world"], parents["api"]],
                              help="evaluate an LLM agent (or a scripted reference) in the text env")
     ev.add_argument("--agent", required=True, metavar="SPEC", help=f"one of {AGENT_SPECS}")
     ev.add_argument("--prompts", nargs="+", metavar="P",

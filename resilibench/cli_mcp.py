@@ -7,7 +7,7 @@ import math
 import sys
 from typing import Any
 
-from resilibench.cli import CliError, load_library, load_world_config, positive_float, positive_int
+from resilibench.cli import CliError, load_api, load_library, load_world_config, positive_float, positive_int
 
 
 def _port(text: str) -> int:
@@ -50,9 +50,13 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
     if args.transport == "http" and not is_loopback(host) and not args.allow_remote:
         raise CliError(f"--host {host} is not a loopback address; the server has no authentication, so "
                        "serving beyond this machine needs --allow-remote")
-    tasks, _ = load_library(args.tasks, args.world)
+    api = load_api(args)
+    if api is not None and api.live is not None and args.tasks is not None:
+        raise CliError("--tasks: not with --api-tasks (the task file holds the tasks)")
+    tasks = None if api is not None and api.live is not None else load_library(args.tasks, args.world)[0]
     server = build_server(tasks, load_world_config(args.config, world=args.world), max_episodes=args.max_episodes or
-                          DEFAULT_MAX_EPISODES, search=args.search)
+                          DEFAULT_MAX_EPISODES, search=args.search, api=api and api.api,
+                          api_options=api and api.options)
     if args.transport == "stdio":
         anyio.run(serve_stdio, server)
         return 0
@@ -77,7 +81,7 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
 def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
     """Add ``serve-mcp`` to the ``resilibench`` parser."""
     serve = commands.add_parser(
-        "serve-mcp", parents=[parents["library"], parents["world"]],
+        "serve-mcp", parents=[parents["library"], parents["world"], parents["api"]],
         help="serve the 30 simulated tools over MCP (stdio or streamable HTTP)",
         description="Serve the tool simulator over MCP. Open an episode with the start_task tool and pass its "
         "handle as 'episode' to every tool call; see docs/mcp.md.")
