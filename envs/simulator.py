@@ -370,14 +370,15 @@ class Episode:
         self._use_turn()
 
     def call(self, tool: int | str, invalid_input: bool = False,
-             outcome: Callable[[int], tuple[bool, str | None]] | None = None) -> CallRecord:
+             outcome: Callable[[int], tuple] | None = None) -> CallRecord:
         """Call a tool: costs one turn; draws from the stream unless answered without a draw.
 
         ``invalid_input=True`` says the front end found the call's arguments invalid (its schema check):
         the call then fails with INVALID_INPUT without a draw and counts like any failed call.
         ``outcome``: the real-API mode. Where the simulator would draw, ``outcome(tool_id)`` is called
-        instead (it performs the real call) and its (success, error code) is recorded; the record's
-        probability is then None. Every rule that answers without a draw (replay, call cap, invalid
+        instead (it performs the real call) and its (success, error code[, duration s[, rate-limit wait
+        in turns]]) is recorded; the record's probability is then None. With failure processes on, the
+        duration counts against the time budget as a simulated call's does. Every rule that answers without a draw (replay, call cap, invalid
         input, strict dependencies) still answers without calling it."""
         if self.end_reason is not None:
             self._require_running()
@@ -412,9 +413,12 @@ class Episode:
             return self._record_failure(tool_id, record, dependency_problem=True)
         if outcome is not None:
             calls[tool_id] += 1
-            success, code = outcome(tool_id)
+            success, code, *timing = outcome(tool_id)
+            duration, retry_after = (timing + [None, None])[:2] if self._processes is not None else (None, None)
+            if duration is not None:
+                self._spend_time(turn, duration)
             record = CallRecord(name, success, None if success else code, turn, None, unmet_names, False,
-                                self._no_time)
+                                self._no_time if duration is None else duration, retry_after)
             if success:
                 self.trace.append(record)
                 self._record_success(tool_id)
@@ -466,6 +470,14 @@ class Episode:
         if self.turns_used == self._turn_limit:
             self.action_mask[:-1] = 0
 
+    def _spend_time(self, turn: int, duration: float) -> None:
+        """Add a call's duration to the time used; a spent budget allows no further call."""
+        self.time_used += duration
+        budget = self.config.processes.time_budget_seconds
+        if budget is not None and self.time_used >= budget and turn < self._turn_limit:
+            self._calls_end = turn
+            self.action_mask[:-1] = 0
+
     def _call_with_processes(self, tool: int, turn: int, unmet_names: tuple[str, ...]) -> CallRecord:
         """A call that reaches the draw point in a world with failure processes: the branch of
         ``call_outcomes`` that this turn's draws select (``sample_outcome``), then its record."""
@@ -487,11 +499,7 @@ class Episode:
         self.calls[tool] += 1
         self._down[tool] = outcome.state.down
         self._blocked_until[tool] = turn + outcome.state.blocked
-        self.time_used += outcome.duration
-        budget = processes.time_budget_seconds
-        if budget is not None and self.time_used >= budget and turn < self._turn_limit:
-            self._calls_end = turn
-            self.action_mask[:-1] = 0
+        self._spend_time(turn, outcome.duration)
         record = CallRecord(self._names[tool], outcome.success, outcome.error_code, turn,
                             p if outcome.drew else None, unmet_names, False, outcome.duration, outcome.retry_after)
         if outcome.success:

@@ -36,6 +36,10 @@ EPISODE_HEADER = "X-Episode"
 # The calls of a mirrored episode that the client answered without a request (replays, call caps,
 # invalid input, strict dependencies), sent with the next request so the service's episode plays them too.
 REPLAY_HEADER = "X-Episode-Replay"
+# Sent by the tool service under failure processes: the call's duration in the world (seconds) and, for a
+# rate-limit refusal, the turns of the wait, so a mirrored episode keeps the same clock and waits.
+DURATION_HEADER = "X-Call-Duration"
+WAIT_TURNS_HEADER = "X-Retry-After-Turns"
 _PLACEHOLDER = re.compile(r"{([A-Za-z_][A-Za-z0-9_]*)}")
 
 
@@ -103,6 +107,19 @@ class HttpOutcome:
     body: str = ""
     description: str | None = None
     attempt: int = 1
+    world_duration: float | None = None  # the tool service's X-Call-Duration (failure processes on)
+    wait_turns: int | None = None  # the tool service's X-Retry-After-Turns
+
+
+def _world_timing(headers: Mapping[str, str]) -> dict[str, Any]:
+    """``world_duration`` and ``wait_turns`` from the tool service's headers (absent: None)."""
+    try:
+        duration = headers.get(DURATION_HEADER)
+        wait = headers.get(WAIT_TURNS_HEADER)
+        return {"world_duration": None if duration is None else float(duration),
+                "wait_turns": None if wait is None else int(wait)}
+    except ValueError:  # not our service's headers
+        return {"world_duration": None, "wait_turns": None}
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -185,6 +202,15 @@ class ToolClient:
             raise InputError("episode", f"the tool service refused the episode ({response.status_code}): {detail}")
         return data["episode"]
 
+    def episode_state(self, episode: str) -> dict[str, Any]:
+        """The tool service's view of an episode (``GET /episodes/{id}``): turns_used, time_used, end_reason,
+        level."""
+        response = self._http.get(f"{self.base_url}/episodes/{episode}")
+        data = _json_or_none(response)
+        if response.status_code != 200 or not isinstance(data, dict):
+            raise InputError("episode", f"the tool service has no episode {episode!r} ({response.status_code})")
+        return data
+
     def request(self, tool: str, arguments: Mapping[str, Any] | None = None, *, episode: str | None = None,
                 headers: Mapping[str, str] | None = None, attempt: int = 1) -> HttpOutcome:
         """One HTTP attempt at ``tool`` (``episode``: the tool service's episode id, sent as X-Episode)."""
@@ -203,21 +229,23 @@ class ToolClient:
         except httpx.TransportError as exc:  # refused, reset, or closed without a response
             return self._failure(tool, hf.CONNECTION, start, attempt, f"connection failed: {exc!r}")
         latency = time.perf_counter() - start
+        timing = _world_timing(response.headers)
         status, text = response.status_code, response.text
         data = _json_or_none(response)
         error_class = hf.class_of_status(status)
         if error_class is None:
             if data is None and _says_json(response):
                 return HttpOutcome(tool, False, hf.code_of(hf.MALFORMED_BODY), status, latency, hf.MALFORMED_BODY,
-                                   body=text, description="the response body is not valid JSON", attempt=attempt)
+                                   body=text, description="the response body is not valid JSON", attempt=attempt,
+                                   **timing)
             return HttpOutcome(tool, True, None, status, latency, output=data if data is not None else text,
-                               body=text, attempt=attempt)
+                               body=text, attempt=attempt, **timing)
         error = data.get("error") if isinstance(data, dict) else None
         body_code = error.get("code") if isinstance(error, dict) else None
         description = error.get("description") if isinstance(error, dict) else None
         retry_after = retry_after_seconds(response.headers.get("retry-after")) if status == 429 else None
         return HttpOutcome(tool, False, hf.code_of(error_class, status, body_code, codes), status, latency,
-                           error_class, retry_after, data, text, description or f"HTTP {status}", attempt)
+                           error_class, retry_after, data, text, description or f"HTTP {status}", attempt, **timing)
 
     def retry_delay(self, outcome: HttpOutcome) -> float | None:
         """Seconds to wait before another attempt after ``outcome``, or None: no retry (success, a
@@ -335,8 +363,10 @@ class HttpExecutor:
             time.sleep(delay)
             attempt += 1
 
-    def __call__(self, tool_id: int) -> tuple[bool, str | None]:
-        """The real call in place of the draw (``Episode.call``'s ``outcome``)."""
+    def __call__(self, tool_id: int) -> tuple[bool, str | None, float, int | None]:
+        """The real call in place of the draw (``Episode.call``'s ``outcome``): (success, error code,
+        duration, rate-limit wait in turns). The duration is the world's (our service's X-Call-Duration)
+        or, without it, the seconds the call really took; the episode counts it only under a time budget."""
         episode = self.episode
         name = episode.registry.names[tool_id]
         headers = {}
@@ -351,7 +381,7 @@ class HttpExecutor:
             error = {"code": INVALID_INPUT, "description": f"{name}: {exc}"}
             self.last_outcome = HttpOutcome(name, False, INVALID_INPUT, None, 0.0, description=error["description"],
                                             output={"success": False, "error": error})
-            return False, INVALID_INPUT  # the record is not sent: a mirror replays it with the next request
+            return False, INVALID_INPUT, 0.0, None  # not sent: a mirror replays it with the next request
         finally:
             self._attempt = 1  # a later call made straight through Episode.call is a first attempt
         self._sent = len(episode.trace) + 1  # this call's record is appended when we return
@@ -363,4 +393,10 @@ class HttpExecutor:
                 "http", episode.task.instance_id, str(self.log_episode), episode.turns_used, name, n_uncalled,
                 n_failed, n_history, outcome.success, outcome.error_code, outcome.status,
                 round(outcome.latency_s, 6), outcome.error_class, outcome.retry_after, outcome.attempt)])
-        return outcome.success, outcome.error_code
+        duration = outcome.world_duration
+        if duration is None and self.mirror and episode.config.processes.active:
+            # A timeout or a dropped connection carries no header: the service's episode has the clock.
+            duration = self.client.episode_state(str(self.service_episode))["time_used"] - episode.time_used
+        elif duration is None:
+            duration = outcome.latency_s
+        return outcome.success, outcome.error_code, duration, outcome.wait_turns

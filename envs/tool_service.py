@@ -56,7 +56,7 @@ from resilibench.envs.mcp_server import (
 from resilibench.envs.registry import INVALID_INPUT, ToolRegistry, default_registry
 from resilibench.envs.simulator import EnvEpisodes, Episode, task_seed
 from resilibench.envs.tasks import Task, load_tasks
-from resilibench.envs.tool_client import EPISODE_HEADER, REPLAY_HEADER
+from resilibench.envs.tool_client import DURATION_HEADER, EPISODE_HEADER, REPLAY_HEADER, WAIT_TURNS_HEADER
 from resilibench.envs.toolbox import UnknownToolError, call_tool, resolve_tool
 from resilibench.errors import InputError
 
@@ -115,24 +115,28 @@ class DroppingH11Protocol(H11Protocol):
 class ToolService:
     """The tool service of one world: ``tasks`` (default: the shipped library), ``config`` (the world),
     ``registry``; the default episode plays ``task_id`` (default: the first test task) from run seed
-    ``seed``; a TIMEOUT answers after ``slow_seconds``, a 429 says ``Retry-After: retry_after`` seconds.
+    ``seed``; a TIMEOUT answers after ``slow_seconds``, a 429 says ``Retry-After: retry_after`` seconds
+    (per turn of the wait, under the rate-limit process). Under the latency process a call answers after
+    its drawn duration times ``time_scale`` (0: at once; the episode's time budget counts the drawn
+    duration either way).
     ``host`` (when given and a loopback address) accepts only Host headers that name this machine, as a
     guard against DNS rebinding (``serve-tools`` gives it)."""
 
     def __init__(self, tasks: Sequence[Task] | None = None, config: WorldConfig | None = None,
                  registry: ToolRegistry | None = None, task_id: str | None = None, seed: int = 0,
                  slow_seconds: float = DEFAULT_SLOW_SECONDS, retry_after: float = DEFAULT_RETRY_AFTER,
-                 max_episodes: int = DEFAULT_MAX_EPISODES, host: str | None = None):
+                 max_episodes: int = DEFAULT_MAX_EPISODES, host: str | None = None, time_scale: float = 1.0):
         self.tasks = list(tasks) if tasks is not None else load_tasks()
         if not self.tasks:
             raise InputError("tasks", "the task library is empty")
         self.tasks_by_id = {t.instance_id: t for t in self.tasks}
         self.config = config or WorldConfig()
         self.registry = registry or default_registry()
-        for name, value in (("slow_seconds", slow_seconds), ("retry_after", retry_after)):
+        for name, value in (("slow_seconds", slow_seconds), ("retry_after", retry_after), ("time_scale", time_scale)):
             if not 0 <= value < float("inf"):
-                raise InputError(name, f"must be a finite number of seconds >= 0, got {value!r}")
-        self.slow_seconds, self.retry_after = float(slow_seconds), float(retry_after)
+                unit = "" if name == "time_scale" else " of seconds"
+                raise InputError(name, f"must be a finite number{unit} >= 0, got {value!r}")
+        self.slow_seconds, self.retry_after, self.time_scale = float(slow_seconds), float(retry_after), float(time_scale)
         if task_id is None:
             task_id = next((t for t in self.tasks if t.split == "test"), self.tasks[0]).instance_id
         if task_id not in self.tasks_by_id:
@@ -150,6 +154,7 @@ class ToolService:
         self.app = Starlette(routes=[
             Route("/tools/{name}", self._tool, methods=["POST"]),
             Route("/episodes", self._open_episode, methods=["POST"]),
+            Route("/episodes/{handle}", self._episode_state, methods=["GET"]),
             Route("/openapi.json", self._openapi, methods=["GET"]),
             Route("/health", self._health, methods=["GET"]),
         ], middleware=middleware)
@@ -190,6 +195,17 @@ class ToolService:
                 self._configs.clear()
             self._configs[client.rules] = self.config.replace(rules=client.rules)
         return self._configs[client.rules]
+
+    async def _episode_state(self, request: Request) -> Response:
+        """An episode's clock and state: turns used, time used, end reason and level (once ended)."""
+        handle = request.path_params["handle"]
+        try:
+            with self.episodes.use(handle) as episode:
+                return JSONResponse({"episode": handle, "turns_used": episode.turns_used,
+                                     "time_used": episode.time_used, "end_reason": episode.end_reason,
+                                     "level": episode.evaluation and episode.evaluation.level})
+        except UnknownEpisodeError:
+            return ServiceError(404, UNKNOWN_EPISODE, "handle", f"unknown episode {handle!r}").response()
 
     async def _open_episode(self, request: Request) -> Response:
         try:
@@ -247,9 +263,17 @@ class ToolService:
         except ServiceError as exc:
             return exc.response()
         headers = {EPISODE_HEADER: handle}
-        if result.record.success:
+        record = result.record
+        if record.duration is not None:  # failure processes on: the mirrored episode keeps this clock
+            headers[DURATION_HEADER] = repr(record.duration)
+            if record.retry_after is not None:
+                headers[WAIT_TURNS_HEADER] = str(record.retry_after)
+        fault = None if record.success else hf.fault_of(str(record.error_code))
+        if record.duration and self.time_scale and (fault is None or fault.kind != hf.SLOW):
+            await asyncio.sleep(record.duration * self.time_scale)  # the latency process, for real
+        if fault is None:
             return JSONResponse(output, 200, headers)
-        return await self._fault(hf.fault_of(str(result.record.error_code)), output, headers)
+        return await self._fault(fault, output, headers, record.retry_after)
 
     @staticmethod
     def _check_playable(episode: Episode, handle: str) -> None:
@@ -261,8 +285,11 @@ class ToolService:
             raise ServiceError(409, OUT_OF_TURNS, EPISODE_HEADER, f"episode {handle} has used all "
                                f"{episode.turns_used} turns; the call was not played", level=evaluation.level)
 
-    async def _fault(self, fault: hf.Fault, output: dict[str, Any], headers: dict[str, str]) -> Response:
-        """The response (or its absence) that shows a failed call's fault."""
+    async def _fault(self, fault: hf.Fault, output: dict[str, Any], headers: dict[str, str],
+                     wait_turns: int | None = None) -> Response:
+        """The response (or its absence) that shows a failed call's fault. A refusal of the rate-limit
+        process (``wait_turns`` further turns refused) says ``Retry-After: (wait_turns + 1) * retry_after``
+        seconds: ``retry_after`` per turn until the tool answers again."""
         if fault.kind == hf.DROP:
             return _Dropped()
         if fault.kind == hf.MALFORMED:
@@ -271,7 +298,7 @@ class ToolService:
         if fault.kind == hf.SLOW:
             await asyncio.sleep(self.slow_seconds)
         if fault.status == 429:
-            headers["Retry-After"] = f"{self.retry_after:g}"
+            headers["Retry-After"] = f"{self.retry_after * (1 + (wait_turns or 0)):g}"
         return JSONResponse(output, fault.status or 500, headers)
 
     # --- documents ------------------------------------------------------------------------------------

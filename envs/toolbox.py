@@ -486,6 +486,8 @@ def process_text(record: CallRecord, episode: Episode) -> str | None:
     """What a failure process did to a call, in words (None when none did): a rate-limit refusal and its
     wait, an outage, a timeout and the time it cost."""
     if record.error_code == RATE_LIMIT_ERROR and record.retry_after is not None:
+        if record.retry_after == 0:
+            return "Rate limited; it answers again from the next turn."
         turns = "turn" if record.retry_after == 1 else "turns"
         return f"Rate limited; retry after {record.retry_after} {turns}."
     if record.error_code == SERVICE_UNAVAILABLE and record.probability is None and record.duration is not None:

@@ -22,7 +22,7 @@ def cmd_serve_tools(args: argparse.Namespace) -> int:
         raise CliError(f"--task: no task {args.task!r} in the library (see `resilibench tasks list` for ids)")
     service = ToolService(tasks, load_world_config(args.config, world=args.world), task_id=args.task,
                           seed=args.seed, slow_seconds=args.slow_seconds, retry_after=args.retry_after,
-                          host=args.host)
+                          host=args.host, time_scale=args.time_scale)
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
@@ -54,5 +54,8 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
     serve.add_argument("--slow-seconds", type=nonnegative_float, default=2.0, metavar="SECONDS",
                        help="how late a TIMEOUT is answered (default 2; give clients a shorter timeout)")
     serve.add_argument("--retry-after", type=nonnegative_float, default=1.0, metavar="SECONDS",
-                       help="the Retry-After of a 429 (default 1)")
+                       help="the Retry-After of a 429, per turn of a rate-limit process's wait (default 1)")
+    serve.add_argument("--time-scale", type=nonnegative_float, default=1.0, metavar="X",
+                       help="under the world's latency process, answer after the drawn duration times X "
+                       "(default 1; 0 answers at once)")
     serve.set_defaults(func=cmd_serve_tools)

@@ -503,3 +503,44 @@ def test_a_loopback_service_refuses_foreign_host_headers():
         assert httpx.get(f"{url}/health").status_code == 200
         assert httpx.get(f"{url}/health", headers={"Host": f"localhost:{urlsplit(url).port}"}).status_code == 200
         assert httpx.get(f"{url}/health", headers={"Host": "attacker.example"}).status_code == 400
+
+
+PROCESSES = WorldConfig().replace(processes={
+    "outage_start": 0.2, "outage_end": 0.4, "rate_limit_probability": 0.2, "rate_limit_wait": 2,
+    "latency_seconds": [0.01, 0.02, 0.5], "latency_weights": [0.6, 0.3, 0.1], "call_timeout_seconds": 0.3,
+    "time_budget_seconds": 0.32})
+
+
+def test_failure_processes_over_http_keep_the_simulators_trace_and_clock():
+    """Under every failure process at once (time_scale 0: the drawn durations are not slept), a mirrored
+    episode meets the simulator's outcomes, its clock (timeouts and drops included, read back from the
+    service) and its time budget; a rate-limit refusal's Retry-After is retry_after per turn until the tool answers again."""
+    seen_codes, budget_ends = set(), 0
+    with running_service(ToolService(config=PROCESSES, slow_seconds=SLOW, retry_after=RETRY_AFTER,
+                                     time_scale=0)) as url, ToolClient(url, timeout=TIMEOUT) as c:
+        for task in load_tasks(split="test")[:6]:
+            for seed in range(3):
+                over_http, plain = Episode.start(task, seed, PROCESSES), Episode.start(task, seed, PROCESSES)
+                executor = HttpExecutor(c, over_http)
+                for tool in list(task.required_tools) * 3:
+                    if plain.done or plain.turns_left == 0:
+                        break
+                    executor.call(tool)
+                    plain.call(tool)
+                seen = [(r.tool, r.success, r.error_code, r.turn, r.duration, r.retry_after) for r in over_http.trace]
+                assert seen == [(r.tool, r.success, r.error_code, r.turn, r.duration, r.retry_after) for r in plain.trace]
+                assert (over_http.time_used, over_http.turns_left) == (plain.time_used, plain.turns_left)
+                budget_ends += plain.turns_left == 0 and plain.turns_used < PROCESSES.rules.turn_limit
+                seen_codes |= {r.error_code for r in over_http.trace}
+                for outcome in executor.outcomes:
+                    if outcome.error_code == "RATE_LIMIT_ERROR":
+                        assert outcome.retry_after == pytest.approx(RETRY_AFTER * (1 + outcome.wait_turns))
+    assert {"RATE_LIMIT_ERROR", "SERVICE_UNAVAILABLE", "TIMEOUT", None} <= seen_codes
+    assert budget_ends >= 1
+
+
+def test_time_scale_makes_the_drawn_latency_real():
+    config = WorldConfig().replace(processes={"latency_seconds": [0.3], "latency_weights": [1.0]})
+    with running_service(ToolService(config=config, time_scale=1.0)) as url, ToolClient(url, timeout=5) as c:
+        outcome = c.request("network_fetcher", episode=c.open_episode(TASK.instance_id, 0))
+    assert outcome.world_duration == 0.3 and outcome.latency_s >= 0.3
