@@ -1,0 +1,438 @@
+"""Failure calibration: the world's failure model fitted to a call log by maximum likelihood.
+
+``fit_failures(rows)`` reads the calls of a log (``resilibench.envs.call_log``) that drew their outcome
+(replays of a succeeded tool and the rules that answer without a draw are left out) and fits the B.3
+success formula ``p = base * uncalled**N_u * failed**N_f * history**N_h`` to their covariates and
+outcomes, optionally with a base per tool (``processes.tool_base_success``). Every parameter is a
+probability, fitted within [0, 1] (``scipy.optimize``, L-BFGS-B with the analytic gradient).
+
+Intervals: Wald intervals on the logit scale from the observed Fisher information (the numerical Hessian
+of the log likelihood at the optimum), mapped back into (0, 1); a parameter whose estimate lies at a bound
+of [0, 1] (its Fisher information vanishes there) gets a one-sided profile-likelihood interval instead,
+with the boundary cut-off (the chi-square(1) quantile at 1 - 2 * (1 - level)). A parameter informed by
+fewer than ``min_rows`` calls is not identified: it stays at its default and the report says so.
+
+Goodness of fit (``FitTest``): predicted against observed successes by bins of predicted probability
+(Hosmer-Lemeshow), by tool among the tools that share one base, and the error codes' frequencies among
+failures; each a chi-square statistic with its p-value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import optimize, stats
+from scipy.special import expit, logit
+
+from resilibench.console import format_table
+from resilibench.envs.call_log import CallLogRow, read_rows
+from resilibench.envs.config import FailureModel
+from resilibench.envs.registry import DEPENDENCY_ERROR, ToolRegistry, default_registry
+from resilibench.envs.simulator import RETRY_LIMIT_ERROR
+from resilibench.errors import InputError
+
+# Codes that rules give without a draw: they carry no information on the failure model.
+DRAWLESS_CODES = (RETRY_LIMIT_ERROR, DEPENDENCY_ERROR)
+FACTORS = ("uncalled_dependency_factor", "failed_dependency_factor", "failure_history_factor")
+COVARIATES = ("n_uncalled", "n_failed", "n_history")
+EDGE = 1e-9  # the optimiser keeps probabilities this far inside [0, 1]; an estimate at it lies at the bound
+MIN_EXPECTED = 5.0  # goodness-of-fit bins are merged until each expects this many of each outcome
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One fitted parameter: its world-config name, estimate and interval (None when not identified)."""
+
+    name: str  # dotted config name: "failure.base_success", "processes.tool_base_success.<tool>"
+    value: float  # the estimate, or the default kept when not identified
+    low: float | None
+    high: float | None
+    calls: int  # calls that inform it
+    identified: bool
+    method: str  # "fisher-logit", "profile" (at a bound) or "default" (not identified)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class FitTest:
+    """A goodness-of-fit check: ``groups`` rows are (label, calls, observed, expected)."""
+
+    name: str
+    statistic: float | None
+    df: int
+    p_value: float | None  # None: too few groups to test
+    groups: tuple[tuple[str, int, float, float], ...]
+
+    def passed(self, alpha: float) -> bool | None:
+        return None if self.p_value is None else self.p_value >= alpha
+
+
+@dataclass(frozen=True)
+class FailureFit:
+    """The result of ``fit_failures``: estimates, goodness-of-fit tests and what the log held."""
+
+    estimates: tuple[Estimate, ...]
+    tests: tuple[FitTest, ...]
+    level: float
+    rows: int  # rows read
+    calls: int  # rows that drew their outcome (the fit's data)
+    episodes: int
+    log_likelihood: float
+
+    def estimate(self, name: str) -> Estimate:
+        return next(e for e in self.estimates if e.name == name)
+
+    def config(self) -> dict[str, Any]:
+        """The world-config sections of the identified estimates, each rounded to the digits its interval
+        supports (``load_config`` reads it; missing fields keep their defaults)."""
+        sections: dict[str, Any] = {}
+        for e in self.estimates:
+            if not e.identified:
+                continue
+            section, field, *key = e.name.split(".")
+            value = _rounded(e)
+            if key:
+                sections.setdefault(section, {}).setdefault(field, {})[key[0]] = value
+            else:
+                sections.setdefault(section, {})[field] = value
+        return sections
+
+    def to_dict(self) -> dict[str, Any]:
+        alpha = 1 - self.level
+        data = dataclasses.asdict(self)
+        for test, fit_test in zip(data["tests"], self.tests, strict=True):
+            test["passed"] = fit_test.passed(alpha)
+            test["groups"] = [dict(zip(("label", "calls", "observed", "expected"), g, strict=True))
+                              for g in fit_test.groups]
+        data["config"] = self.config()
+        return data
+
+    def table(self) -> str:
+        """The estimates and the tests as plain-text tables."""
+        pct = f"{self.level:.0%}"
+        estimates = format_table(
+            ("parameter", "estimate", f"{pct} low", f"{pct} high", "calls", "method"),
+            [(e.name, e.value, e.low, e.high, e.calls, e.method + (f" ({e.note})" if e.note else ""))
+             for e in self.estimates])
+        alpha = 1 - self.level
+        tests = format_table(
+            ("goodness of fit", "chi-square", "df", "p-value", f"passes at {alpha:.2g}"),
+            [(t.name, t.statistic, t.df, t.p_value, {None: "-", True: "yes", False: "NO"}[t.passed(alpha)])
+             for t in self.tests])
+        head = (f"{self.calls} drawing calls of {self.rows} rows, {self.episodes} episodes; "
+                f"log likelihood {self.log_likelihood:.2f}")
+        return "\n\n".join((head, estimates, tests))
+
+
+def _rounded(estimate: Estimate) -> float:
+    """The estimate to the first significant digit of its interval's half-width, plus one."""
+    width = (estimate.high - estimate.low) / 2 if estimate.low is not None and estimate.high is not None else 0
+    digits = 4 if width <= 0 else min(4, max(2, 1 - math.floor(math.log10(width))))
+    return round(estimate.value, digits)
+
+
+# --- the data ---------------------------------------------------------------------------------------------
+
+
+def drawing_calls(rows: Iterable[CallLogRow], source: str = "log") -> list[CallLogRow]:
+    """The rows whose outcome was drawn (the fit's data), episodes in order of first appearance and each in
+    turn order: replays of a tool that already succeeded in its episode and the rules' drawless codes are
+    left out. Two rows of one episode with the same turn raise ``InputError`` (field ``turn``)."""
+    episodes: dict[str, list[CallLogRow]] = {}
+    for row in rows:
+        episodes.setdefault(row.episode, []).append(row)
+    calls = []
+    for name, episode in episodes.items():
+        episode.sort(key=lambda r: r.turn)
+        succeeded: set[str] = set()
+        for before, row in zip([None, *episode], episode, strict=False):
+            if before is not None and before.turn == row.turn:
+                raise InputError("turn", f"{source}: episode {name!r} has two rows for turn {row.turn}")
+            if row.tool in succeeded or row.error_code in DRAWLESS_CODES:
+                continue
+            if row.success:
+                succeeded.add(row.tool)
+            calls.append(row)
+    return calls
+
+
+@dataclass
+class _Parameter:
+    name: str
+    default: float
+    calls: int
+    free: bool
+
+
+class _Model:
+    """The log likelihood of the drawing calls as a function of the parameters (probabilities)."""
+
+    def __init__(self, calls: Sequence[CallLogRow], registry: ToolRegistry, per_tool: bool, min_rows: int,
+                 source: str) -> None:
+        known = set(registry.names)
+        for row in calls:
+            if row.tool not in known:
+                raise InputError("tool", f"{source}: episode {row.episode!r} turn {row.turn}: unknown tool "
+                                 f"{row.tool!r}; the log's tools must be the registry's")
+        self.tools = sorted({row.tool for row in calls})
+        counts = {tool: sum(row.tool == tool for row in calls) for tool in self.tools}
+        own = [tool for tool in self.tools if per_tool and counts[tool] >= min_rows]
+        self.own_base = own
+        # Calls with the same base, covariates and outcome count once, with their number as weight.
+        group = {tool: i + 1 for i, tool in enumerate(own)}
+        keys = np.array([(group.get(r.tool, 0), r.n_uncalled, r.n_failed, r.n_history, r.success) for r in calls],
+                        dtype=np.int64).reshape(len(calls), 5)
+        cells, self.cell_of, weight = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+        self.cell_of = self.cell_of.reshape(-1)
+        self.weight = weight.astype(np.float64)
+        self.base_column, self.covariates, self.success = cells[:, 0], cells[:, 1:4].astype(np.float64), cells[:, 4] == 1
+        self.n_bases = 1 + len(own)
+        self.tool_names = [r.tool for r in calls]
+        self.codes = [r.error_code for r in calls]
+        defaults = FailureModel()
+        shared = int(sum(r.tool not in group for r in calls))
+        self.parameters = [_Parameter("failure.base_success", defaults.base_success, shared, shared >= min_rows)]
+        self.parameters += [_Parameter(f"processes.tool_base_success.{tool}", defaults.base_success,
+                                       counts[tool], True) for tool in own]
+        for factor, name in zip(FACTORS, COVARIATES, strict=True):
+            informing = int(sum(getattr(r, name) > 0 for r in calls))
+            self.parameters.append(_Parameter(f"failure.{factor}", getattr(defaults, factor), informing,
+                                              informing >= min_rows))
+
+    def success_probability(self, theta: np.ndarray) -> np.ndarray:
+        """The formula's probability of each cell (``cell_of`` maps calls to cells)."""
+        with np.errstate(divide="ignore"):
+            log_theta = np.log(theta)
+        # x * log(factor) with x = 0 is 0 even for a factor 0 (0**0 = 1 in the formula).
+        log_factors = np.where(self.covariates > 0, self.covariates * log_theta[self.n_bases:], 0.0)
+        return np.exp(log_theta[self.base_column] + log_factors.sum(axis=1))
+
+    def log_likelihood(self, theta: np.ndarray) -> float:
+        p = self.success_probability(theta)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = np.where(self.success, np.log(p), np.log1p(-np.minimum(p, 1.0)))
+        return float(self.weight @ terms)
+
+    def gradient(self, theta: np.ndarray) -> np.ndarray:
+        """d log likelihood / d theta: a cell adds weight * (1 if success else -p / (1 - p)) * x / theta, with x
+        its indicator of each base and its covariates."""
+        p = self.success_probability(theta)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            slope = self.weight * np.where(self.success, 1.0, -p / (1.0 - p))
+            per_base = np.bincount(self.base_column, weights=slope, minlength=self.n_bases)
+            return np.concatenate([per_base, slope @ self.covariates]) / theta
+
+
+# --- fitting ----------------------------------------------------------------------------------------------
+
+
+def _maximise(model: _Model, theta: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, float]:
+    """``theta`` with its ``free`` entries at the maximum of the log likelihood (the rest fixed), by
+    L-BFGS-B within [EDGE, 1 - EDGE]."""
+    index = np.flatnonzero(free)
+    if index.size == 0:
+        return theta, model.log_likelihood(theta)
+
+    def negative(values: np.ndarray) -> tuple[float, np.ndarray]:
+        full = theta.copy()
+        full[index] = values
+        return -model.log_likelihood(full), -model.gradient(full)[index]
+
+    start = np.clip(theta[index], 0.01, 0.99)
+    result = optimize.minimize(negative, start, jac=True, method="L-BFGS-B", bounds=[(EDGE, 1 - EDGE)] * index.size,
+                               options={"ftol": 1e-15, "gtol": 1e-10, "maxiter": 5000})
+    best = theta.copy()
+    best[index] = result.x
+    return best, -float(result.fun)
+
+
+def _information(model: _Model, theta: np.ndarray, index: np.ndarray, step: float = 1e-5) -> np.ndarray:
+    """The observed Fisher information in the logit of the parameters ``index``: minus the Hessian of the
+    log likelihood, by central differences of its gradient."""
+    z = logit(theta[index])
+
+    def gradient(shift: np.ndarray) -> np.ndarray:
+        full = theta.copy()
+        full[index] = expit(z + shift)
+        return model.gradient(full)[index] * full[index] * (1 - full[index])
+
+    eye = np.eye(index.size) * step
+    hessian = np.array([(gradient(e) - gradient(-e)) / (2 * step) for e in eye])
+    return -(hessian + hessian.T) / 2
+
+
+def _profile_interval(model: _Model, theta: np.ndarray, free: np.ndarray, j: int, best: float,
+                      level: float) -> tuple[float, float]:
+    """The one-sided profile-likelihood interval of parameter ``j`` whose estimate lies at a bound: the
+    values whose profile log likelihood is within half the boundary cut-off of the maximum."""
+    cutoff = stats.chi2.ppf(1 - 2 * (1 - level), 1) / 2
+    others = free.copy()
+    others[j] = False
+    at_low = theta[j] < 0.5
+
+    def drop(value: float) -> float:
+        fixed = theta.copy()
+        fixed[j] = value
+        return best - _maximise(model, fixed, others)[1] - cutoff
+
+    far = 1 - EDGE if at_low else EDGE
+    if drop(far) <= 0:  # the whole range is within the cut-off
+        return (0.0, 1.0)
+    end = optimize.brentq(drop, theta[j], far, xtol=1e-6)
+    return (0.0, float(end)) if at_low else (float(end), 1.0)
+
+
+def fit_failures(rows: Iterable[CallLogRow], *, per_tool: bool = False, level: float = 0.95, min_rows: int = 30,
+                 registry: ToolRegistry | None = None, source: str = "log") -> FailureFit:
+    """Fit the failure model to call-log rows by maximum likelihood (module docstring). ``per_tool``: a base
+    per tool with at least ``min_rows`` drawing calls; ``source`` names the log in error messages."""
+    if not 0 < level < 1:
+        raise InputError("level", f"level must be in (0, 1), got {level}")
+    if min_rows < 1:
+        raise InputError("min_rows", f"min_rows must be at least 1, got {min_rows}")
+    rows = list(rows)
+    calls = drawing_calls(rows, source)
+    if not calls:
+        raise InputError("log", f"{source}: no call drew its outcome; nothing to fit")
+    model = _Model(calls, registry or default_registry(), per_tool, min_rows, source)
+    params = model.parameters
+    start = np.array([p.default for p in params])
+    free = np.array([p.free for p in params])
+    theta, best = _maximise(model, start, free)
+    at_bound = free & ((theta <= 2 * EDGE) | (theta >= 1 - 2 * EDGE))
+    interior = np.flatnonzero(free & ~at_bound)
+    low, high = np.full(len(params), np.nan), np.full(len(params), np.nan)
+    notes = [""] * len(params)
+    if interior.size:
+        z = stats.norm.ppf(0.5 + level / 2)
+        information = _information(model, theta, interior)
+        try:
+            covariance = np.linalg.inv(information)
+        except np.linalg.LinAlgError:
+            covariance = np.full_like(information, np.nan)
+        for k, j in enumerate(interior):
+            variance = covariance[k, k]
+            if not variance > 0:
+                notes[j] = "flat likelihood"
+                continue
+            centre, half = logit(theta[j]), z * math.sqrt(variance)
+            low[j], high[j] = expit(centre - half), expit(centre + half)
+    for j in np.flatnonzero(at_bound):
+        low[j], high[j] = _profile_interval(model, theta, free, j, best, level)
+    estimates = []
+    for j, p in enumerate(params):
+        if not p.free:
+            estimates.append(Estimate(p.name, p.default, None, None, p.calls, False, "default",
+                                      f"not identified: {p.calls} informing calls < {min_rows}"))
+            continue
+        finite = bool(np.isfinite(low[j]))
+        estimates.append(Estimate(p.name, float(theta[j]), float(low[j]) if finite else None,
+                                  float(high[j]) if finite else None, p.calls, True,
+                                  "profile" if at_bound[j] else "fisher-logit", notes[j]))
+    tests = _goodness_of_fit(model, theta, registry or default_registry())
+    return FailureFit(tuple(estimates), tests, level, len(rows), len(calls), len({r.episode for r in rows}), best)
+
+
+# --- goodness of fit --------------------------------------------------------------------------------------
+
+
+def _chi_square(name: str, labels: Sequence[str], members: Sequence[np.ndarray], observed: np.ndarray,
+                expected: np.ndarray, variance: np.ndarray, fitted: int) -> FitTest:
+    """Sum over groups of (observed - expected)^2 / variance, groups merged in order until each expects
+    ``MIN_EXPECTED`` of each outcome; df = groups - ``fitted``."""
+    merged: list[tuple[list[str], np.ndarray]] = []
+    for label, member in zip(labels, members, strict=True):
+        if merged and not _enough(merged[-1][1], expected, variance):
+            merged[-1] = (merged[-1][0] + [label], np.concatenate([merged[-1][1], member]))
+        else:
+            merged.append(([label], member))
+    if len(merged) > 1 and not _enough(merged[-1][1], expected, variance):
+        last = merged.pop()
+        merged[-1] = (merged[-1][0] + last[0], np.concatenate([merged[-1][1], last[1]]))
+    groups, statistic = [], 0.0
+    for group_labels, member in merged:
+        o, e, v = float(observed[member].sum()), float(expected[member].sum()), float(variance[member].sum())
+        statistic += (o - e) ** 2 / v if v > 0 else 0.0
+        label = group_labels[0] if len(group_labels) == 1 else f"{group_labels[0]} .. {group_labels[-1]}"
+        groups.append((label, int(member.size), o, e))
+    df = len(groups) - fitted
+    if df < 1:
+        return FitTest(name, None, df, None, tuple(groups))
+    return FitTest(name, statistic, df, float(stats.chi2.sf(statistic, df)), tuple(groups))
+
+
+def _enough(member: np.ndarray, expected: np.ndarray, variance: np.ndarray) -> bool:
+    e = expected[member].sum()
+    return e >= MIN_EXPECTED and member.size - e >= MIN_EXPECTED and variance[member].sum() > 0
+
+
+def _goodness_of_fit(model: _Model, theta: np.ndarray, registry: ToolRegistry) -> tuple[FitTest, ...]:
+    p = model.success_probability(theta)[model.cell_of]  # per call
+    success = model.success[model.cell_of]
+    observed = success.astype(np.float64)
+    variance = p * (1 - p)
+    # Hosmer-Lemeshow: ten bins of predicted probability (ties kept together).
+    order = np.argsort(p, kind="stable")
+    edges = np.unique(np.quantile(p, np.linspace(0, 1, 11)[1:-1]))
+    bins = np.searchsorted(edges, p[order], side="right")
+    members = [order[bins == b] for b in range(len(edges) + 1) if np.any(bins == b)]
+    labels = [f"p {p[m].min():.3f}-{p[m].max():.3f}" for m in members]
+    tests = [_chi_square("by predicted probability", labels, members, observed, p, variance, 2)]
+    # By tool, among the tools that share the base: one base fitted for them all.
+    shared = [t for t in model.tools if t not in model.own_base]
+    tool_names = np.array(model.tool_names)
+    members = [np.flatnonzero(tool_names == t) for t in shared]
+    tests.append(_chi_square("by tool (shared base)", shared, members, observed, p, variance, 1))
+    # Error codes among failures: the drawn code is uniform over the tool's codes.
+    failed = np.flatnonzero(~success)
+    tool_codes = {t: registry[t].error_codes for t in model.tools}
+    codes = sorted({c for t in model.tools for c in tool_codes[t]})
+    observed_codes = np.zeros(len(codes))
+    expected_codes = np.zeros(len(codes))
+    for i in failed:
+        own = tool_codes[model.tool_names[i]]
+        if model.codes[i] in codes:
+            observed_codes[codes.index(model.codes[i])] += 1
+        for c in own:
+            expected_codes[codes.index(c)] += 1 / len(own)
+    tests.append(_code_test(codes, observed_codes, expected_codes, failed.size))
+    return tuple(tests)
+
+
+def _code_test(codes: Sequence[str], observed: np.ndarray, expected: np.ndarray, failures: int) -> FitTest:
+    """Pearson's chi-square of the error codes' counts among failures against the model's expectation, over
+    the codes expected at least ``MIN_EXPECTED`` times (df = those codes - 1)."""
+    groups = tuple((code, failures, float(o), float(e)) for code, o, e in zip(codes, observed, expected, strict=True))
+    usable = [(o, e) for _, _, o, e in groups if e >= MIN_EXPECTED]
+    df = len(usable) - 1
+    if df < 1:
+        return FitTest("error codes among failures", None, df, None, groups)
+    statistic = sum((o - e) ** 2 / e for o, e in usable)
+    return FitTest("error codes among failures", statistic, df, float(stats.chi2.sf(statistic, df)), groups)
+
+
+# --- the command's work -----------------------------------------------------------------------------------
+
+
+def calibrate(log: str | Path, out: str | Path, *, per_tool: bool = False, level: float = 0.95,
+              min_rows: int = 30) -> tuple[FailureFit, Path, Path]:
+    """Fit a call log and write the world config (YAML, the fitted values only) to ``out`` and the report
+    (JSON) beside it (``<out stem>.report.json``); returns (fit, config path, report path)."""
+    import yaml
+
+    out = Path(out)
+    if out.suffix.lower() not in (".yaml", ".yml"):
+        raise InputError("out", f"the world config must end in .yaml or .yml, got {out.name!r}")
+    fit = fit_failures(read_rows(log), per_tool=per_tool, level=level, min_rows=min_rows, source=str(log))
+    report = out.with_name(out.stem + ".report.json")
+    header = f"# World config fitted to {Path(log).name} by resilibench calibrate-failures (report: {report.name})\n"
+    out.write_text(header + yaml.safe_dump(fit.config(), sort_keys=True), encoding="utf-8")
+    report.write_text(json.dumps(fit.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return fit, out, report
