@@ -33,7 +33,14 @@ from scipy.special import expit, logit
 
 from resilibench.console import format_table
 from resilibench.envs.call_log import CallLogRow, read_rows
-from resilibench.envs.config import FailureModel
+from resilibench.envs.config import FailureModel, FailureProcesses
+from resilibench.envs.processes import (
+    RATE_LIMIT_ERROR,
+    SERVICE_UNAVAILABLE,
+    TIMEOUT,
+    ToolState,
+    call_outcomes,
+)
 from resilibench.envs.registry import DEPENDENCY_ERROR, ToolRegistry, default_registry
 from resilibench.envs.simulator import RETRY_LIMIT_ERROR
 from resilibench.errors import InputError
@@ -43,6 +50,8 @@ DRAWLESS_CODES = (RETRY_LIMIT_ERROR, DEPENDENCY_ERROR)
 FACTORS = ("uncalled_dependency_factor", "failed_dependency_factor", "failure_history_factor")
 COVARIATES = ("n_uncalled", "n_failed", "n_history")
 EDGE = 1e-9  # the optimiser keeps probabilities this far inside [0, 1]; an estimate at it lies at the bound
+ROUGH_LOGIT = 12.0  # the first stage of the optimiser stays within these logits
+IMPOSSIBLE = 1e300  # the objective where the log likelihood is -inf
 MIN_EXPECTED = 5.0  # goodness-of-fit bins are merged until each expects this many of each outcome
 
 
@@ -85,6 +94,7 @@ class FailureFit:
     calls: int  # rows that drew their outcome (the fit's data)
     episodes: int
     log_likelihood: float
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)  # processes values read, not fitted
 
     def estimate(self, name: str) -> Estimate:
         return next(e for e in self.estimates if e.name == name)
@@ -92,9 +102,11 @@ class FailureFit:
     def config(self) -> dict[str, Any]:
         """The world-config sections of the identified estimates, each rounded to the digits its interval
         supports (``load_config`` reads it; missing fields keep their defaults)."""
-        sections: dict[str, Any] = {}
+        settings = {k: [round(v, 4) for v in value] if isinstance(value, tuple) else value
+                    for k, value in self.settings.items()}
+        sections: dict[str, Any] = {"processes": settings} if settings else {}
         for e in self.estimates:
-            if not e.identified:
+            if not e.identified or e.method == "read" or "[" in e.name:  # read or written with settings
                 continue
             section, field, *key = e.name.split(".")
             value = _rounded(e)
@@ -181,6 +193,7 @@ class _Model:
             if row.tool not in known:
                 raise InputError("tool", f"{source}: episode {row.episode!r} turn {row.turn}: unknown tool "
                                  f"{row.tool!r}; the log's tools must be the registry's")
+        self.registry = registry
         self.tools = sorted({row.tool for row in calls})
         counts = {tool: sum(row.tool == tool for row in calls) for tool in self.tools}
         own = [tool for tool in self.tools if per_tool and counts[tool] >= min_rows]
@@ -214,6 +227,19 @@ class _Model:
         log_factors = np.where(self.covariates > 0, self.covariates * log_theta[self.n_bases:], 0.0)
         return np.exp(log_theta[self.base_column] + log_factors.sum(axis=1))
 
+    def predictive(self, theta: np.ndarray) -> tuple[list[tuple], np.ndarray]:
+        """(every outcome (success, code), P(outcome) per call): failures' codes uniform over the tool's."""
+        p = self.success_probability(theta)[self.cell_of]
+        codes = sorted({c for t in self.tools for c in self.registry[t].error_codes})
+        keys = [(True, None)] + [(False, c) for c in codes]
+        probabilities = np.zeros((p.size, len(keys)))
+        probabilities[:, 0] = p
+        for i, tool in enumerate(self.tool_names):
+            tool_codes = self.registry[tool].error_codes
+            for c in tool_codes:
+                probabilities[i, 1 + codes.index(c)] = (1 - p[i]) / len(tool_codes)
+        return keys, probabilities
+
     def log_likelihood(self, theta: np.ndarray) -> float:
         p = self.success_probability(theta)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -230,23 +256,227 @@ class _Model:
             return np.concatenate([per_base, slope @ self.covariates]) / theta
 
 
+PROCESS_OPTIONS = ("outages", "rate-limits", "latency")
+ANY = None  # an observation slot the log does not show (no Retry-After, no latency)
+
+
+class _ProcessModel(_Model):
+    """The log likelihood with failure processes: each (episode, tool) sequence of calls is a hidden Markov
+    chain over the outage state (not called yet, up, down), its transitions and observation probabilities
+    the branches of ``processes.call_outcomes`` (the simulator's own rules). A branch's probability is
+    linear in the formula's p, so each evaluation enumerates the branches at p = 0 and p = 1 once per
+    context (outage state, turns still blocked, the tool's error codes) and combines them per call."""
+
+    def __init__(self, calls: Sequence[CallLogRow], registry: ToolRegistry, per_tool: bool, min_rows: int,
+                 source: str, options: Sequence[str], level: float) -> None:
+        super().__init__(calls, registry, per_tool, min_rows, source)
+        self.level = level
+        self.n_formula = len(self.parameters)
+        self.fixed: dict[str, Any] = {}
+        self.read: list[Estimate] = []
+        rate_rows = [r for r in calls if r.error_code == RATE_LIMIT_ERROR]
+        self.use_retry = "rate-limits" in options and all(r.retry_after is not None for r in rate_rows)
+        self.use_duration = "latency" in options and all(r.latency_s is not None for r in calls)
+        if "latency" in options:
+            self._fit_latency(calls, min_rows)
+        if "rate-limits" in options:
+            self.parameters.append(_Parameter("processes.rate_limit_probability", 0.0, len(calls),
+                                              len(calls) >= min_rows))
+            wait = int(max((r.retry_after or 0 for r in rate_rows), default=0)) if self.use_retry else 0
+            self.fixed["rate_limit_wait"] = wait
+            self.read.append(Estimate("processes.rate_limit_wait", wait, wait, wait, len(rate_rows),
+                                      self.use_retry, "read" if self.use_retry else "default",
+                                      "the largest Retry-After" if self.use_retry else
+                                      "not identified: rate-limit rows without Retry-After"))
+        if "outages" in options:
+            self.parameters.append(_Parameter("processes.outage_start", 0.0, len(calls), len(calls) >= min_rows))
+            self.parameters.append(_Parameter("processes.outage_end", 1.0, len(calls), len(calls) >= min_rows))
+        self._index_calls(calls, registry)
+
+    def _fit_latency(self, calls: Sequence[CallLogRow], min_rows: int) -> None:
+        """The latency distribution on the grid of logged durations (multinomial maximum likelihood, closed
+        form: the share of each duration among the calls that reached the latency stage) and the timeout
+        (the duration of TIMEOUT calls above every other duration); profile intervals per weight."""
+        timed = [r for r in calls if r.latency_s is not None]
+        if len(timed) < min_rows:
+            self.read.append(Estimate("processes.latency_seconds", 0.0, None, None, len(timed), False, "default",
+                                      f"not identified: {len(timed)} calls with a latency < {min_rows}"))
+            return
+        others = [r.latency_s for r in timed if r.error_code != TIMEOUT]
+        timeouts = sorted({r.latency_s for r in timed if r.error_code == TIMEOUT and r.latency_s > max(others,
+                                                                                                      default=0)})
+        timeout = timeouts[-1] if timeouts else None
+        # Refusals and down calls end before the latency stage (duration 0).
+        reached = [r.latency_s for r in timed if not (r.error_code in (RATE_LIMIT_ERROR, SERVICE_UNAVAILABLE)
+                                                      and r.latency_s == 0)]
+        grid = sorted({d for d in reached if d != timeout})
+        counts = [sum(d == g for d in reached) for g in grid]
+        if timeout is not None:
+            grid.append(2 * timeout)  # any duration above the timeout gives the same world
+            counts.append(sum(d == timeout for d in reached))
+            self.fixed["call_timeout_seconds"] = timeout
+        total = sum(counts)
+        self.fixed["latency_seconds"] = tuple(grid)
+        self.fixed["latency_weights"] = tuple(c / total for c in counts)
+        for k, (value, count) in enumerate(zip(grid, counts, strict=True)):
+            low, high = _binomial_interval(count, total, self.level)
+            label = f"> {timeout:g} s (timeout)" if timeout is not None and value > timeout else f"{value:g} s"
+            self.read.append(Estimate(f"processes.latency_weights[{k}]", count / total, low, high, total, True,
+                                      "profile", f"latency {label}"))
+
+    def _index_calls(self, calls: Sequence[CallLogRow], registry: ToolRegistry) -> None:
+        """Per call: its sequence, position, observation key, turns blocked and error-code list."""
+        lists = sorted({registry[t].error_codes for t in self.tools})
+        self.code_lists = lists
+        self.keys: dict[tuple, int] = {}
+        sequence_of: dict[tuple[str, str], int] = {}
+        blocked_until: dict[tuple[str, str], int] = {}
+        n = len(calls)
+        self.sequence, self.position = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        self.key, self.blocked, self.code_list = (np.zeros(n, dtype=np.int64) for _ in range(3))
+        counts: dict[int, int] = {}
+        for i, row in enumerate(calls):
+            name = (row.episode, row.tool)
+            seq = sequence_of.setdefault(name, len(sequence_of))
+            self.sequence[i], self.position[i] = seq, counts.get(seq, 0)
+            counts[seq] = counts.get(seq, 0) + 1
+            self.blocked[i] = max(blocked_until.get(name, 0) - row.turn + 1, 0)
+            if row.error_code == RATE_LIMIT_ERROR and self.use_retry:
+                blocked_until[name] = row.turn + int(row.retry_after or 0)
+            self.key[i] = self.keys.setdefault(self._key(row.success, row.error_code, row.retry_after,
+                                                         row.latency_s), len(self.keys))
+            self.code_list[i] = lists.index(registry[row.tool].error_codes)
+        self.n_sequences = len(sequence_of)
+        self.max_blocked = int(self.blocked.max(initial=0))
+
+    def _key(self, success: bool, code: str | None, retry_after: float | None, duration: float | None) -> tuple:
+        retry = retry_after if self.use_retry and code == RATE_LIMIT_ERROR else ANY
+        return (success, code, retry, round(duration, 6) if self.use_duration and duration is not None else ANY)
+
+    def processes(self, theta: np.ndarray) -> FailureProcesses:
+        values = dict(self.fixed)
+        for p, value in zip(self.parameters[self.n_formula:], theta[self.n_formula:], strict=True):
+            values[p.name.split(".")[1]] = float(value)
+        return FailureProcesses(**values)
+
+    def _context(self, down: int, blocked: int, code_list: int) -> int:
+        return (down * (self.max_blocked + 1) + blocked) * len(self.code_lists) + code_list
+
+    def _tables(self, theta: np.ndarray, keys: dict[tuple, int]) -> tuple[np.ndarray, np.ndarray]:
+        """(A, B) with P(observation key, next outage state | context) = A + B * p; keys not in ``keys``
+        go to the last column."""
+        processes = self.processes(theta)
+        n_contexts = 3 * (self.max_blocked + 1) * len(self.code_lists)
+        tables = np.zeros((2, n_contexts, len(keys) + 1, 3))
+        for down in range(3):
+            for blocked in range(self.max_blocked + 1):
+                for c, codes in enumerate(self.code_lists):
+                    ctx = self._context(down, blocked, c)
+                    state = ToolState((None, False, True)[down], blocked)
+                    for t, p in enumerate((0.0, 1.0)):
+                        for weight, outcome in call_outcomes(processes, state, p, codes):
+                            key = self._key(outcome.success, outcome.error_code, outcome.retry_after,
+                                            outcome.duration)
+                            after = {None: 0, False: 1, True: 2}[outcome.state.down]
+                            tables[t, ctx, keys.get(key, len(keys)), after] += weight
+        return tables[0], tables[1] - tables[0]
+
+    def _transitions(self, theta: np.ndarray, keys: dict[tuple, int], key: np.ndarray) -> np.ndarray:
+        """Per call, the matrix P(its observation ``key``, next state | state) (calls x 3 x 3)."""
+        a, b = self._tables(theta, keys)
+        p = self.success_probability(theta[:self.n_formula])[self.cell_of]
+        contexts = np.stack([self._context(s, self.blocked, self.code_list) for s in range(3)], axis=1)
+        return a[contexts, key[:, None]] + b[contexts, key[:, None]] * p[:, None, None]
+
+    def _forward(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+        """(log likelihood, the state distribution before each call given the calls before it)."""
+        matrices = self._transitions(theta, self.keys, self.key)
+        alpha = np.zeros((self.n_sequences, 3))
+        alpha[:, 0] = 1.0
+        before = np.zeros((self.key.size, 3))
+        total = 0.0
+        for k in range(int(self.position.max(initial=-1)) + 1):
+            rows = np.flatnonzero(self.position == k)
+            seqs = self.sequence[rows]
+            before[rows] = alpha[seqs]
+            new = np.einsum("ns,nst->nt", alpha[seqs], matrices[rows])
+            norm = new.sum(axis=1)
+            with np.errstate(divide="ignore"):
+                total += float(np.log(norm).sum())
+            alpha[seqs] = new / np.where(norm > 0, norm, 1.0)[:, None]
+        return total, before
+
+    def log_likelihood(self, theta: np.ndarray) -> float:
+        return self._forward(theta)[0]
+
+    def gradient(self, theta: np.ndarray, step: float = 1e-7) -> np.ndarray:
+        """Central differences, each step kept inside [0, 1]."""
+        gradient = np.zeros(theta.size)
+        for j in range(theta.size):
+            up, down = theta.copy(), theta.copy()
+            up[j], down[j] = min(theta[j] + step, 1.0), max(theta[j] - step, 0.0)
+            gradient[j] = (self.log_likelihood(up) - self.log_likelihood(down)) / (up[j] - down[j])
+        return gradient
+
+    def predictive(self, theta: np.ndarray) -> tuple[list[tuple], np.ndarray]:
+        """(every observation key, P(key) per call given the calls before it in its sequence)."""
+        _, before = self._forward(theta)
+        keys: dict[tuple, int] = {}
+        processes = self.processes(theta)
+        for down in range(3):
+            for blocked in range(self.max_blocked + 1):
+                for codes in self.code_lists:
+                    for _, o in call_outcomes(processes, ToolState((None, False, True)[down], blocked), 0.5, codes):
+                        keys.setdefault(self._key(o.success, o.error_code, o.retry_after, o.duration), len(keys))
+        probabilities = np.zeros((self.key.size, len(keys)))
+        for k in range(len(keys)):
+            matrices = self._transitions(theta, keys, np.full(self.key.size, k))
+            probabilities[:, k] = np.einsum("ns,nst->n", before, matrices)
+        return list(keys), probabilities
+
+
+def _binomial_interval(count: int, total: int, level: float) -> tuple[float, float]:
+    """The likelihood-ratio interval of a binomial proportion (the profile interval of one multinomial
+    weight), with the boundary cut-off when the estimate is 0 or 1."""
+    share = count / total
+    at_bound = count in (0, total)
+    cutoff = stats.chi2.ppf(1 - 2 * (1 - level) if at_bound else level, 1) / 2
+
+    def drop(w: float) -> float:
+        return (stats.binom.logpmf(count, total, share) - stats.binom.logpmf(count, total, w)) - cutoff
+
+    low = 0.0 if count == 0 else optimize.brentq(drop, 1e-12, share)
+    high = 1.0 if count == total else optimize.brentq(drop, share, 1 - 1e-12)
+    return float(low), float(high)
+
+
 # --- fitting ----------------------------------------------------------------------------------------------
 
 
-def _maximise(model: _Model, theta: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, float]:
-    """``theta`` with its ``free`` entries at the maximum of the log likelihood (the rest fixed), by
-    L-BFGS-B within [EDGE, 1 - EDGE]."""
+def _maximise(model: _Model, theta: np.ndarray, free: np.ndarray, near: bool = False) -> tuple[np.ndarray, float]:
+    """``theta`` with its ``free`` entries at the maximum of the log likelihood (the rest fixed): L-BFGS-B
+    on the logit scale (smooth, unbounded steps), then within [EDGE, 1 - EDGE] where estimates at a bound
+    converge. ``near``: ``theta`` is already close (skip the first stage)."""
     index = np.flatnonzero(free)
     if index.size == 0:
         return theta, model.log_likelihood(theta)
 
-    def negative(values: np.ndarray) -> tuple[float, np.ndarray]:
+    def negative(values: np.ndarray, logits: bool) -> tuple[float, np.ndarray]:
         full = theta.copy()
-        full[index] = values
-        return -model.log_likelihood(full), -model.gradient(full)[index]
+        full[index] = expit(values) if logits else values
+        value = -model.log_likelihood(full)
+        if not math.isfinite(value):  # an observed outcome impossible there: let the line search step back
+            return IMPOSSIBLE, np.zeros(index.size)
+        gradient = -model.gradient(full)[index]
+        return value, gradient * full[index] * (1 - full[index]) if logits else gradient
 
-    start = np.clip(theta[index], 0.01, 0.99)
-    result = optimize.minimize(negative, start, jac=True, method="L-BFGS-B", bounds=[(EDGE, 1 - EDGE)] * index.size,
+    start = theta[index]
+    if not near:
+        rough = optimize.minimize(negative, logit(np.clip(start, 0.01, 0.99)), args=(True,), jac=True, method="L-BFGS-B",
+                                  bounds=[(-ROUGH_LOGIT, ROUGH_LOGIT)] * index.size)
+        start = expit(rough.x)
+    result = optimize.minimize(negative, np.clip(start, EDGE, 1 - EDGE), args=(False,), jac=True,
+                               method="L-BFGS-B", bounds=[(EDGE, 1 - EDGE)] * index.size,
                                options={"ftol": 1e-15, "gtol": 1e-10, "maxiter": 5000})
     best = theta.copy()
     best[index] = result.x
@@ -280,7 +510,7 @@ def _profile_interval(model: _Model, theta: np.ndarray, free: np.ndarray, j: int
     def drop(value: float) -> float:
         fixed = theta.copy()
         fixed[j] = value
-        return best - _maximise(model, fixed, others)[1] - cutoff
+        return best - _maximise(model, fixed, others, near=True)[1] - cutoff
 
     far = 1 - EDGE if at_low else EDGE
     if drop(far) <= 0:  # the whole range is within the cut-off
@@ -289,55 +519,66 @@ def _profile_interval(model: _Model, theta: np.ndarray, free: np.ndarray, j: int
     return (0.0, float(end)) if at_low else (float(end), 1.0)
 
 
-def fit_failures(rows: Iterable[CallLogRow], *, per_tool: bool = False, level: float = 0.95, min_rows: int = 30,
-                 registry: ToolRegistry | None = None, source: str = "log") -> FailureFit:
+def fit_failures(rows: Iterable[CallLogRow], *, per_tool: bool = False, processes: Sequence[str] = (),
+                 level: float = 0.95, min_rows: int = 30, registry: ToolRegistry | None = None,
+                 source: str = "log") -> FailureFit:
     """Fit the failure model to call-log rows by maximum likelihood (module docstring). ``per_tool``: a base
-    per tool with at least ``min_rows`` drawing calls; ``source`` names the log in error messages."""
+    per tool with at least ``min_rows`` drawing calls; ``processes``: the failure processes to fit too (of
+    ``PROCESS_OPTIONS``); ``source`` names the log in error messages."""
     if not 0 < level < 1:
         raise InputError("level", f"level must be in (0, 1), got {level}")
     if min_rows < 1:
         raise InputError("min_rows", f"min_rows must be at least 1, got {min_rows}")
+    unknown = sorted(set(processes) - set(PROCESS_OPTIONS))
+    if unknown:
+        raise InputError("processes", f"unknown process(es) {unknown}; accepted: {list(PROCESS_OPTIONS)}")
     rows = list(rows)
     calls = drawing_calls(rows, source)
     if not calls:
         raise InputError("log", f"{source}: no call drew its outcome; nothing to fit")
-    model = _Model(calls, registry or default_registry(), per_tool, min_rows, source)
+    registry = registry or default_registry()
+    model = (_ProcessModel(calls, registry, per_tool, min_rows, source, processes, level) if processes
+             else _Model(calls, registry, per_tool, min_rows, source))
     params = model.parameters
-    start = np.array([p.default for p in params])
     free = np.array([p.free for p in params])
-    theta, best = _maximise(model, start, free)
+    theta, best = _maximise(model, np.array([p.default for p in params]), free)
     at_bound = free & ((theta <= 2 * EDGE) | (theta >= 1 - 2 * EDGE))
-    interior = np.flatnonzero(free & ~at_bound)
-    low, high = np.full(len(params), np.nan), np.full(len(params), np.nan)
-    notes = [""] * len(params)
-    if interior.size:
-        z = stats.norm.ppf(0.5 + level / 2)
-        information = _information(model, theta, interior)
-        try:
-            covariance = np.linalg.inv(information)
-        except np.linalg.LinAlgError:
-            covariance = np.full_like(information, np.nan)
-        for k, j in enumerate(interior):
-            variance = covariance[k, k]
-            if not variance > 0:
-                notes[j] = "flat likelihood"
-                continue
-            centre, half = logit(theta[j]), z * math.sqrt(variance)
-            low[j], high[j] = expit(centre - half), expit(centre + half)
+    intervals = _wald_intervals(model, theta, free & ~at_bound, level)
     for j in np.flatnonzero(at_bound):
-        low[j], high[j] = _profile_interval(model, theta, free, j, best, level)
+        intervals[j] = _profile_interval(model, theta, free, j, best, level)
     estimates = []
     for j, p in enumerate(params):
-        if not p.free:
+        if not p.free or intervals[j] is None:
+            why = (f"{p.calls} informing calls < {min_rows}" if not p.free else "flat likelihood")
             estimates.append(Estimate(p.name, p.default, None, None, p.calls, False, "default",
-                                      f"not identified: {p.calls} informing calls < {min_rows}"))
-            continue
-        finite = bool(np.isfinite(low[j]))
-        estimates.append(Estimate(p.name, float(theta[j]), float(low[j]) if finite else None,
-                                  float(high[j]) if finite else None, p.calls, True,
-                                  "profile" if at_bound[j] else "fisher-logit", notes[j]))
-    tests = _goodness_of_fit(model, theta, registry or default_registry())
-    return FailureFit(tuple(estimates), tests, level, len(rows), len(calls), len({r.episode for r in rows}), best)
+                                      f"not identified: {why}"))
+        else:
+            estimates.append(Estimate(p.name, float(theta[j]), *intervals[j], p.calls, True,
+                                      "profile" if at_bound[j] else "fisher-logit"))
+    settings = dict(getattr(model, "fixed", {}))
+    estimates += getattr(model, "read", [])
+    return FailureFit(tuple(estimates), _goodness_of_fit(model, theta), level, len(rows), len(calls),
+                      len({r.episode for r in rows}), best, settings)
+
+
+def _wald_intervals(model: _Model, theta: np.ndarray, interior: np.ndarray,
+                    level: float) -> list[tuple[float, float] | None]:
+    """Wald intervals on the logit scale from the observed information of the ``interior`` parameters;
+    None where the information gives no finite positive variance."""
+    intervals: list[tuple[float, float] | None] = [None] * theta.size
+    index = np.flatnonzero(interior)
+    if not index.size:
+        return intervals
+    z = stats.norm.ppf(0.5 + level / 2)
+    try:
+        covariance = np.linalg.inv(_information(model, theta, index))
+    except np.linalg.LinAlgError:
+        return intervals
+    for k, j in enumerate(index):
+        if covariance[k, k] > 0 and math.isfinite(covariance[k, k]):
+            centre, half = logit(theta[j]), z * math.sqrt(covariance[k, k])
+            intervals[j] = (float(expit(centre - half)), float(expit(centre + half)))
+    return intervals
 
 
 # --- goodness of fit --------------------------------------------------------------------------------------
@@ -373,9 +614,10 @@ def _enough(member: np.ndarray, expected: np.ndarray, variance: np.ndarray) -> b
     return e >= MIN_EXPECTED and member.size - e >= MIN_EXPECTED and variance[member].sum() > 0
 
 
-def _goodness_of_fit(model: _Model, theta: np.ndarray, registry: ToolRegistry) -> tuple[FitTest, ...]:
-    p = model.success_probability(theta)[model.cell_of]  # per call
+def _goodness_of_fit(model: _Model, theta: np.ndarray) -> tuple[FitTest, ...]:
+    keys, probabilities = model.predictive(theta)
     success = model.success[model.cell_of]
+    p = probabilities[:, [k for k, key in enumerate(keys) if key[0]]].sum(axis=1)  # per call
     observed = success.astype(np.float64)
     variance = p * (1 - p)
     # Hosmer-Lemeshow: ten bins of predicted probability (ties kept together).
@@ -390,18 +632,13 @@ def _goodness_of_fit(model: _Model, theta: np.ndarray, registry: ToolRegistry) -
     tool_names = np.array(model.tool_names)
     members = [np.flatnonzero(tool_names == t) for t in shared]
     tests.append(_chi_square("by tool (shared base)", shared, members, observed, p, variance, 1))
-    # Error codes among failures: the drawn code is uniform over the tool's codes.
+    # Error codes among failures: observed against the model's code probabilities given a failure.
     failed = np.flatnonzero(~success)
-    tool_codes = {t: registry[t].error_codes for t in model.tools}
-    codes = sorted({c for t in model.tools for c in tool_codes[t]})
-    observed_codes = np.zeros(len(codes))
-    expected_codes = np.zeros(len(codes))
-    for i in failed:
-        own = tool_codes[model.tool_names[i]]
-        if model.codes[i] in codes:
-            observed_codes[codes.index(model.codes[i])] += 1
-        for c in own:
-            expected_codes[codes.index(c)] += 1 / len(own)
+    codes = sorted({key[1] for key in keys if not key[0]})
+    given_failure = probabilities[failed] / np.maximum(1 - p[failed], 1e-300)[:, None]
+    observed_codes = np.array([sum(model.codes[i] == c for i in failed) for c in codes], dtype=np.float64)
+    expected_codes = np.array([given_failure[:, [k for k, key in enumerate(keys) if not key[0] and key[1] == c]].sum()
+                               for c in codes])
     tests.append(_code_test(codes, observed_codes, expected_codes, failed.size))
     return tuple(tests)
 
@@ -421,8 +658,8 @@ def _code_test(codes: Sequence[str], observed: np.ndarray, expected: np.ndarray,
 # --- the command's work -----------------------------------------------------------------------------------
 
 
-def calibrate(log: str | Path, out: str | Path, *, per_tool: bool = False, level: float = 0.95,
-              min_rows: int = 30) -> tuple[FailureFit, Path, Path]:
+def calibrate(log: str | Path, out: str | Path, *, per_tool: bool = False, processes: Sequence[str] = (),
+              level: float = 0.95, min_rows: int = 30) -> tuple[FailureFit, Path, Path]:
     """Fit a call log and write the world config (YAML, the fitted values only) to ``out`` and the report
     (JSON) beside it (``<out stem>.report.json``); returns (fit, config path, report path)."""
     import yaml
@@ -430,8 +667,10 @@ def calibrate(log: str | Path, out: str | Path, *, per_tool: bool = False, level
     out = Path(out)
     if out.suffix.lower() not in (".yaml", ".yml"):
         raise InputError("out", f"the world config must end in .yaml or .yml, got {out.name!r}")
-    fit = fit_failures(read_rows(log), per_tool=per_tool, level=level, min_rows=min_rows, source=str(log))
+    fit = fit_failures(read_rows(log), per_tool=per_tool, processes=processes, level=level, min_rows=min_rows,
+                       source=str(log))
     report = out.with_name(out.stem + ".report.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     header = f"# World config fitted to {Path(log).name} by resilibench calibrate-failures (report: {report.name})\n"
     out.write_text(header + yaml.safe_dump(fit.config(), sort_keys=True), encoding="utf-8")
     report.write_text(json.dumps(fit.to_dict(), indent=2) + "\n", encoding="utf-8")
