@@ -297,18 +297,16 @@ class _ProcessModel(_Model):
         """The latency distribution on the grid of logged durations (multinomial maximum likelihood, closed
         form: the share of each duration among the calls that reached the latency stage) and the timeout
         (the duration of TIMEOUT calls above every other duration); profile intervals per weight."""
-        timed = [r for r in calls if r.latency_s is not None]
+        timed = [(r, float(r.latency_s)) for r in calls if r.latency_s is not None]
         if len(timed) < min_rows:
             self.read.append(Estimate("processes.latency_seconds", 0.0, None, None, len(timed), False, "default",
                                       f"not identified: {len(timed)} calls with a latency < {min_rows}"))
             return
-        others = [r.latency_s for r in timed if r.error_code != TIMEOUT]
-        timeouts = sorted({r.latency_s for r in timed if r.error_code == TIMEOUT and r.latency_s > max(others,
-                                                                                                      default=0)})
+        longest_other = max((d for r, d in timed if r.error_code != TIMEOUT), default=0.0)
+        timeouts = sorted({d for r, d in timed if r.error_code == TIMEOUT and d > longest_other})
         timeout = timeouts[-1] if timeouts else None
         # Refusals and down calls end before the latency stage (duration 0).
-        reached = [r.latency_s for r in timed if not (r.error_code in (RATE_LIMIT_ERROR, SERVICE_UNAVAILABLE)
-                                                      and r.latency_s == 0)]
+        reached = [d for r, d in timed if not (r.error_code in (RATE_LIMIT_ERROR, SERVICE_UNAVAILABLE) and d == 0)]
         grid = sorted({d for d in reached if d != timeout})
         counts = [sum(d == g for d in reached) for g in grid]
         if timeout is not None:
@@ -359,7 +357,8 @@ class _ProcessModel(_Model):
             values[p.name.split(".")[1]] = float(value)
         return FailureProcesses(**values)
 
-    def _context(self, down: int, blocked: int, code_list: int) -> int:
+    def _context(self, down: int, blocked: Any, code_list: Any) -> Any:
+        """The context index of an outage state, turns blocked and error-code list (ints or arrays)."""
         return (down * (self.max_blocked + 1) + blocked) * len(self.code_lists) + code_list
 
     def _tables(self, theta: np.ndarray, keys: dict[tuple, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -440,14 +439,19 @@ def _binomial_interval(count: int, total: int, level: float) -> tuple[float, flo
     weight), with the boundary cut-off when the estimate is 0 or 1."""
     share = count / total
     at_bound = count in (0, total)
-    cutoff = stats.chi2.ppf(1 - 2 * (1 - level) if at_bound else level, 1) / 2
+    cutoff = float(stats.chi2.ppf(1 - 2 * (1 - level) if at_bound else level, 1)) / 2
 
     def drop(w: float) -> float:
-        return (stats.binom.logpmf(count, total, share) - stats.binom.logpmf(count, total, w)) - cutoff
+        return float(stats.binom.logpmf(count, total, share) - stats.binom.logpmf(count, total, w)) - cutoff
 
-    low = 0.0 if count == 0 else optimize.brentq(drop, 1e-12, share)
-    high = 1.0 if count == total else optimize.brentq(drop, share, 1 - 1e-12)
-    return float(low), float(high)
+    low = 0.0 if count == 0 else _root(drop, 1e-12, share)
+    high = 1.0 if count == total else _root(drop, share, 1 - 1e-12)
+    return low, high
+
+
+def _root(function: Any, a: float, b: float) -> float:
+    """The root of ``function`` between ``a`` and ``b`` (Brent's method)."""
+    return float(optimize.brentq(function, a, b, xtol=1e-7))  # type: ignore[arg-type]
 
 
 # --- fitting ----------------------------------------------------------------------------------------------
@@ -510,12 +514,12 @@ def _profile_interval(model: _Model, theta: np.ndarray, free: np.ndarray, j: int
     def drop(value: float) -> float:
         fixed = theta.copy()
         fixed[j] = value
-        return best - _maximise(model, fixed, others, near=True)[1] - cutoff
+        return float(best - _maximise(model, fixed, others, near=True)[1] - cutoff)
 
     far = 1 - EDGE if at_low else EDGE
     if drop(far) <= 0:  # the whole range is within the cut-off
         return (0.0, 1.0)
-    end = optimize.brentq(drop, theta[j], far, xtol=1e-6)
+    end = _root(drop, float(theta[j]), far)
     return (0.0, float(end)) if at_low else (float(end), 1.0)
 
 
@@ -545,15 +549,17 @@ def fit_failures(rows: Iterable[CallLogRow], *, per_tool: bool = False, processe
     at_bound = free & ((theta <= 2 * EDGE) | (theta >= 1 - 2 * EDGE))
     intervals = _wald_intervals(model, theta, free & ~at_bound, level)
     for j in np.flatnonzero(at_bound):
-        intervals[j] = _profile_interval(model, theta, free, j, best, level)
+        intervals[j] = _profile_interval(model, theta, free, int(j), best, level)
     estimates = []
     for j, p in enumerate(params):
-        if not p.free or intervals[j] is None:
+        interval = intervals[j]
+        if not p.free or interval is None:
             why = (f"{p.calls} informing calls < {min_rows}" if not p.free else "flat likelihood")
             estimates.append(Estimate(p.name, p.default, None, None, p.calls, False, "default",
                                       f"not identified: {why}"))
         else:
-            estimates.append(Estimate(p.name, float(theta[j]), *intervals[j], p.calls, True,
+            low, high = interval
+            estimates.append(Estimate(p.name, float(theta[j]), low, high, p.calls, True,
                                       "profile" if at_bound[j] else "fisher-logit"))
     settings = dict(getattr(model, "fixed", {}))
     estimates += getattr(model, "read", [])
