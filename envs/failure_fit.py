@@ -3,18 +3,23 @@
 ``fit_failures(rows)`` reads the calls of a log (``resilibench.envs.call_log``) that drew their outcome
 (replays of a succeeded tool and the rules that answer without a draw are left out) and fits the B.3
 success formula ``p = base * uncalled**N_u * failed**N_f * history**N_h`` to their covariates and
-outcomes, optionally with a base per tool (``processes.tool_base_success``). Every parameter is a
-probability, fitted within [0, 1] (``scipy.optimize``, L-BFGS-B with the analytic gradient).
+outcomes, optionally with a base per tool (``processes.tool_base_success``) and the failure processes
+(``PROCESS_OPTIONS``). With processes, a call's likelihood is the sum of the simulator's own branches
+(``processes.call_outcomes``) that show what the row shows, the outage state summed out by a forward pass
+over each (episode, tool) sequence (``_ProcessModel``). ``log_likelihood(rows, config)`` evaluates it for
+a given world.
 
-Intervals: Wald intervals on the logit scale from the observed Fisher information (the numerical Hessian
-of the log likelihood at the optimum), mapped back into (0, 1); a parameter whose estimate lies at a bound
-of [0, 1] (its Fisher information vanishes there) gets a one-sided profile-likelihood interval instead,
-with the boundary cut-off (the chi-square(1) quantile at 1 - 2 * (1 - level)). A parameter informed by
-fewer than ``min_rows`` calls is not identified: it stays at its default and the report says so.
+Every fitted parameter is a probability: L-BFGS-B first on the logit scale, then within [0, 1] where
+estimates at a bound converge. Intervals: Wald intervals on the logit scale from the observed Fisher
+information (the numerical Hessian at the optimum), mapped back into (0, 1); an estimate at 0 or 1 (no
+Fisher information there) gets a one-sided profile-likelihood interval with the boundary cut-off (the
+chi-square(1) quantile at 1 - 2 * (1 - level)). A parameter informed by fewer than ``min_rows`` calls, or
+with a flat likelihood, is not identified: it keeps its default and the report says so.
 
 Goodness of fit (``FitTest``): predicted against observed successes by bins of predicted probability
 (Hosmer-Lemeshow), by tool among the tools that share one base, and the error codes' frequencies among
-failures; each a chi-square statistic with its p-value.
+failures; each a chi-square statistic with its p-value (docs/real_apis.md, "Calibrating the failure
+model").
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from scipy.special import expit, logit
 
 from resilibench.console import format_table
 from resilibench.envs.call_log import CallLogRow, read_rows
-from resilibench.envs.config import FailureModel, FailureProcesses
+from resilibench.envs.config import FailureModel, FailureProcesses, WorldConfig
 from resilibench.envs.processes import (
     RATE_LIMIT_ERROR,
     SERVICE_UNAVAILABLE,
@@ -291,6 +296,12 @@ class _ProcessModel(_Model):
         if "outages" in options:
             self.parameters.append(_Parameter("processes.outage_start", 0.0, len(calls), len(calls) >= min_rows))
             self.parameters.append(_Parameter("processes.outage_end", 1.0, len(calls), len(calls) >= min_rows))
+        foreign = next((r for r in calls if r.error_code is not None and r.error_code not in
+                        (*registry[r.tool].error_codes, RATE_LIMIT_ERROR, SERVICE_UNAVAILABLE, TIMEOUT)), None)
+        if foreign is not None:
+            raise InputError("error_code", f"{source}: episode {foreign.episode!r} turn {foreign.turn}: "
+                             f"{foreign.error_code} is neither a code of {foreign.tool} nor a process's; "
+                             "fit without processes")
         self._index_calls(calls, registry)
 
     def _fit_latency(self, calls: Sequence[CallLogRow], min_rows: int) -> None:
@@ -432,6 +443,26 @@ class _ProcessModel(_Model):
             matrices = self._transitions(theta, keys, np.full(self.key.size, k))
             probabilities[:, k] = np.einsum("ns,nst->n", before, matrices)
         return list(keys), probabilities
+
+
+def log_likelihood(rows: Iterable[CallLogRow], config: WorldConfig, registry: ToolRegistry | None = None,
+                   source: str = "log") -> float:
+    """The log likelihood of a log's drawing calls in the world ``config`` (its failure model and failure
+    processes), the quantity ``fit_failures`` maximises: compare worlds on one log."""
+    calls = drawing_calls(rows, source)
+    model = _ProcessModel(calls, registry or default_registry(), True, 1, source, PROCESS_OPTIONS, 0.95)
+    processes = config.processes
+    model.fixed = {"latency_seconds": processes.latency_seconds, "latency_weights": processes.latency_weights,
+                   "call_timeout_seconds": processes.call_timeout_seconds,
+                   "rate_limit_wait": processes.rate_limit_wait}
+    theta = []
+    for parameter in model.parameters:
+        section, field, *tool = parameter.name.split(".")
+        if tool:
+            theta.append(processes.tool_base_success.get(tool[0], config.failure.base_success))
+        else:
+            theta.append(getattr(config.failure if section == "failure" else processes, field))
+    return model.log_likelihood(np.array(theta, dtype=np.float64))
 
 
 def _binomial_interval(count: int, total: int, level: float) -> tuple[float, float]:

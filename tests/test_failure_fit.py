@@ -4,6 +4,7 @@ logs the simulator writes, intervals, goodness of fit, the written config, bad i
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from functools import cache
 
@@ -12,7 +13,10 @@ import pytest
 from resilibench.cli import main
 from resilibench.envs.call_log import CallLogRow, read_rows, write_rows
 from resilibench.envs.config import WorldConfig, load_config
-from resilibench.envs.failure_fit import PROCESS_OPTIONS, drawing_calls, fit_failures
+from resilibench.envs.failure_fit import PROCESS_OPTIONS, drawing_calls, fit_failures, log_likelihood
+from resilibench.envs.processes import ToolState, call_outcomes, tool_bases
+from resilibench.envs.registry import default_registry
+from resilibench.envs.simulator import success_probability
 from resilibench.envs.tasks import load_tasks
 from resilibench.errors import InputError
 from resilibench.policies.runner import episode_jobs, run_jobs
@@ -27,13 +31,14 @@ TOOL_BASES = {"network_router": 0.5, "computation_optimizer": 0.6, "integration_
 
 
 @cache
-def simulated_log(tmp: str, n_tasks: int, n_seeds: int, processes: str = "{}") -> list[CallLogRow]:
-    """The call log of the random planner on the first ``n_tasks`` tasks and run seeds 0..n_seeds-1, in the
+def simulated_log(tmp: str, n_tasks: int, n_seeds: int, processes: str = "{}",
+                  planner: str = "random_legal") -> list[CallLogRow]:
+    """The call log of ``planner`` on the first ``n_tasks`` tasks and run seeds 0..n_seeds-1, in the
     world FORMULA with the processes of the JSON ``processes`` (the planner's choices repeat across tasks
     for one seed, so several seeds vary the tools and covariates)."""
     config = WorldConfig().replace(failure=FORMULA, processes=json.loads(processes))
-    path = f"{tmp}/calls-{n_tasks}-{n_seeds}-{zlib.crc32(processes.encode())}.jsonl"
-    run_jobs(episode_jobs(["random_legal"], load_tasks()[:n_tasks], range(n_seeds)), config, clairvoyant=False,
+    path = f"{tmp}/calls-{planner}-{n_tasks}-{n_seeds}-{zlib.crc32(processes.encode())}.jsonl"
+    run_jobs(episode_jobs([planner], load_tasks()[:n_tasks], range(n_seeds)), config, clairvoyant=False,
              call_log=path)
     return list(read_rows(path))
 
@@ -106,6 +111,47 @@ def test_processes_are_recovered_through_the_simulators_branches(tmp):
     plain = fit_failures(rows)
     assert not _inside(plain, "failure.base_success", FORMULA["base_success"])
     assert any(test.p_value < 1e-3 for test in plain.tests if test.p_value is not None)
+
+
+def _branch_log_likelihood(rows: list[CallLogRow], config: WorldConfig) -> float:
+    """The log likelihood of simulator rows by walking ``call_outcomes`` as the Episode does: per episode
+    and tool a distribution over (down, blocked until), updated with every branch that shows the row."""
+    registry = default_registry()
+    bases = tool_bases(config.processes, config.failure, registry)
+    total, states = 0.0, {}
+    for row in rows:
+        before = states.get((row.episode, row.tool), {(None, 0): 1.0})
+        p = success_probability(bases[registry.id_of(row.tool)], row.n_uncalled, row.n_failed, row.n_history,
+                                config.failure)
+        after: dict = {}
+        for (down, until), weight in before.items():
+            state = ToolState(down, max(until - row.turn + 1, 0))
+            for q, o in call_outcomes(config.processes, state, p, registry[row.tool].error_codes):
+                shown = (o.success, o.error_code, o.retry_after, o.duration if row.latency_s is not None else None)
+                if shown == (row.success, row.error_code, row.retry_after, row.latency_s):
+                    key = (o.state.down, row.turn + o.state.blocked)
+                    after[key] = after.get(key, 0.0) + weight * q
+        norm = sum(after.values())
+        total += math.log(norm)
+        states[(row.episode, row.tool)] = {k: v / norm for k, v in after.items()}
+    return total
+
+
+def test_the_likelihood_is_the_simulators_branches(tmp):
+    processes = {**PROCESSES, "tool_base_success": {"network_router": 0.5, "integration_queue": 0.6}}
+    rows = simulated_log(tmp, 30, 2, json.dumps(processes), "in_order")  # it retries: blocked calls
+    assert {"RATE_LIMIT_ERROR", "SERVICE_UNAVAILABLE", "TIMEOUT"} <= {r.error_code for r in rows}
+    assert any(r.retry_after == 1 for r in rows)  # a refusal while blocked
+    truth = WorldConfig().replace(failure=FORMULA, processes=processes)
+    other = truth.replace(failure={"base_success": 0.7}, processes={"outage_start": 0.3, "outage_end": 0.2,
+                                                                     "rate_limit_probability": 0.2})
+    for config in (truth, other):
+        assert log_likelihood(rows, config) == pytest.approx(_branch_log_likelihood(rows, config), rel=1e-9)
+    assert log_likelihood(rows, truth) > log_likelihood(rows, other)
+    # A code that neither the tool nor a process gives cannot be explained with processes.
+    odd = [CallLogRow("http", "t", "e", 1, "utility_logger", 0, 0, 0, False, "NETWORK_ERROR")]
+    with pytest.raises(InputError, match="neither a code of utility_logger"):
+        fit_failures(odd, processes=("outages",))
 
 
 def test_a_parameter_at_a_bound_gets_a_one_sided_profile_interval():
