@@ -43,6 +43,7 @@ from resilibench.envs.processes import (
     RATE_LIMIT_ERROR,
     SERVICE_UNAVAILABLE,
     TIMEOUT,
+    CallOutcome,
     ToolState,
     call_outcomes,
 )
@@ -263,6 +264,20 @@ class _Model:
 
 PROCESS_OPTIONS = ("outages", "rate-limits", "latency")
 ANY = None  # an observation slot the log does not show (no Retry-After, no latency)
+MAX_GRID = 20  # more distinct durations than this are binned (``_fit_latency``)
+
+
+def _two_digits_up(duration: float) -> float:
+    """``duration`` rounded up to two significant digits (0.2038 -> 0.21)."""
+    if duration <= 0:
+        return 0.0
+    unit = 10.0 ** (math.floor(math.log10(duration)) - 1)
+    return round(math.ceil(round(duration / unit, 9)) * unit, 12)
+
+
+def _shows_world(row: CallLogRow) -> bool:
+    """Whether the row's Retry-After and latency are the world's own (turns, simulated durations)."""
+    return row.source == "simulator"
 
 
 class _ProcessModel(_Model):
@@ -273,26 +288,38 @@ class _ProcessModel(_Model):
     context (outage state, turns still blocked, the tool's error codes) and combines them per call."""
 
     def __init__(self, calls: Sequence[CallLogRow], registry: ToolRegistry, per_tool: bool, min_rows: int,
-                 source: str, options: Sequence[str], level: float) -> None:
+                 source: str, options: Sequence[str], level: float, world: FailureProcesses | None = None) -> None:
+        """``world``: evaluate in these processes (their latency grid, timeout and wait) instead of reading
+        those from the log."""
         super().__init__(calls, registry, per_tool, min_rows, source)
         self.level = level
         self.n_formula = len(self.parameters)
         self.fixed: dict[str, Any] = {}
         self.read: list[Estimate] = []
-        rate_rows = [r for r in calls if r.error_code == RATE_LIMIT_ERROR]
+        # Simulator rows show the world's turns (Retry-After) and durations; an HTTP row's Retry-After is in
+        # seconds and its latency the wire's, so those slots of its observation are left open.
+        rate_rows = [r for r in calls if r.error_code == RATE_LIMIT_ERROR and _shows_world(r)]
         self.use_retry = "rate-limits" in options and all(r.retry_after is not None for r in rate_rows)
-        self.use_duration = "latency" in options and all(r.latency_s is not None for r in calls)
-        if "latency" in options:
+        self.grid: tuple[float, ...] = ()
+        self.timeout: float | None = None
+        if world is not None:
+            self.fixed = {"latency_seconds": world.latency_seconds, "latency_weights": world.latency_weights,
+                          "call_timeout_seconds": world.call_timeout_seconds, "rate_limit_wait": world.rate_limit_wait}
+            self.timeout = world.call_timeout_seconds if world.latency_seconds else None
+            self.grid = tuple(sorted(v for v in world.latency_seconds if self.timeout is None or v <= self.timeout))
+        elif "latency" in options:
             self._fit_latency(calls, min_rows)
         if "rate-limits" in options:
             self.parameters.append(_Parameter("processes.rate_limit_probability", 0.0, len(calls),
                                               len(calls) >= min_rows))
-            wait = int(max((r.retry_after or 0 for r in rate_rows), default=0)) if self.use_retry else 0
-            self.fixed["rate_limit_wait"] = wait
-            self.read.append(Estimate("processes.rate_limit_wait", wait, wait, wait, len(rate_rows),
-                                      self.use_retry, "read" if self.use_retry else "default",
-                                      "the largest Retry-After" if self.use_retry else
-                                      "not identified: rate-limit rows without Retry-After"))
+            known = self.use_retry and bool(rate_rows)
+            wait = int(max((r.retry_after or 0 for r in rate_rows), default=0)) if known else 0
+            if known:
+                self.fixed.setdefault("rate_limit_wait", wait)
+            self.read.append(Estimate("processes.rate_limit_wait", wait, wait if known else None,
+                                      wait if known else None, len(rate_rows), known, "read" if known else "default",
+                                      "the largest Retry-After" if known else
+                                      "not identified: no simulator refusal with a Retry-After in turns"))
         if "outages" in options:
             self.parameters.append(_Parameter("processes.outage_start", 0.0, len(calls), len(calls) >= min_rows))
             self.parameters.append(_Parameter("processes.outage_end", 1.0, len(calls), len(calls) >= min_rows))
@@ -305,33 +332,60 @@ class _ProcessModel(_Model):
         self._index_calls(calls, registry)
 
     def _fit_latency(self, calls: Sequence[CallLogRow], min_rows: int) -> None:
-        """The latency distribution on the grid of logged durations (multinomial maximum likelihood, closed
-        form: the share of each duration among the calls that reached the latency stage) and the timeout
-        (the duration of TIMEOUT calls above every other duration); profile intervals per weight."""
+        """The latency distribution on a grid of the logged durations (multinomial maximum likelihood, closed
+        form: each grid value's share of the calls that reached the latency stage) and the timeout (the
+        shortest duration of the TIMEOUT calls that lasted longer than every other call); likelihood-ratio
+        intervals per weight. More than ``MAX_GRID`` distinct durations (wire times) are binned: each goes to
+        the smallest grid value at or above it, the grid being the durations rounded up to two significant
+        digits, or ten quantiles of those when still more than ``MAX_GRID``."""
         timed = [(r, float(r.latency_s)) for r in calls if r.latency_s is not None]
         if len(timed) < min_rows:
             self.read.append(Estimate("processes.latency_seconds", 0.0, None, None, len(timed), False, "default",
                                       f"not identified: {len(timed)} calls with a latency < {min_rows}"))
             return
         longest_other = max((d for r, d in timed if r.error_code != TIMEOUT), default=0.0)
-        timeouts = sorted({d for r, d in timed if r.error_code == TIMEOUT and d > longest_other})
-        timeout = timeouts[-1] if timeouts else None
-        # Refusals and down calls end before the latency stage (duration 0).
-        reached = [d for r, d in timed if not (r.error_code in (RATE_LIMIT_ERROR, SERVICE_UNAVAILABLE) and d == 0)]
-        grid = sorted({d for d in reached if d != timeout})
-        counts = [sum(d == g for d in reached) for g in grid]
-        if timeout is not None:
-            grid.append(2 * timeout)  # any duration above the timeout gives the same world
-            counts.append(sum(d == timeout for d in reached))
-            self.fixed["call_timeout_seconds"] = timeout
+        timed_out = [d for r, d in timed if r.error_code == TIMEOUT and d > longest_other]
+        self.timeout = min(timed_out) if timed_out else None
+        # Refusals and down calls end before the latency stage (duration 0; on the wire they cannot be told
+        # from the formula's codes of the same name, so an HTTP row with either code is left out).
+        refused = (RATE_LIMIT_ERROR, SERVICE_UNAVAILABLE)
+        reached = [d for r, d in timed if not (r.error_code in refused and (d == 0 or not _shows_world(r)))
+                   and not (r.error_code == TIMEOUT and d > longest_other)]
+        values = sorted(set(reached))
+        if len(values) > MAX_GRID:  # wire times: two significant digits, rounded up
+            values = sorted({_two_digits_up(d) for d in reached})
+        if len(values) > MAX_GRID:
+            values = sorted({float(np.quantile(values, q)) for q in np.linspace(0.1, 1.0, 10)})
+        self.grid = tuple(values)
+        counts = [0] * len(values)
+        for d in reached:
+            counts[self._bin(d)] += 1
+        grid = list(values)
+        if self.timeout is not None:
+            grid.append(2 * self.timeout)  # any duration above the timeout gives the same world
+            counts.append(len(timed_out))
+            self.fixed["call_timeout_seconds"] = self.timeout
         total = sum(counts)
         self.fixed["latency_seconds"] = tuple(grid)
         self.fixed["latency_weights"] = tuple(c / total for c in counts)
         for k, (value, count) in enumerate(zip(grid, counts, strict=True)):
             low, high = _binomial_interval(count, total, self.level)
-            label = f"> {timeout:g} s (timeout)" if timeout is not None and value > timeout else f"{value:g} s"
+            label = (f"> {self.timeout:g} s (timeout)" if self.timeout is not None and value > self.timeout
+                     else f"{value:g} s")
             self.read.append(Estimate(f"processes.latency_weights[{k}]", count / total, low, high, total, True,
                                       "profile", f"latency {label}"))
+
+    def _bin(self, duration: float) -> int:
+        """The index of the smallest grid value at or above ``duration`` (the largest for a longer one)."""
+        return min(int(np.searchsorted(self.grid, duration - 1e-9)), len(self.grid) - 1)
+
+    def _shown_duration(self, code: str | None, duration: float) -> float:
+        """A duration as the likelihood compares it: 0, the timeout, or its grid value."""
+        if duration == 0 or not self.grid:
+            return duration
+        if self.timeout is not None and code == TIMEOUT and duration >= self.timeout:
+            return self.timeout
+        return self.grid[self._bin(duration)]
 
     def _index_calls(self, calls: Sequence[CallLogRow], registry: ToolRegistry) -> None:
         """Per call: its sequence, position, observation key, turns blocked and error-code list."""
@@ -350,17 +404,22 @@ class _ProcessModel(_Model):
             self.sequence[i], self.position[i] = seq, counts.get(seq, 0)
             counts[seq] = counts.get(seq, 0) + 1
             self.blocked[i] = max(blocked_until.get(name, 0) - row.turn + 1, 0)
-            if row.error_code == RATE_LIMIT_ERROR and self.use_retry:
+            world = _shows_world(row)
+            if row.error_code == RATE_LIMIT_ERROR and self.use_retry and world:
                 blocked_until[name] = row.turn + int(row.retry_after or 0)
-            self.key[i] = self.keys.setdefault(self._key(row.success, row.error_code, row.retry_after,
-                                                         row.latency_s), len(self.keys))
+            retry = row.retry_after if world and self.use_retry and row.error_code == RATE_LIMIT_ERROR else ANY
+            duration = (self._shown_duration(row.error_code, row.latency_s)
+                        if world and self.grid and row.latency_s is not None else ANY)
+            self.key[i] = self.keys.setdefault((row.success, row.error_code, retry, duration), len(self.keys))
             self.code_list[i] = lists.index(registry[row.tool].error_codes)
         self.n_sequences = len(sequence_of)
         self.max_blocked = int(self.blocked.max(initial=0))
 
-    def _key(self, success: bool, code: str | None, retry_after: float | None, duration: float | None) -> tuple:
-        retry = retry_after if self.use_retry and code == RATE_LIMIT_ERROR else ANY
-        return (success, code, retry, round(duration, 6) if self.use_duration and duration is not None else ANY)
+    def _keys_of(self, outcome: CallOutcome) -> set[tuple]:
+        """Every observation key that shows ``outcome``: with and without its Retry-After and duration."""
+        retry = outcome.retry_after if self.use_retry and outcome.error_code == RATE_LIMIT_ERROR else ANY
+        duration = self._shown_duration(outcome.error_code, outcome.duration) if self.grid else ANY
+        return {(outcome.success, outcome.error_code, r, d) for r in (retry, ANY) for d in (duration, ANY)}
 
     def processes(self, theta: np.ndarray) -> FailureProcesses:
         values = dict(self.fixed)
@@ -373,8 +432,8 @@ class _ProcessModel(_Model):
         return (down * (self.max_blocked + 1) + blocked) * len(self.code_lists) + code_list
 
     def _tables(self, theta: np.ndarray, keys: dict[tuple, int]) -> tuple[np.ndarray, np.ndarray]:
-        """(A, B) with P(observation key, next outage state | context) = A + B * p; keys not in ``keys``
-        go to the last column."""
+        """(A, B) with P(observation key, next outage state | context) = A + B * p; a branch counts in every
+        key that shows it (``_keys_of``); keys not in ``keys`` go to the last column."""
         processes = self.processes(theta)
         n_contexts = 3 * (self.max_blocked + 1) * len(self.code_lists)
         tables = np.zeros((2, n_contexts, len(keys) + 1, 3))
@@ -385,10 +444,9 @@ class _ProcessModel(_Model):
                     state = ToolState((None, False, True)[down], blocked)
                     for t, p in enumerate((0.0, 1.0)):
                         for weight, outcome in call_outcomes(processes, state, p, codes):
-                            key = self._key(outcome.success, outcome.error_code, outcome.retry_after,
-                                            outcome.duration)
                             after = {None: 0, False: 1, True: 2}[outcome.state.down]
-                            tables[t, ctx, keys.get(key, len(keys)), after] += weight
+                            for key in self._keys_of(outcome):
+                                tables[t, ctx, keys.get(key, len(keys)), after] += weight
         return tables[0], tables[1] - tables[0]
 
     def _transitions(self, theta: np.ndarray, keys: dict[tuple, int], key: np.ndarray) -> np.ndarray:
@@ -429,7 +487,8 @@ class _ProcessModel(_Model):
         return gradient
 
     def predictive(self, theta: np.ndarray) -> tuple[list[tuple], np.ndarray]:
-        """(every observation key, P(key) per call given the calls before it in its sequence)."""
+        """(every outcome (success, code, ANY, ANY), P(outcome) per call given the calls before it in its
+        sequence)."""
         _, before = self._forward(theta)
         keys: dict[tuple, int] = {}
         processes = self.processes(theta)
@@ -437,7 +496,7 @@ class _ProcessModel(_Model):
             for blocked in range(self.max_blocked + 1):
                 for codes in self.code_lists:
                     for _, o in call_outcomes(processes, ToolState((None, False, True)[down], blocked), 0.5, codes):
-                        keys.setdefault(self._key(o.success, o.error_code, o.retry_after, o.duration), len(keys))
+                        keys.setdefault((o.success, o.error_code, ANY, ANY), len(keys))
         probabilities = np.zeros((self.key.size, len(keys)))
         for k in range(len(keys)):
             matrices = self._transitions(theta, keys, np.full(self.key.size, k))
@@ -450,11 +509,8 @@ def log_likelihood(rows: Iterable[CallLogRow], config: WorldConfig, registry: To
     """The log likelihood of a log's drawing calls in the world ``config`` (its failure model and failure
     processes), the quantity ``fit_failures`` maximises: compare worlds on one log."""
     calls = drawing_calls(rows, source)
-    model = _ProcessModel(calls, registry or default_registry(), True, 1, source, PROCESS_OPTIONS, 0.95)
     processes = config.processes
-    model.fixed = {"latency_seconds": processes.latency_seconds, "latency_weights": processes.latency_weights,
-                   "call_timeout_seconds": processes.call_timeout_seconds,
-                   "rate_limit_wait": processes.rate_limit_wait}
+    model = _ProcessModel(calls, registry or default_registry(), True, 1, source, PROCESS_OPTIONS, 0.95, processes)
     theta = []
     for parameter in model.parameters:
         section, field, *tool = parameter.name.split(".")

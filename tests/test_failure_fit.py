@@ -3,12 +3,15 @@ logs the simulator writes, intervals, goodness of fit, the written config, bad i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import zlib
 from functools import cache
 
+import numpy as np
 import pytest
+import yaml
 
 from resilibench.cli import main
 from resilibench.envs.call_log import CallLogRow, read_rows, write_rows
@@ -111,6 +114,37 @@ def test_processes_are_recovered_through_the_simulators_branches(tmp):
     plain = fit_failures(rows)
     assert not _inside(plain, "failure.base_success", FORMULA["base_success"])
     assert any(test.p_value < 1e-3 for test in plain.tests if test.p_value is not None)
+
+
+def test_http_logs_wire_times_and_retry_after_in_seconds(tmp):
+    """Rows as the HTTP client writes them: latency the wire's (jittered, refusals too), Retry-After in
+    seconds. The Retry-After says nothing of the wait in turns; the durations are binned onto a grid."""
+    processes = {**PROCESSES, "rate_limit_wait": 0}
+    rng = np.random.default_rng(0)
+    rows = []
+    for row in simulated_log(tmp, 100, 8, json.dumps(processes)):
+        timed_out = row.error_code == "TIMEOUT" and row.latency_s == 3.0
+        wire = row.latency_s + (rng.uniform(0, 0.05) if timed_out else rng.uniform(0.001, 0.02))
+        rows.append(dataclasses.replace(row, source="http", latency_s=round(wire, 6),
+                                        retry_after=1.0 if row.error_code == "RATE_LIMIT_ERROR" else None))
+    fit = fit_failures(rows, processes=PROCESS_OPTIONS, level=0.99)
+    for field in ("outage_start", "outage_end", "rate_limit_probability"):
+        assert _inside(fit, f"processes.{field}", processes[field]), fit.estimate(f"processes.{field}")
+    for field, truth in FORMULA.items():
+        assert _inside(fit, f"failure.{field}", truth), fit.estimate(f"failure.{field}")
+    assert not fit.estimate("processes.rate_limit_wait").identified
+    settings = fit.config()["processes"]
+    assert 3.0 <= settings["call_timeout_seconds"] < 3.01 and "rate_limit_wait" not in settings
+    assert len(settings["latency_seconds"]) <= 11  # ten quantiles and the timed-out mass
+    assert settings["latency_weights"][-1] == pytest.approx(0.1, abs=0.02)
+    assert load_config_from(fit, tmp)
+
+
+def load_config_from(fit, tmp: str) -> WorldConfig:
+    path = f"{tmp}/fitted.yaml"
+    with open(path, "w") as out:
+        out.write(yaml.safe_dump(fit.config()))
+    return load_config(path)
 
 
 def _branch_log_likelihood(rows: list[CallLogRow], config: WorldConfig) -> float:
