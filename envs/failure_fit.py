@@ -71,7 +71,7 @@ class Estimate:
     high: float | None
     calls: int  # calls that inform it
     identified: bool
-    method: str  # "fisher-logit", "profile" (at a bound) or "default" (not identified)
+    method: str  # "fisher-logit", "profile" (at a bound; latency weights), "read" (from the log) or "default"
     note: str = ""
 
 
@@ -200,6 +200,8 @@ class _Model:
                 raise InputError("tool", f"{source}: episode {row.episode!r} turn {row.turn}: unknown tool "
                                  f"{row.tool!r}; the log's tools must be the registry's")
         self.registry = registry
+        self.fixed: dict[str, Any] = {}  # process settings read from the log, not fitted (``_ProcessModel``)
+        self.read: list[Estimate] = []  # their report entries
         self.tools = sorted({row.tool for row in calls})
         counts = {tool: sum(row.tool == tool for row in calls) for tool in self.tools}
         own = [tool for tool in self.tools if per_tool and counts[tool] >= min_rows]
@@ -294,8 +296,6 @@ class _ProcessModel(_Model):
         super().__init__(calls, registry, per_tool, min_rows, source)
         self.level = level
         self.n_formula = len(self.parameters)
-        self.fixed: dict[str, Any] = {}
-        self.read: list[Estimate] = []
         # Simulator rows show the world's turns (Retry-After) and durations; an HTTP row's Retry-After is in
         # seconds and its latency the wire's, so those slots of its observation are left open.
         rate_rows = [r for r in calls if r.error_code == RATE_LIMIT_ERROR and _shows_world(r)]
@@ -478,11 +478,11 @@ class _ProcessModel(_Model):
         return self._forward(theta)[0]
 
     def gradient(self, theta: np.ndarray, step: float = 1e-7) -> np.ndarray:
-        """Central differences, each step kept inside [0, 1]."""
+        """Central differences, each step kept inside (0, 1)."""
         gradient = np.zeros(theta.size)
         for j in range(theta.size):
             up, down = theta.copy(), theta.copy()
-            up[j], down[j] = min(theta[j] + step, 1.0), max(theta[j] - step, 0.0)
+            up[j], down[j] = min(theta[j] + step, 1 - EDGE / 2), max(theta[j] - step, EDGE / 2)
             gradient[j] = (self.log_likelihood(up) - self.log_likelihood(down)) / (up[j] - down[j])
         return gradient
 
@@ -563,8 +563,8 @@ def _maximise(model: _Model, theta: np.ndarray, free: np.ndarray, near: bool = F
 
     start = theta[index]
     if not near:
-        rough = optimize.minimize(negative, logit(np.clip(start, 0.01, 0.99)), args=(True,), jac=True, method="L-BFGS-B",
-                                  bounds=[(-ROUGH_LOGIT, ROUGH_LOGIT)] * index.size)
+        rough = optimize.minimize(negative, logit(np.clip(start, 0.01, 0.99)), args=(True,), jac=True,
+                                  method="L-BFGS-B", bounds=[(-ROUGH_LOGIT, ROUGH_LOGIT)] * index.size)
         start = expit(rough.x)
     result = optimize.minimize(negative, np.clip(start, EDGE, 1 - EDGE), args=(False,), jac=True,
                                method="L-BFGS-B", bounds=[(EDGE, 1 - EDGE)] * index.size,
@@ -648,10 +648,8 @@ def fit_failures(rows: Iterable[CallLogRow], *, per_tool: bool = False, processe
             low, high = interval
             estimates.append(Estimate(p.name, float(theta[j]), low, high, p.calls, True,
                                       "profile" if at_bound[j] else "fisher-logit"))
-    settings = dict(getattr(model, "fixed", {}))
-    estimates += getattr(model, "read", [])
-    return FailureFit(tuple(estimates), _goodness_of_fit(model, theta), level, len(rows), len(calls),
-                      len({r.episode for r in rows}), best, settings)
+    return FailureFit((*estimates, *model.read), _goodness_of_fit(model, theta), level, len(rows), len(calls),
+                      len({r.episode for r in rows}), best, dict(model.fixed))
 
 
 def _wald_intervals(model: _Model, theta: np.ndarray, interior: np.ndarray,
