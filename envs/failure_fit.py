@@ -296,6 +296,7 @@ class _ProcessModel(_Model):
         super().__init__(calls, registry, per_tool, min_rows, source)
         self.level = level
         self.n_formula = len(self.parameters)
+        self._table_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         # Simulator rows show the world's turns (Retry-After) and durations; an HTTP row's Retry-After is in
         # seconds and its latency the wire's, so those slots of its observation are left open.
         rate_rows = [r for r in calls if r.error_code == RATE_LIMIT_ERROR and _shows_world(r)]
@@ -414,6 +415,9 @@ class _ProcessModel(_Model):
             self.code_list[i] = lists.index(registry[row.tool].error_codes)
         self.n_sequences = len(sequence_of)
         self.max_blocked = int(self.blocked.max(initial=0))
+        self.rows_at = [np.flatnonzero(self.position == k) for k in range(int(self.position.max(initial=-1)) + 1)]
+        # Per call, its context in each outage state (calls x 3).
+        self.contexts = np.stack([self._context(s, self.blocked, self.code_list) for s in range(3)], axis=1)
 
     def _keys_of(self, outcome: CallOutcome) -> set[tuple]:
         """Every observation key that shows ``outcome``: with and without its Retry-After and duration."""
@@ -433,7 +437,14 @@ class _ProcessModel(_Model):
 
     def _tables(self, theta: np.ndarray, keys: dict[tuple, int]) -> tuple[np.ndarray, np.ndarray]:
         """(A, B) with P(observation key, next outage state | context) = A + B * p; a branch counts in every
-        key that shows it (``_keys_of``); keys not in ``keys`` go to the last column."""
+        key that shows it (``_keys_of``); keys not in ``keys`` go to the last column. They depend on the
+        process parameters only, so the last few are kept (a gradient's formula steps reuse them)."""
+        cache_key = (tuple(keys), tuple(theta[self.n_formula:]))
+        cached = self._table_cache.get(cache_key)
+        if cached is not None:
+            return cached
+        if len(self._table_cache) >= 4:
+            self._table_cache.clear()
         processes = self.processes(theta)
         n_contexts = 3 * (self.max_blocked + 1) * len(self.code_lists)
         tables = np.zeros((2, n_contexts, len(keys) + 1, 3))
@@ -447,24 +458,26 @@ class _ProcessModel(_Model):
                             after = {None: 0, False: 1, True: 2}[outcome.state.down]
                             for key in self._keys_of(outcome):
                                 tables[t, ctx, keys.get(key, len(keys)), after] += weight
-        return tables[0], tables[1] - tables[0]
+        self._table_cache[cache_key] = tables[0], tables[1] - tables[0]
+        return self._table_cache[cache_key]
 
-    def _transitions(self, theta: np.ndarray, keys: dict[tuple, int], key: np.ndarray) -> np.ndarray:
-        """Per call, the matrix P(its observation ``key``, next state | state) (calls x 3 x 3)."""
+    def _transitions(self, theta: np.ndarray, keys: dict[tuple, int], key: np.ndarray,
+                     slope: bool = False) -> np.ndarray:
+        """Per call, the matrix P(its observation ``key``, next state | state) (calls x 3 x 3); ``slope``:
+        its derivative in the formula's p instead (the matrix is linear in p)."""
         a, b = self._tables(theta, keys)
+        if slope:
+            return b[self.contexts, key[:, None]]
         p = self.success_probability(theta[:self.n_formula])[self.cell_of]
-        contexts = np.stack([self._context(s, self.blocked, self.code_list) for s in range(3)], axis=1)
-        return a[contexts, key[:, None]] + b[contexts, key[:, None]] * p[:, None, None]
+        return a[self.contexts, key[:, None]] + b[self.contexts, key[:, None]] * p[:, None, None]
 
-    def _forward(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+    def _forward(self, matrices: np.ndarray) -> tuple[float, np.ndarray]:
         """(log likelihood, the state distribution before each call given the calls before it)."""
-        matrices = self._transitions(theta, self.keys, self.key)
         alpha = np.zeros((self.n_sequences, 3))
         alpha[:, 0] = 1.0
         before = np.zeros((self.key.size, 3))
         total = 0.0
-        for k in range(int(self.position.max(initial=-1)) + 1):
-            rows = np.flatnonzero(self.position == k)
+        for rows in self.rows_at:
             seqs = self.sequence[rows]
             before[rows] = alpha[seqs]
             new = np.einsum("ns,nst->nt", alpha[seqs], matrices[rows])
@@ -474,13 +487,40 @@ class _ProcessModel(_Model):
             alpha[seqs] = new / np.where(norm > 0, norm, 1.0)[:, None]
         return total, before
 
+    def _backward(self, matrices: np.ndarray) -> np.ndarray:
+        """Per call, the likelihood of its sequence's later calls given the state after it (scaled)."""
+        beta = np.ones((self.n_sequences, 3))
+        after = np.zeros((self.key.size, 3))
+        for rows in reversed(self.rows_at):
+            seqs = self.sequence[rows]
+            after[rows] = beta[seqs]
+            new = np.einsum("nst,nt->ns", matrices[rows], beta[seqs])
+            norm = new.sum(axis=1)
+            beta[seqs] = new / np.where(norm > 0, norm, 1.0)[:, None]
+        return after
+
     def log_likelihood(self, theta: np.ndarray) -> float:
-        return self._forward(theta)[0]
+        return self._forward(self._transitions(theta, self.keys, self.key))[0]
 
     def gradient(self, theta: np.ndarray, step: float = 1e-7) -> np.ndarray:
-        """Central differences, each step kept inside (0, 1)."""
+        """The formula's parameters by the forward-backward algorithm: d log L / d p of a call is
+        (before' B after) / (before' M after), M its matrix and B = dM/dp; the process parameters by
+        central differences, each step kept inside (0, 1)."""
+        matrices = self._transitions(theta, self.keys, self.key)
+        slopes = self._transitions(theta, self.keys, self.key, slope=True)
+        _, before = self._forward(matrices)
+        after = self._backward(matrices)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_p = (np.einsum("ns,nst,nt->n", before, slopes, after)
+                     / np.einsum("ns,nst,nt->n", before, matrices, after))
+        # d p / d theta_j = p * x_j / theta_j, x the call's base indicator and covariates.
+        weight = per_p * self.success_probability(theta[:self.n_formula])[self.cell_of]
+        columns = self.base_column[self.cell_of]
+        formula = np.concatenate([np.bincount(columns, weights=weight, minlength=self.n_bases),
+                                  weight @ self.covariates[self.cell_of]]) / theta[:self.n_formula]
         gradient = np.zeros(theta.size)
-        for j in range(theta.size):
+        gradient[:self.n_formula] = formula
+        for j in range(self.n_formula, theta.size):
             up, down = theta.copy(), theta.copy()
             up[j], down[j] = min(theta[j] + step, 1 - EDGE / 2), max(theta[j] - step, EDGE / 2)
             gradient[j] = (self.log_likelihood(up) - self.log_likelihood(down)) / (up[j] - down[j])
@@ -489,7 +529,7 @@ class _ProcessModel(_Model):
     def predictive(self, theta: np.ndarray) -> tuple[list[tuple], np.ndarray]:
         """(every outcome (success, code, ANY, ANY), P(outcome) per call given the calls before it in its
         sequence)."""
-        _, before = self._forward(theta)
+        _, before = self._forward(self._transitions(theta, self.keys, self.key))
         keys: dict[tuple, int] = {}
         processes = self.processes(theta)
         for down in range(3):

@@ -188,6 +188,21 @@ def test_the_likelihood_is_the_simulators_branches(tmp):
         fit_failures(odd, processes=("outages",))
 
 
+def test_the_forward_backward_gradient_is_the_likelihoods_slope(tmp):
+    from resilibench.envs import failure_fit
+
+    rows = simulated_log(tmp, 30, 2, json.dumps(PROCESSES), "in_order")
+    model = failure_fit._ProcessModel(drawing_calls(rows), default_registry(), True, 20, "log", PROCESS_OPTIONS,
+                                      0.95)
+    theta = np.random.default_rng(1).uniform(0.3, 0.9, len(model.parameters))
+    gradient = model.gradient(theta)
+    for j in range(theta.size):
+        up, down = theta.copy(), theta.copy()
+        up[j], down[j] = theta[j] + 1e-6, theta[j] - 1e-6
+        slope = (model.log_likelihood(up) - model.log_likelihood(down)) / 2e-6
+        assert gradient[j] == pytest.approx(slope, rel=1e-4, abs=1e-3), model.parameters[j].name
+
+
 def test_a_parameter_at_a_bound_gets_a_one_sided_profile_interval():
     # Calls without penalties that all succeed: the base's estimate is 1.
     rows = [CallLogRow("http", "t", f"e{i}", 1, "network_fetcher", 0, 0, 0, True) for i in range(40)]
