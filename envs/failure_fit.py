@@ -448,6 +448,7 @@ class _ProcessModel(_Model):
         processes = self.processes(theta)
         n_contexts = 3 * (self.max_blocked + 1) * len(self.code_lists)
         tables = np.zeros((2, n_contexts, len(keys) + 1, 3))
+        columns: dict[tuple, list[int]] = {}  # what an outcome shows -> the columns of its keys
         for down in range(3):
             for blocked in range(self.max_blocked + 1):
                 for c, codes in enumerate(self.code_lists):
@@ -456,8 +457,11 @@ class _ProcessModel(_Model):
                     for t, p in enumerate((0.0, 1.0)):
                         for weight, outcome in call_outcomes(processes, state, p, codes):
                             after = {None: 0, False: 1, True: 2}[outcome.state.down]
-                            for key in self._keys_of(outcome):
-                                tables[t, ctx, keys.get(key, len(keys)), after] += weight
+                            shown = outcome[:3] + (outcome.retry_after,)
+                            if shown not in columns:
+                                columns[shown] = [keys.get(key, len(keys)) for key in self._keys_of(outcome)]
+                            for column in columns[shown]:
+                                tables[t, ctx, column, after] += weight
         self._table_cache[cache_key] = tables[0], tables[1] - tables[0]
         return self._table_cache[cache_key]
 
@@ -608,7 +612,7 @@ def _maximise(model: _Model, theta: np.ndarray, free: np.ndarray, near: bool = F
         start = expit(rough.x)
     result = optimize.minimize(negative, np.clip(start, EDGE, 1 - EDGE), args=(False,), jac=True,
                                method="L-BFGS-B", bounds=[(EDGE, 1 - EDGE)] * index.size,
-                               options={"ftol": 1e-15, "gtol": 1e-10, "maxiter": 5000})
+                               options={"ftol": 1e-12, "gtol": 1e-6, "maxiter": 5000})
     best = theta.copy()
     best[index] = result.x
     return best, -float(result.fun)
