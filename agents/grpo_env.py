@@ -34,7 +34,14 @@ from resilibench.envs.evaluator import LEVELS
 from resilibench.envs.registry import Tool, ToolRegistry, default_registry
 from resilibench.envs.tasks import DEFAULT_WORLD, Task
 from resilibench.envs.text_env import ResiliBenchTextEnv
-from resilibench.envs.toolbox import UnknownToolError, call_tool, end_text, feedback_text, progress_text
+from resilibench.envs.toolbox import (
+    UnknownToolError,
+    call_tool,
+    end_text,
+    feedback_text,
+    no_calls_left,
+    progress_text,
+)
 from resilibench.policies.prompts import task_statement
 
 # JSON Schema types as the Python hints transformers turns back into the same schema types.
@@ -130,7 +137,7 @@ class GRPOEnvironmentBase:
             return f"Not executed: the episode has ended. {end_text(episode)}"
         if episode.turns_left == 0:
             episode.end_out_of_turns()
-            return f"No turns left: not executed. {end_text(episode)}"
+            return f"{no_calls_left(episode)}: not executed. {end_text(episode)}"
         return action()
 
     def _call(self, name: str, arguments: dict[str, Any]) -> str:

@@ -344,7 +344,8 @@ class FailureProcesses(Settings):
 
     section = "processes"
     tool_base_success: dict[str, float] = setting(
-        factory=dict, bounds=UNIT, help="per-tool base success replacing failure.base_success for the named tools")
+        factory=dict, bounds=UNIT,
+        help="per-tool base success replacing failure.base_success for the named tools (test profile)")
     outage_start: float = setting(0.0, bounds=UNIT, help="P that a tool up at its last call is down at this "
                                   "call (0: no outages)")
     outage_end: float = setting(1.0, bounds=UNIT, help="P that a tool down at its last call is up at this call")

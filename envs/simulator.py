@@ -327,7 +327,7 @@ class Episode:
             return min(1.0, p)
         key = self.covariates(tool)
         if self._bases is not None:
-            return success_probability(self._bases[tool], *key, self.config.failure)
+            return float(success_probability(self._bases[tool], *key, self.config.failure))
         p = self._probabilities.get(key)
         if p is None:  # memo of success_probability, shared by every episode with this failure model
             fm = self.config.failure
@@ -482,12 +482,13 @@ class Episode:
 
         p = self.probability(tool)
         state = ToolState(self._down[tool], max(self._blocked_until[tool] - turn + 1, 0))  # turn is under way
-        outcome: CallOutcome = sample_outcome(self._processes, state, p, self._error_codes[tool], uniform)
+        processes = self.config.processes
+        outcome: CallOutcome = sample_outcome(processes, state, p, self._error_codes[tool], uniform)
         self.calls[tool] += 1
         self._down[tool] = outcome.state.down
         self._blocked_until[tool] = turn + outcome.state.blocked
         self.time_used += outcome.duration
-        budget = self._processes.time_budget_seconds
+        budget = processes.time_budget_seconds
         if budget is not None and self.time_used >= budget and turn < self._turn_limit:
             self._calls_end = turn
             self.action_mask[:-1] = 0

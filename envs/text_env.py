@@ -36,6 +36,7 @@ from resilibench.envs.toolbox import (
     feedback_text,
     function_schemas,
     message_completes,
+    no_calls_left,
     parse_message,
     progress_text,
     resolve_tool,
@@ -291,8 +292,7 @@ class ResiliBenchTextEnv(gym.Env):
         self._parsed = parsed
         truncated = False
         parts: list[tuple[Any, str]] = []  # (request key or None, text)
-        # With failure processes, a spent time budget ends calls as the turn limit does.
-        no_more = "No time left" if episode.time_left == 0 else "No turns left"
+        no_more = no_calls_left(episode)  # a spent time budget ends calls as the turn limit does
         if episode.turns_left == 0:
             if parsed.calls:
                 parts.append((None, f"{no_more}: the tool call was not executed."))
@@ -309,8 +309,7 @@ class ResiliBenchTextEnv(gym.Env):
             if parsed.completes and not episode.done:
                 episode.finish()
             elif not episode.done and episode.turns_left == 0:
-                no_more = "No time left" if episode.time_left == 0 else "No turns left"
-                parts.append((None, f"{no_more}: reply \"task completed\" to finish, or the episode ends "
+                parts.append((None, f"{no_calls_left(episode)}: reply \"task completed\" to finish, or the episode ends "
                                     "unfinished."))
         end = end_text(episode) if episode.done else None
         if end is not None and not any(end in text for _, text in parts):  # a call's feedback may hold it

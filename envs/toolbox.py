@@ -419,6 +419,11 @@ def progress_text(episode: Episode) -> str:
     return f"Progress: {done}/{len(episode.required)} required tools done; {episode.turns_left} turns left{time}."
 
 
+def no_calls_left(episode: Episode) -> str:
+    """Why no call is possible any more: 'No turns left', or 'No time left' once a time budget is spent."""
+    return "No time left" if episode.time_left == 0 else "No turns left"
+
+
 def process_text(record: CallRecord, episode: Episode) -> str | None:
     """What a failure process did to a call, in words (None when none did): a rate-limit refusal and its
     wait, an outage, a timeout and the time it cost."""

@@ -17,7 +17,7 @@ import numpy as np
 from resilibench.envs.call_log import CallLogRow, write_rows
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.planner_env import ResiliBenchEnv
-from resilibench.envs.simulator import task_seed
+from resilibench.envs.simulator import CallRecord, Episode, task_seed
 from resilibench.envs.tasks import Task
 from resilibench.policies.base import Planner
 from resilibench.policies.bounds import OptimalPlanner, exact_bound, optimal_success
@@ -49,6 +49,7 @@ def run_episode(env: ResiliBenchEnv, planner: Planner, task: Task, seed: int,
     planner.reset(task, planner_rng(planner.name, seed))
     total_reward, done = 0.0, False
     episode, n_tools = env.episode, env.n_tools
+    assert episode is not None  # started by the reset above
     while not done:
         action = planner.act(episode, obs)
         covariates = episode.covariates(action) if call_log is not None and action < n_tools else None
@@ -56,7 +57,7 @@ def run_episode(env: ResiliBenchEnv, planner: Planner, task: Task, seed: int,
         obs, reward, terminated, truncated, info = env.step(action)
         total_reward += reward
         done = terminated or truncated
-        if covariates is not None and len(episode.trace) > calls_before:
+        if call_log is not None and covariates is not None and len(episode.trace) > calls_before:
             record = episode.trace[-1]
             if record.reached_service:
                 call_log.append(log_row(record, covariates, f"{planner.name}/{task.instance_id}/{seed}", episode))
@@ -75,7 +76,7 @@ def run_episode(env: ResiliBenchEnv, planner: Planner, task: Task, seed: int,
     }
 
 
-def log_row(record, covariates: tuple[int, int, int], episode_id: str, episode) -> CallLogRow:
+def log_row(record: CallRecord, covariates: tuple[int, int, int], episode_id: str, episode: Episode) -> CallLogRow:
     """The call-log row (source "simulator") of a call ``record`` of ``episode`` made with the success
     formula's ``covariates`` (taken before the call): its duration as the latency when the world has
     latency, the refusal's wait as the Retry-After."""
@@ -112,7 +113,7 @@ def run_jobs(
         planner = planners.setdefault(name, make_planner(name, config))
         rows_of_calls: list[CallLogRow] | None = [] if call_log is not None else None
         row = run_episode(env, planner, task, seed, rows_of_calls)
-        if rows_of_calls:
+        if call_log is not None and rows_of_calls:
             write_rows(call_log, rows_of_calls)
         if bounds:
             row["bound_iii"] = optimal_success(task, config)

@@ -111,9 +111,12 @@ def output_file(path: str | None, option: str = "--output") -> Path | None:
 def load_world_config(path: str | None, need_bounds: bool = False, world: str = "v1"):
     """The WorldConfig of ``--config`` on top of ``world``'s defaults; CliError on any problem with the file."""
     from resilibench.envs.config import load_config
+    from resilibench.envs.processes import tool_bases
+    from resilibench.envs.registry import default_registry
 
     try:
         config = load_config(path, world)
+        tool_bases(config.processes, config.failure, default_registry())  # tool names known, before any work
     except (OSError, ValueError, TypeError) as exc:
         raise CliError(f"--config: {exc}") from None
     if need_bounds and config.rules.profile != "test":

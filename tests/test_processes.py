@@ -104,7 +104,27 @@ def test_select_matches_v1_for_the_formula_draws():
         assert select(STAGE_CODE, u, (1 / 3,) * 3) == min(int(u * 3), 2)
 
 
+def test_process_streams_are_pinned():
+    """The process stages' keys (docs/envs.md, "Failure processes"): subkey(k, tag) = mix(k ^ tag * MUL)."""
+    k = rs.key(0)
+    assert [hex(rs.subkey(k, tag)) for tag in (1, 2, 3)] == [
+        "0x927a7c57dc016e42", "0x92141e68bb0f9dd3", "0xb53aa4065a211020"]
+    assert rs.subkey(k, 1) == rs.mix(k ^ ((1 * rs.SUBKEY_MUL) & rs.M64))
+    assert rs.uniform(rs.subkey(k, 1), 0) == 0.826027878428408
+
+
 # --- the Episode --------------------------------------------------------------------------------------
+
+
+def test_a_real_call_bypasses_the_simulated_processes():
+    """``outcome=`` (the real-API mode) replaces the draw: no refusal, outage or latency is simulated."""
+    config = world(rate_limit_probability=1.0, rate_limit_wait=3, outage_start=1.0, latency_seconds=(9.0,),
+                   latency_weights=(1,), call_timeout_seconds=1.0)
+    episode = Episode.start(make_task(), 0, config)
+    asked = []
+    record = episode.call(READER, outcome=lambda tool: (asked.append(tool), (True, None))[1])
+    assert record.success and asked == [REG.id_of(READER)] and episode.time_used == 0.0
+    assert record.duration == 0.0 and record.retry_after is None and record.probability is None
 
 
 def test_options_off_are_v1_bit_for_bit():
@@ -164,6 +184,31 @@ def test_first_call_is_down_with_the_stationary_probability_and_bursts_persist()
     assert_rate(first, after_down + after_up, stationary / failed_first)
     assert_rate(downs_after_down, after_down, 1 - 0.4)
     assert_rate(downs_after_up, after_up, 0.2)
+
+
+def test_first_calls_are_down_with_the_stationary_probability():
+    config, n = world(outage_start=0.05, outage_end=0.45), 20000
+    task = make_task()
+    down = sum(Episode.start(task, seed, config).call(READER).error_code == SERVICE_UNAVAILABLE for seed in range(n))
+    assert_rate(down, n, 0.05 / 0.5)
+
+
+def test_the_chain_advances_only_when_its_tool_is_called():
+    """Calls of other tools in between leave a down tool's chain where it was: its next call is down
+    again with 1 - end, however many turns passed."""
+    config = world(outage_start=0.5, outage_end=0.2).replace(
+        rules={"max_consecutive_failures": 10, "turn_limit": 12})
+    task, again, n = make_task(), 0, 0
+    for seed in range(8000):
+        episode = Episode.start(task, seed, config)
+        if episode.call(READER).error_code != SERVICE_UNAVAILABLE:
+            continue
+        for tool in ("utility_logger", "utility_cache", "utility_tracker", "utility_notifier"):
+            episode.call(tool)
+        n += 1
+        again += episode.call(READER).error_code == SERVICE_UNAVAILABLE
+    assert n > 4000
+    assert_rate(again, n, 0.8)
 
 
 def test_rate_limit_blocks_without_draws_and_counts_down_the_wait():
@@ -308,6 +353,24 @@ def test_planner_env_shows_the_process_state():
     assert seen == {"blocked": True, "down": True}
 
 
+def test_episode_observation_matches_the_env_with_processes():
+    """PPO's from-scratch observation (``episode_observation``) equals the env's step for step."""
+    import numpy as np
+
+    from resilibench.envs.planner_env import ResiliBenchEnv
+    from resilibench.policies.ppo.wrappers import episode_observation
+
+    env = ResiliBenchEnv(tasks=[make_task(max_retries=5)], config=world(**BURSTY))
+    rng = np.random.default_rng(0)
+    for seed in range(10):
+        obs, info = env.reset(seed=seed)
+        done = False
+        while not done:
+            assert np.array_equal(episode_observation(env.episode), obs)
+            obs, _, terminated, truncated, info = env.step(int(rng.choice(np.flatnonzero(info["action_mask"]))))
+            done = terminated or truncated
+
+
 def test_planner_env_truncates_once_the_time_budget_is_spent():
     from resilibench.envs.planner_env import ResiliBenchEnv
 
@@ -392,6 +455,17 @@ def test_run_writes_a_call_log(tmp_path):
         mine = [r for r in rows if r.episode == episode]
         assert [r.n_history for r in mine] == [sum(not x.success for x in mine[:i]) for i in range(len(mine))]
     assert main(["run", "--limit", "1", "--output-dir", str(tmp_path / "r2"), "--call-log", str(tmp_path)]) == 2
+
+
+def test_the_cli_names_an_unknown_tool_before_any_work(tmp_path, capsys):
+    from resilibench.cli import main
+
+    config = tmp_path / "world.yaml"
+    config.write_text("processes:\n  tool_base_success: {network_fetchr: 0.5}\n")
+    assert main(["run", "--limit", "1", "--config", str(config), "--output-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "processes.tool_base_success names unknown tool(s) ['network_fetchr']" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
 
 
 def test_run_call_log_of_the_v1_world_has_no_latency(tmp_path):

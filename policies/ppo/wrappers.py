@@ -21,7 +21,13 @@ import numpy as np
 from gymnasium import spaces
 
 from resilibench.envs.config import WorldConfig
-from resilibench.envs.observation import N_STATUS, ObservationLayout, counter_features, initial_observation
+from resilibench.envs.observation import (
+    N_STATUS,
+    ObservationLayout,
+    counter_features,
+    initial_observation,
+    process_features,
+)
 from resilibench.envs.planner_env import ResiliBenchEnv, TaskPool
 from resilibench.envs.simulator import Episode
 from resilibench.envs.tasks import Task
@@ -34,7 +40,7 @@ def episode_observation(episode: Episode, layout: ObservationLayout | None = Non
                         features: str = "full") -> np.ndarray:
     """The ``ResiliBench-v0`` observation of ``episode`` in its current state (while it is running), with
     the ``features`` of ``resilibench.envs.observation``."""
-    layout = layout or ObservationLayout(len(episode.registry))
+    layout = layout or ObservationLayout(len(episode.registry), episode.processes_on)
     obs = initial_observation(episode.task, episode.registry, layout, features)
     status = np.asarray(episode.status)
     tool_blocks = obs[layout.status:layout.required].reshape(-1, N_STATUS)
@@ -49,6 +55,8 @@ def episode_observation(episode: Episode, layout: ObservationLayout | None = Non
     step, failures, consecutive = counter_features(episode.turns_used, episode.n_failures,
                                                    episode.consecutive_failures, episode.config.rules)
     obs[layout.step], obs[layout.failures], obs[layout.consecutive] = step, failures, consecutive
+    if layout.processes:
+        process_features(episode, layout, obs)
     return obs
 
 
