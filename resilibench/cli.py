@@ -34,6 +34,7 @@ RUN_KEY = ("planner", "task_id", "seed")
 COMMAND_MODULES = (
     "resilibench.cli_agents",
     "resilibench.cli_breaker",
+    "resilibench.cli_calibrate",
     "resilibench.cli_mcp",
     "resilibench.cli_metrics",
     "resilibench.cli_realapi",
