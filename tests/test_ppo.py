@@ -269,6 +269,34 @@ def test_masked_logits_never_sample_illegal_actions(encoder):
     assert (logits[:8].argmax(-1) == 5).all()
 
 
+@pytest.mark.parametrize("encoder", ["transformer", "mlp"])
+def test_module_reads_the_failure_process_blocks(encoder):
+    """Under failure processes the module takes the longer observation, its logits depend on the process
+    blocks (rate-limit waits, outages), and its greedy policy plays legal actions in that world."""
+    from ray.rllib.core.columns import Columns
+
+    from resilibench.envs.config import WorldConfig
+    from resilibench.policies.ppo.module import PlannerModule
+
+    config = WorldConfig().replace(processes={"rate_limit_probability": 0.3, "rate_limit_wait": 2,
+                                              "outage_start": 0.2, "outage_end": 0.5})
+    env = MaskedPlannerEnv(ResiliBenchEnv(split="test", config=config))
+    module = PlannerModule(observation_space=env.observation_space, action_space=env.action_space,
+                           model_config={"encoder": encoder, "d_model": 16, "n_heads": 2, "n_layers": 1})
+    lay = module.layout
+    assert lay.processes and env.observation_space[OBSERVATIONS].shape == (lay.size,) and lay.size > 204
+    obs = torch.rand(4, lay.size)
+    changed = obs.clone()
+    changed[:, lay.blocked:lay.time_left] = 1.0 - changed[:, lay.blocked:lay.time_left]
+    with torch.no_grad():
+        before, after = (module.forward_inference({Columns.OBS: {OBSERVATIONS: o, ACTION_MASK: torch.ones(4, 31)}})
+                         [Columns.ACTION_DIST_INPUTS] for o in (obs, changed))
+    assert not torch.allclose(before, after)
+    planner = PPOPlanner("untrained", module=module)
+    steps = _masked_steps(ResiliBenchEnv(split="test", config=config), planner, range(5))
+    assert steps and all(mask[action] == 1 for _obs, mask, action in steps)
+
+
 def test_rllib_sampling_and_restored_greedy_policy_stay_legal(trained):
     from ray.rllib.algorithms.algorithm import Algorithm
 

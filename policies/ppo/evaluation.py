@@ -77,7 +77,7 @@ class PPOPlanner:
         self.checkpoint = resolve_checkpoint(checkpoint) if module is None else Path(checkpoint)
         self.module = module if module is not None else load_module(self.checkpoint)
         self.n_actions = int(self.module.action_space.n)
-        self.layout = ObservationLayout(self.n_actions - 1)
+        self.layout = getattr(self.module, "layout", None) or ObservationLayout(self.n_actions - 1)
         self.features = (getattr(self.module, "model_config", None) or {}).get("features", "full")
         self._memo: dict[bytes, int] = {}
 

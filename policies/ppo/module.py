@@ -8,7 +8,8 @@ Two encoders share one module (``model_config["encoder"]``):
   counters and the 20 task features).
   A small Transformer encoder (pre-norm, no dropout) mixes them; each tool token gives that tool's logit,
   the task token gives FINISH's, and the value head reads the task token beside the mean of the tool tokens.
-* ``"mlp"``: the flat 204-float observation through a fully connected trunk, with a policy and a value head.
+* ``"mlp"``: the flat 204-float observation (265 under failure processes) through a fully connected trunk,
+  with a policy and a value head.
 
 Masking: the observation is ``MaskedPlannerEnv``'s Dict (``observations``, ``action_mask``); every forward
 pass (exploration, inference, training) sets the logits of illegal actions to the most negative float, so
@@ -89,7 +90,8 @@ class ToolSetEncoder(nn.Module):
     features read off the registry's dependency graph: how many of its dependencies were never called, how
     many were called without success (the N_u and N_f of the failure model), and whether it is an unmet
     dependency of the next required tool. Without them the network must learn dependencies from the tools'
-    identities and the outcomes of calls."""
+    identities and the outcomes of calls. Under failure processes a tool token also carries its
+    rate-limit wait and whether its last call found it down; the time left joins the task token."""
 
     def __init__(self, layout: ObservationLayout, dependencies: torch.Tensor, d_model: int, n_heads: int,
                  n_layers: int, ff_dim: int, relational: bool = True):
@@ -98,7 +100,7 @@ class ToolSetEncoder(nn.Module):
         self.relational = relational
         n = layout.n_tools
         self.register_buffer("dependencies", dependencies)  # [t, d] = 1 when tool t depends on tool d
-        self.tool_features = nn.Linear(N_STATUS + 3 + 3 * relational, d_model)
+        self.tool_features = nn.Linear(N_STATUS + 3 + 3 * relational + 2 * layout.processes, d_model)
         self.tool_identity = nn.Parameter(torch.randn(n, d_model) * 0.1)
         self.task_features = nn.Linear(layout.size - layout.progress, d_model)
         self.encoder = nn.Sequential(*(EncoderBlock(d_model, n_heads, ff_dim) for _ in range(n_layers)))
@@ -121,6 +123,8 @@ class ToolSetEncoder(nn.Module):
                 (1.0 - uncalled - succeeded) @ deps_t / 2.0,  # dependencies called, never successful
                 (next_required @ self.dependencies) * (1.0 - succeeded),  # unmet dependency of the next tool
             ], dim=-1))
+        if lay.processes:  # per tool: turns still rate-limited, last call found it down
+            parts.append(torch.stack([obs[:, lay.blocked:lay.down], obs[:, lay.down:lay.time_left]], dim=-1))
         tools = self.tool_features(torch.cat(parts, dim=-1)) + self.tool_identity
         task = self.task_features(obs[:, lay.progress:]).unsqueeze(1)
         h = self.norm(self.encoder(torch.cat([task, tools], dim=1)))
@@ -159,10 +163,13 @@ class PlannerModule(TorchRLModule, ValueFunctionAPI):
             raise ValueError(f"PlannerModule needs a Dict observation with keys {OBSERVATIONS!r} and {ACTION_MASK!r} "
                              f"(wrap the env in MaskedPlannerEnv), got {self.observation_space}")
         n_tools = int(self.action_space.n) - 1
-        layout = ObservationLayout(n_tools)
-        if self.observation_space[OBSERVATIONS].shape != (layout.size,):
-            raise ValueError(f"expected {layout.size} observation floats for {n_tools} tools, "
-                             f"got shape {self.observation_space[OBSERVATIONS].shape}")
+        layouts = (ObservationLayout(n_tools), ObservationLayout(n_tools, processes=True))
+        shape = self.observation_space[OBSERVATIONS].shape
+        layout = next((lay for lay in layouts if shape == (lay.size,)), None)
+        if layout is None:
+            raise ValueError(f"expected {layouts[0].size} observation floats for {n_tools} tools "
+                             f"({layouts[1].size} with failure processes), got shape {shape}")
+        self.layout = layout
         if config["encoder"] == "transformer":
             self.net = ToolSetEncoder(layout, dependency_matrix(n_tools), config["d_model"], config["n_heads"],
                                       config["n_layers"], config["ff_dim"], relational=config["features"] == "full")
