@@ -65,7 +65,7 @@ class Problem:
     failure: FailureModel
 
 
-def _relevant(required: Sequence[int], registry: ToolRegistry) -> set[int]:
+def relevant_tools(required: Sequence[int], registry: ToolRegistry) -> set[int]:
     """The required tools and their transitive dependencies."""
     relevant = set(required)
     for t in required:
@@ -76,8 +76,25 @@ def _relevant(required: Sequence[int], registry: ToolRegistry) -> set[int]:
 def spare_tools(required: Sequence[int], registry: ToolRegistry) -> tuple[int, ...]:
     """The dependency-free tools outside the required tools and their dependencies: bound (iii)'s filler
     calls. The DP needs one fresh filler per turn, so a task supports turn limits up to their number."""
-    relevant = _relevant(required, registry)
+    relevant = relevant_tools(required, registry)
     return tuple(t for t in range(len(registry)) if t not in relevant and not registry.dependency_ids[t])
+
+
+def problem_tools(required: Sequence[int], registry: ToolRegistry) -> tuple[int, ...]:
+    """The tools of a problem in search order, which is the tie-break order: the required tools, then the
+    helpers (their non-required prerequisites, prerequisites first)."""
+    helpers = sorted(relevant_tools(required, registry) - set(required),
+                     key=lambda t: registry.tools[t].dependency_metadata["level"])
+    return tuple(required) + tuple(helpers)
+
+
+def check_fillers(fillers: Sequence[int], rules: EpisodeRules) -> None:
+    """ValueError unless there is a spare tool for every turn (the DP's fresh filler of each turn)."""
+    if len(fillers) < rules.turn_limit:
+        raise ValueError(
+            f"rules.turn_limit={rules.turn_limit}: bound (iii) needs {rules.turn_limit} spare tools "
+            f"(dependency-free tools the task does not use), this task has {len(fillers)}"
+        )
 
 
 def largest_turn_limit(task: Task, registry: ToolRegistry | None = None) -> int:
@@ -252,17 +269,10 @@ class ExactBound:
             raise ValueError("bounds are defined for the 'test' failure profile only")
         self.rules, self.failure = problem.rules, problem.failure
         required = problem.required
-        relevant = _relevant(required, self.registry)
-        ancestors = sorted(relevant - set(required), key=lambda t: self.registry.tools[t].dependency_metadata["level"])
-        # Search order = tie-break order: required tools, then helpers (prerequisites first).
-        self.tools: tuple[int, ...] = tuple(required) + tuple(ancestors)
+        self.tools: tuple[int, ...] = problem_tools(required, self.registry)
         self.m = len(required)
         self.fillers = spare_tools(required, self.registry)
-        if len(self.fillers) < self.rules.turn_limit:
-            raise ValueError(
-                f"rules.turn_limit={self.rules.turn_limit}: bound (iii) needs {self.rules.turn_limit} spare tools "
-                f"(dependency-free tools the task does not use), this task has {len(self.fillers)}"
-            )
+        check_fillers(self.fillers, self.rules)
         self.dp = subproblems(problem.max_calls, self.rules, self.failure, all_actions)
 
     # --- state -------------------------------------------------------------------------------------
@@ -307,6 +317,16 @@ class ExactBound:
     def best_local_action(self, state: State) -> int | None:
         """The optimal local action (index into ``state.tools``, FILLER) or None for FINISH."""
         return self.dp.solve(state.key)[1]
+
+    def next_tool(self, episode: Episode) -> int | None:
+        """The tool the optimal policy calls now (the first fresh filler for FILLER), None to finish."""
+        state = self.state_of(episode)
+        if state is None:
+            return None
+        action = self.best_local_action(state)
+        if action is None or action != FILLER:
+            return None if action is None else state.tools[action]
+        return next(t for t in self.fillers if episode.calls[t] == 0)  # there is one: see check_fillers
 
     def best_tool(self, state: State) -> int | None:
         """The optimal action as a global tool id (the first fresh filler for FILLER), or None for FINISH."""
@@ -372,14 +392,25 @@ class ExactBound:
 
 
 @cache
-def _bound_for(problem: Problem) -> ExactBound:
-    return ExactBound(problem)
+def _bound_for(problem) -> ExactBound:
+    if isinstance(problem, Problem):
+        return ExactBound(problem)
+    from resilibench.policies.process_bounds import ProcessBound  # imports this module
+
+    return ProcessBound(problem)
 
 
 def exact_bound(task: Task, config: WorldConfig | None = None, registry: ToolRegistry | None = None) -> ExactBound:
-    """The (cached) ExactBound of a task; tasks with the same required tools share one."""
+    """The (cached) bound (iii) of a task, an ExactBound, or under failure processes a
+    ``process_bounds.ProcessBound`` (same interface); tasks with the same required tools share one."""
     config = config or WorldConfig()
-    problem = Problem(task.required_ids(registry), 1 + task.max_retries, config.rules, config.failure)
+    required, max_calls = task.required_ids(registry), 1 + task.max_retries
+    if config.processes.active:
+        from resilibench.policies.process_bounds import ProcessBound, process_problem
+
+        problem = process_problem(required, max_calls, config)
+        return _bound_for(problem) if registry is None else ProcessBound(problem, registry)
+    problem = Problem(required, max_calls, config.rules, config.failure)
     return _bound_for(problem) if registry is None else ExactBound(problem, registry)
 
 
@@ -448,19 +479,8 @@ class OptimalPlanner:
         self.rng = rng
 
     def act(self, episode: Episode, observation: np.ndarray) -> int:
-        finish = len(episode.registry)
-        state = self.bound.state_of(episode)
-        if state is None:
-            return finish
-        action = self.bound.best_local_action(state)
-        if action is None:
-            return finish
-        if action != FILLER:
-            return state.tools[action]
-        for t in self.bound.fillers:
-            if episode.calls[t] == 0:
-                return t
-        raise RuntimeError("no fresh filler tool left")  # excluded by the constructor's check
+        tool = self.bound.next_tool(episode)
+        return len(episode.registry) if tool is None else tool
 
 
 def branch_episode(episode: Episode) -> Episode:
