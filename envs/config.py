@@ -336,18 +336,60 @@ class ShapedReward(Settings):
     scale: float = setting(1.0, bounds=(0, None), help="factor on every reward")
 
 
+@dataclass(frozen=True)
+class FailureProcesses(Settings):
+    """Failure processes beyond the success formula (docs/envs.md, "Failure processes"): per-tool base
+    reliability, bursty outages, rate limits with a known wait, latency with a time budget. The defaults
+    switch every process off and leave the world exactly v1."""
+
+    section = "processes"
+    tool_base_success: dict[str, float] = setting(
+        factory=dict, bounds=UNIT, help="per-tool base success replacing failure.base_success for the named tools")
+    outage_start: float = setting(0.0, bounds=UNIT, help="P that a tool up at its last call is down at this "
+                                  "call (0: no outages)")
+    outage_end: float = setting(1.0, bounds=UNIT, help="P that a tool down at its last call is up at this call")
+    rate_limit_probability: float = setting(0.0, bounds=UNIT, help="P that a call is refused with "
+                                            "RATE_LIMIT_ERROR (0: no rate limits)")
+    rate_limit_wait: int = setting(0, bounds=(0, MAX_TURN_LIMIT), help="turns after a refusal in which every "
+                                   "call of that tool is refused again, without a draw")
+    latency_seconds: tuple[float, ...] = setting((), bounds=(0, None), help="call durations of the latency "
+                                                 "distribution (empty: no latency)")
+    latency_weights: tuple[float, ...] = setting((), bounds=(0, None), help="weights of latency_seconds, "
+                                                 "one each")
+    call_timeout_seconds: float | None = setting(None, above=0, help="a call lasting longer fails with TIMEOUT "
+                                                 "and costs this time (null: no timeout)")
+    time_budget_seconds: float | None = setting(None, above=0, help="seconds of calls per episode; once used, "
+                                                "only finishing is possible (null: no budget)")
+
+    active: ClassVar[bool]  # whether any process has an effect (else the world is exactly v1); set when built
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        seconds, weights = self.latency_seconds, self.latency_weights
+        if len(weights) != len(seconds):
+            raise ConfigError("processes.latency_weights", f"processes.latency_weights must hold one weight per "
+                              f"latency_seconds value ({len(seconds)}), got {len(weights)}")
+        if seconds and sum(weights) <= 0:
+            raise ConfigError("processes.latency_weights", f"processes.latency_weights must have a positive "
+                              f"sum, got {list(weights)}")
+        # Read at every episode start, so computed once here. A timeout or a budget without latency never binds.
+        object.__setattr__(self, "active", bool(self.tool_base_success) or self.outage_start > 0
+                           or self.rate_limit_probability > 0 or bool(seconds))
+
+
 WORLD_PARTIAL_RULES = {"v0": "v0", "v1": "v1"}  # each world's evaluator rule for partial success
 
 
 @dataclass(frozen=True)
 class WorldConfig(Settings):
-    """The whole world: failure model, episode rules, evaluator, rewards."""
+    """The whole world: failure model, episode rules, evaluator, rewards, failure processes."""
 
     failure: FailureModel = setting(factory=FailureModel)
     training: TrainingDynamics = setting(factory=TrainingDynamics)
     rules: EpisodeRules = setting(factory=EpisodeRules)
     evaluator: EvaluatorConfig = setting(factory=EvaluatorConfig)
     reward: ShapedReward = setting(factory=ShapedReward)
+    processes: FailureProcesses = setting(factory=FailureProcesses)
 
     def __post_init__(self) -> None:
         for item in dataclasses.fields(self):
@@ -356,7 +398,12 @@ class WorldConfig(Settings):
                                   f"{_short(getattr(self, item.name))}")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every section as plain data; ``processes`` only when it is not the default, so that a v1 world's dict
+        (and the run identities built from it) stays what it was."""
+        data = dataclasses.asdict(self)
+        if self.processes == FailureProcesses():
+            del data["processes"]
+        return data
 
     @classmethod
     def for_world(cls, world: str = "v1") -> WorldConfig:

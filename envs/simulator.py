@@ -10,7 +10,9 @@ stream"):
   probability) and, when it fails, ``uniform(s, 2k + 1)`` (its error code);
 * env seeded ``S``, its e-th episode since the seeding (``EnvEpisodes``): task index
   ``below(bits(S, 2e), pool size)``, episode seed ``bits(S, 2e + 1)``;
-* run seed ``r`` of task ``t`` (``task_seed``): the env seed ``bits(r, crc32(t))``.
+* run seed ``r`` of task ``t`` (``task_seed``): the env seed ``bits(r, crc32(t))``;
+* failure processes (``resilibench.envs.processes``), when on: the draw of process stage ``x`` at turn
+  ``t`` is ``uniform(subkey(key(s), STAGE_STREAMS[x]), t - 1)``; the success formula keeps the draws above.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ import numpy as np
 from resilibench.envs import stream as rs
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.evaluator import Evaluation, evaluate, task_tables
+from resilibench.envs.processes import (
+    STAGE_STREAMS,
+    STAGE_SUCCESS,
+    CallOutcome,
+    ToolState,
+    sample_outcome,
+    tool_bases,
+)
 from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, ToolRegistry, default_registry
 from resilibench.envs.tasks import Task
 
@@ -41,6 +51,7 @@ FINISHED, OUT_OF_TURNS, CONSECUTIVE_FAILURES, REPETITION_LOOP = (
     "consecutive_failures",
     "repetition_loop",
 )
+OUT_OF_TIME = "out_of_time"  # the time budget of the failure processes ran out (graded as out_of_turns)
 
 
 # Codes of end reasons, for array front ends (the vector env): index into END_REASONS; 0 = still running.
@@ -171,12 +182,18 @@ class CallRecord(NamedTuple):
     probability: float | None  # None when no draw was made (replay, dependency or retry-limit error)
     unmet_dependencies: tuple[str, ...] = ()
     replayed: bool = False
+    duration: float | None = None  # seconds the call took; None in a world without failure processes
+    retry_after: int | None = None  # a rate-limit refusal's wait in turns (the Retry-After)
 
     def to_dict(self) -> dict:
-        """The record as a JSON-friendly dict (the form of ``info["trace"]`` entries in every env)."""
-        tool, success, error_code, turn, probability, unmet, replayed = self
-        return {"tool": tool, "success": success, "error_code": error_code, "turn": turn,
+        """The record as a JSON-friendly dict (the form of ``info["trace"]`` entries in every env); the keys
+        ``duration`` and ``retry_after`` are there when the world has failure processes on."""
+        tool, success, error_code, turn, probability, unmet, replayed, duration, retry_after = self
+        data = {"tool": tool, "success": success, "error_code": error_code, "turn": turn,
                 "probability": probability, "unmet_dependencies": list(unmet), "replayed": replayed}
+        if duration is not None:
+            data["duration"], data["retry_after"] = duration, retry_after
+        return data
 
 
 @dataclass
@@ -202,6 +219,7 @@ class Episode:
     completed: bool = field(default=False, init=False)
     end_reason: str | None = field(default=None, init=False)
     evaluation: Evaluation | None = field(default=None, init=False)
+    time_used: float = field(default=0.0, init=False)  # seconds of calls (failure processes' latency)
 
     def __post_init__(self) -> None:
         names, dependency_ids, error_codes, mask = registry_tables(self.registry)
@@ -219,6 +237,17 @@ class Episode:
         self._probabilities = probability_memo(self.config.failure)
         self._key = rs.key(self.seed)
         self._stream: np.ndarray | None = None  # set once ``stream`` is read or replaced
+        self._calls_end = self._turn_limit  # the turn after which no call is possible (earlier out of time)
+        self._bases: tuple[float, ...] | None = None  # per-tool base success (processes.tool_base_success)
+        processes = self.config.processes
+        self._processes = processes if processes.active else None
+        self._no_time = None if self._processes is None else 0.0  # the duration of a call answered at once
+        if self._processes is not None:
+            if processes.tool_base_success:
+                self._bases = tool_bases(processes, self.config.failure, self.registry)
+            self._down: list[bool | None] = [None] * n  # outages: whether each tool's last call found it down
+            self._blocked_until = [0] * n  # rate limits: the last turn in which each tool's calls are refused
+            self._stage_keys = {stage: rs.subkey(self._key, tag) for stage, tag in STAGE_STREAMS.items()}
 
     @classmethod
     def start(
@@ -255,7 +284,25 @@ class Episode:
 
     @property
     def turns_left(self) -> int:
-        return self._turn_limit - self.turns_used
+        """Calls still possible: the turns left, 0 once the time budget is spent."""
+        return self._calls_end - self.turns_used
+
+    @property
+    def processes_on(self) -> bool:
+        """Whether the world's failure processes are on (``config.processes``)."""
+        return self._processes is not None
+
+    @property
+    def time_left(self) -> float | None:
+        """Seconds left of the time budget (None: no budget)."""
+        budget = self.config.processes.time_budget_seconds
+        return None if budget is None else max(budget - self.time_used, 0.0)
+
+    def tool_state(self, tool: int) -> ToolState:
+        """The failure processes' state of ``tool`` for a call now (``resilibench.envs.processes``)."""
+        if self._processes is None:
+            return ToolState()
+        return ToolState(self._down[tool], max(self._blocked_until[tool] - self.turns_used, 0))
 
     def unmet_dependencies(self, tool: int) -> tuple[int, ...]:
         succeeded = self.succeeded
@@ -272,6 +319,8 @@ class Episode:
                  * tr.retry_factor ** self.calls[tool] * semantic)
             return min(1.0, p)
         key = self.covariates(tool)
+        if self._bases is not None:
+            return success_probability(self._bases[tool], *key, self.config.failure)
         p = self._probabilities.get(key)
         if p is None:  # memo of success_probability, shared by every episode with this failure model
             fm = self.config.failure
@@ -329,7 +378,7 @@ class Episode:
         if not 0 <= tool_id < self._n_tools:
             raise ValueError(f"tool id must be in [0, {self._n_tools}), got {tool_id}")
         turn = self.turns_used + 1  # _use_turn, inlined
-        if turn > self._turn_limit:
+        if turn > self._calls_end:
             self._use_turn()  # raises
         self.turns_used = turn
         if turn == self._turn_limit:
@@ -337,30 +386,35 @@ class Episode:
         name = self._names[tool_id]
         succeeded = self.succeeded
         if succeeded[tool_id]:  # already done: the earlier result, no draw, no failure
-            record = CallRecord(name, True, None, turn, None, (), True)
+            record = CallRecord(name, True, None, turn, None, (), True, self._no_time)
             self.trace.append(record)
             return record
         calls = self.calls
         if calls[tool_id] >= self.max_calls:
-            return self._record_failure(tool_id, CallRecord(name, False, RETRY_LIMIT_ERROR, turn, None))
+            return self._record_failure(tool_id, CallRecord(name, False, RETRY_LIMIT_ERROR, turn, None, (), False,
+                                                            self._no_time))
         if invalid_input:
             calls[tool_id] += 1
-            return self._record_failure(tool_id, CallRecord(name, False, INVALID_INPUT, turn, None))
+            return self._record_failure(tool_id, CallRecord(name, False, INVALID_INPUT, turn, None, (), False,
+                                                            self._no_time))
         deps = self._dependency_ids[tool_id]
         unmet_names = tuple(self._names[d] for d in deps if not succeeded[d]) if deps else ()
         if unmet_names and self._strict:
             calls[tool_id] += 1
-            record = CallRecord(name, False, DEPENDENCY_ERROR, turn, None, unmet_names)
+            record = CallRecord(name, False, DEPENDENCY_ERROR, turn, None, unmet_names, False, self._no_time)
             return self._record_failure(tool_id, record, dependency_problem=True)
         if outcome is not None:
             calls[tool_id] += 1
             success, code = outcome(tool_id)
-            record = CallRecord(name, success, None if success else code, turn, None, unmet_names)
+            record = CallRecord(name, success, None if success else code, turn, None, unmet_names, False,
+                                self._no_time)
             if success:
                 self.trace.append(record)
                 self._record_success(tool_id)
                 return record
             return self._record_failure(tool_id, record, dependency_problem=bool(unmet_names))
+        if self._processes is not None:
+            return self._call_with_processes(tool_id, turn, unmet_names)
         p = self.probability(tool_id)
         draw = self.draws_used
         stream = self._stream
@@ -385,9 +439,10 @@ class Episode:
         return self._end(FINISHED)
 
     def end_out_of_turns(self) -> Evaluation:
-        """End without a completion signal because the agent went on past its turns."""
+        """End without a completion signal because the agent went on past its turns (or its time budget:
+        the end reason is then ``out_of_time``)."""
         self._require_running()
-        return self._end(OUT_OF_TURNS)
+        return self._end(OUT_OF_TIME if self._calls_end < self._turn_limit else OUT_OF_TURNS)
 
     # --- internals -----------------------------------------------------------------------------------
 
@@ -396,11 +451,46 @@ class Episode:
             raise RuntimeError(f"episode already ended ({self.end_reason}); start a new one")
 
     def _use_turn(self) -> None:
-        if self.turns_used >= self._turn_limit:
-            raise RuntimeError(f"no turns left (limit {self._turn_limit}); only finishing is possible")
+        if self.turns_used >= self._calls_end:
+            spent = (f"the time budget is spent ({self.time_used:g} s)" if self._calls_end < self._turn_limit
+                     else f"no turns left (limit {self._turn_limit})")
+            raise RuntimeError(f"{spent}; only finishing is possible")
         self.turns_used += 1
         if self.turns_used == self._turn_limit:
             self.action_mask[:-1] = 0
+
+    def _call_with_processes(self, tool: int, turn: int, unmet_names: tuple[str, ...]) -> CallRecord:
+        """A call that reaches the draw point in a world with failure processes: the branch of
+        ``call_outcomes`` that this turn's draws select (``sample_outcome``), then its record."""
+        draw = self.draws_used
+        stream, key, keys = self._stream, self._key, self._stage_keys
+
+        def uniform(stage: str) -> float:
+            if stage in keys:
+                return rs.uniform(keys[stage], turn - 1)
+            if stage == STAGE_SUCCESS:
+                self.draws_used = draw + 1
+            column = 0 if stage == STAGE_SUCCESS else 1
+            return rs.uniform(key, 2 * draw + column) if stream is None else stream.item(draw, column)
+
+        p = self.probability(tool)
+        state = ToolState(self._down[tool], max(self._blocked_until[tool] - turn + 1, 0))  # turn is under way
+        outcome: CallOutcome = sample_outcome(self._processes, state, p, self._error_codes[tool], uniform)
+        self.calls[tool] += 1
+        self._down[tool] = outcome.state.down
+        self._blocked_until[tool] = turn + outcome.state.blocked
+        self.time_used += outcome.duration
+        budget = self._processes.time_budget_seconds
+        if budget is not None and self.time_used >= budget and turn < self._turn_limit:
+            self._calls_end = turn
+            self.action_mask[:-1] = 0
+        record = CallRecord(self._names[tool], outcome.success, outcome.error_code, turn,
+                            p if outcome.drew else None, unmet_names, False, outcome.duration, outcome.retry_after)
+        if outcome.success:
+            self.trace.append(record)
+            self._record_success(tool)
+            return record
+        return self._record_failure(tool, record, dependency_problem=bool(unmet_names))
 
     def _record_success(self, tool: int) -> None:
         self.action_mask[tool] = 0

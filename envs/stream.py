@@ -7,6 +7,7 @@ Definition (docs/envs.md, "The random stream", has it with test vectors)::
     key(seed)     = mix(seed + GAMMA)                 (all arithmetic modulo 2**64)
     bits(seed, i) = mix(key(seed) + (i + 1) * GAMMA)  (output i of SplitMix64 started at key(seed))
     uniform(seed, i) = (bits(seed, i) >> 11) * 2**-53, a double in [0, 1)
+    subkey(k, tag)   = mix(k ^ (tag * 0xD1B54A32D192ED03))  (the key of an independent stream, tag = 1, 2, ...)
 
 The same function is computed two ways, with bit-identical results: scalar on Python ints (``key``,
 ``bits``, ``uniform``; the single env, the text env, the MCP server) and on numpy ``uint64`` arrays
@@ -47,6 +48,16 @@ def bits(k: int, i: int) -> int:
 def uniform(k: int, i: int) -> float:
     """Draw ``i`` of the seed whose key is ``k`` as a double in [0, 1)."""
     return (bits(k, i) >> 11) * UNIT
+
+
+SUBKEY_MUL = 0xD1B54A32D192ED03
+
+
+def subkey(k: int, tag: int) -> int:
+    """The key of stream number ``tag`` (1, 2, ...) derived from key ``k``: ``mix(k ^ (tag * SUBKEY_MUL))``.
+    Its draws (``uniform(subkey(k, tag), i)``) are independent of the draws of ``k`` itself, so a new use of
+    randomness (the failure processes) leaves the draws of the existing uses unchanged."""
+    return mix(k ^ ((tag * SUBKEY_MUL) & M64))
 
 
 def below(x: int, n: int) -> int:

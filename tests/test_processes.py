@@ -1,0 +1,266 @@
+"""Failure processes (docs/envs.md, "Failure processes"): the branch function, the Episode's sampling of
+it, each process's semantics, and the v1 world left bit for bit as it was when every process is off."""
+
+import math
+
+import pytest
+
+from helpers import make_task
+from resilibench.envs import stream as rs
+from resilibench.envs.config import ConfigError, FailureModel, FailureProcesses, WorldConfig
+from resilibench.envs.processes import (
+    FRESH,
+    RATE_LIMIT_ERROR,
+    SERVICE_UNAVAILABLE,
+    STAGE_CODE,
+    STAGE_SUCCESS,
+    TIMEOUT,
+    CallOutcome,
+    ToolState,
+    call_outcomes,
+    down_probability,
+    sample_outcome,
+    select,
+    tool_bases,
+)
+from resilibench.envs.registry import default_registry
+from resilibench.envs.simulator import OUT_OF_TIME, OUT_OF_TURNS, Episode
+
+REG = default_registry()
+READER, PARSER = "file_operations_reader", "data_processing_parser"
+CODES = ("INVALID_INPUT", "OPERATION_FAILED", "TIMEOUT")
+
+
+def world(**processes) -> WorldConfig:
+    return WorldConfig().replace(processes=processes)
+
+
+def assert_rate(hits: int, n: int, p: float) -> None:
+    """Binomial check at 4.5 standard errors (false alarm rate ~ 1e-5)."""
+    se = math.sqrt(p * (1 - p) / n)
+    assert abs(hits / n - p) < 4.5 * se, (hits / n, p)
+
+
+# --- the branch function --------------------------------------------------------------------------------
+
+EVERY_PROCESS = FailureProcesses(outage_start=0.2, outage_end=0.5, rate_limit_probability=0.1, rate_limit_wait=2,
+                                 latency_seconds=(0.5, 2.0, 9.0), latency_weights=(2, 1, 1),
+                                 call_timeout_seconds=5.0)
+
+
+@pytest.mark.parametrize("state", [FRESH, ToolState(True, 0), ToolState(False, 0), ToolState(None, 2)])
+def test_branches_sum_to_one_and_follow_the_stage_order(state):
+    branches = call_outcomes(EVERY_PROCESS, state, 0.6, CODES)
+    assert math.isclose(sum(w for w, _ in branches), 1.0)
+    by_code: dict[str | None, float] = {}
+    for w, o in branches:
+        by_code[o.error_code] = by_code.get(o.error_code, 0.0) + w
+    if state.blocked:
+        assert branches == [(1.0, CallOutcome(False, RATE_LIMIT_ERROR, 0.0, ToolState(None, 1), False))]
+        return
+    down = down_probability(EVERY_PROCESS, state.down)
+    assert math.isclose(by_code[RATE_LIMIT_ERROR], 0.1)
+    assert math.isclose(by_code[SERVICE_UNAVAILABLE], 0.9 * down)
+    served = 0.9 * (1 - down)
+    # TIMEOUT: the 9 s latency (weight 1/4) exceeds the 5 s timeout, plus the formula's TIMEOUT code.
+    assert math.isclose(by_code[TIMEOUT], served * (0.25 + 0.75 * 0.4 / 3))
+    assert math.isclose(by_code[None], served * 0.75 * 0.6)
+
+
+def test_stationary_and_chain_probabilities():
+    processes = FailureProcesses(outage_start=0.1, outage_end=0.3)
+    assert math.isclose(down_probability(processes, None), 0.1 / 0.4)
+    assert down_probability(processes, False) == 0.1
+    assert math.isclose(down_probability(processes, True), 0.7)
+
+
+def test_processes_off_give_the_formula_branches():
+    branches = call_outcomes(FailureProcesses(), FRESH, 0.8, CODES)
+    assert [(round(w, 12), o.success, o.error_code, o.drew) for w, o in branches] == [
+        (0.8, True, None, True), *((round(0.2 / 3, 12), False, c, True) for c in CODES)]
+
+
+def test_sampling_takes_the_branch_its_draws_select():
+    """Over many draw vectors the sampled outcome's frequencies match the branch probabilities, and
+    every sampled outcome is one of the branches: enumerating them is exact for the simulator."""
+    state, n = ToolState(False, 0), 40000
+    branches = call_outcomes(EVERY_PROCESS, state, 0.6, CODES)
+    counts = dict.fromkeys((o for _, o in branches), 0)
+    for i in range(n):
+        k, stages = rs.key(i), {}
+
+        def draw(stage, k=k, stages=stages):
+            return stages.setdefault(stage, rs.uniform(k, len(stages)))
+
+        counts[sample_outcome(EVERY_PROCESS, state, 0.6, CODES, draw)] += 1
+    for w, o in branches:
+        assert_rate(counts[o], n, w)
+
+
+def test_select_matches_v1_for_the_formula_draws():
+    assert select(STAGE_SUCCESS, 0.79, (0.8, 0.2)) == 0 and select(STAGE_SUCCESS, 0.8, (0.8, 0.2)) == 1
+    for u in (0.0, 0.33, 0.34, 0.999999):
+        assert select(STAGE_CODE, u, (1 / 3,) * 3) == min(int(u * 3), 2)
+
+
+# --- the Episode --------------------------------------------------------------------------------------
+
+
+def test_options_off_are_v1_bit_for_bit():
+    """The default world and an explicitly empty processes section play the same episodes, records and
+    dicts included; the config's dict has no processes section."""
+    task = make_task()
+    for seed in range(50):
+        plain = Episode.start(task, seed)
+        empty = Episode.start(task, seed, world())
+        for tool in task.required_tools * 2:
+            if plain.done or plain.turns_left == 0:
+                break
+            assert plain.call(tool) == empty.call(tool)
+        assert [r.to_dict() for r in plain.trace] == [r.to_dict() for r in empty.trace]
+        assert "duration" not in plain.trace[0].to_dict() and plain.time_used == 0.0
+    assert "processes" not in WorldConfig().to_dict()
+    assert world(outage_start=0.1).to_dict()["processes"]["outage_start"] == 0.1
+
+
+def test_process_draws_leave_the_formula_draws_alone():
+    """With a process on that never fires, every call meets v1's success and error-code draws."""
+    task, config = make_task(), world(rate_limit_probability=1e-300, latency_seconds=(1.0,), latency_weights=(1,))
+    for seed in range(50):
+        plain, on = Episode.start(task, seed), Episode.start(task, seed, config)
+        for tool in task.required_tools:
+            if plain.done:
+                break
+            a, b = plain.call(tool), on.call(tool)
+            assert (a.success, a.error_code, a.probability) == (b.success, b.error_code, b.probability)
+            assert b.duration == 1.0 and b.retry_after is None
+        assert on.time_used == len(on.trace)
+
+
+def test_first_call_is_down_with_the_stationary_probability_and_bursts_persist():
+    """Frequencies of the two-state chain: first call down with start / (start + end); after a down call
+    down again with 1 - end; after an up call down with start (calls of one tool at turns 1, 2)."""
+    processes = dict(outage_start=0.2, outage_end=0.4)
+    task, n = make_task(max_retries=5), 20000
+    config = world(**processes).replace(rules={"max_same_tool_failures": 10, "max_consecutive_failures": 10})
+    first = after_down = downs_after_down = after_up = downs_after_up = 0
+    for seed in range(n):
+        episode = Episode.start(task, seed, config)
+        a = episode.call(READER)
+        if a.success:
+            continue  # a succeeded tool is not called again
+        b = episode.call(READER)
+        was_down, is_down = a.error_code == SERVICE_UNAVAILABLE, b.error_code == SERVICE_UNAVAILABLE
+        first += was_down
+        after_down += was_down
+        downs_after_down += was_down and is_down
+        after_up += not was_down
+        downs_after_up += not was_down and is_down
+        assert (a.probability is None) == was_down
+    # First calls that did not succeed: down ones, and up ones that failed the formula (P 0.2).
+    stationary = 0.2 / 0.6
+    failed_first = stationary + (1 - stationary) * 0.2
+    assert_rate(first, after_down + after_up, stationary / failed_first)
+    assert_rate(downs_after_down, after_down, 1 - 0.4)
+    assert_rate(downs_after_up, after_up, 0.2)
+
+
+def test_rate_limit_blocks_without_draws_and_counts_down_the_wait():
+    config = world(rate_limit_probability=1.0, rate_limit_wait=3).replace(
+        rules={"max_same_tool_failures": 10, "max_consecutive_failures": 10})
+    episode = Episode.start(make_task(max_retries=9), 0, config)
+    first = episode.call(READER)
+    assert (first.error_code, first.retry_after, first.probability) == (RATE_LIMIT_ERROR, 3, None)
+    waits = [episode.call(READER).retry_after for _ in range(3)]
+    assert waits == [2, 1, 0] and episode.tool_state(REG.id_of(READER)).blocked == 0
+    assert episode.call(READER).retry_after == 3  # the wait is over: a new draw, refused again
+    assert episode.draws_used == 0 and episode.n_failures == 5 and episode.calls[REG.id_of(READER)] == 5
+    # Another tool's turns count down the block too.
+    episode.call(PARSER)
+    assert episode.tool_state(REG.id_of(READER)).blocked == 2
+    assert episode.trace[-1].to_dict()["retry_after"] == 3
+
+
+def test_rate_limit_refusals_happen_with_their_probability():
+    config, n = world(rate_limit_probability=0.3), 20000
+    task = make_task()
+    refused = sum(Episode.start(task, seed, config).call(READER).error_code == RATE_LIMIT_ERROR for seed in range(n))
+    assert_rate(refused, n, 0.3)
+
+
+def test_timeouts_cost_the_timeout_and_latency_adds_up():
+    config, n = world(latency_seconds=(1.0, 8.0), latency_weights=(3, 1), call_timeout_seconds=4.0), 20000
+    task, timeouts = make_task(), 0
+    for seed in range(n):
+        episode = Episode.start(task, seed, config)
+        record = episode.call(READER)
+        assert episode.time_used == record.duration
+        if record.duration == 4.0:
+            timeouts += 1
+            assert (record.error_code, record.probability) == (TIMEOUT, None)
+        else:
+            assert record.duration == 1.0 and record.probability == 0.8
+    assert_rate(timeouts, n, 0.25)
+
+
+def test_time_budget_ends_calls_like_the_turn_limit():
+    config = world(latency_seconds=(2.0,), latency_weights=(1,), time_budget_seconds=5.0)
+    episode = Episode.start(make_task(), 1, config)
+    for tool in (READER, PARSER, "utility_logger"):
+        assert episode.turns_left > 0
+        episode.call(tool)
+    assert episode.time_used == 6.0 and episode.time_left == 0.0
+    assert episode.turns_left == 0 and not episode.action_mask[:-1].any() and episode.action_mask[-1]
+    with pytest.raises(RuntimeError, match="time budget is spent"):
+        episode.call(PARSER)
+    assert episode.end_out_of_turns().level in ("failure", "partial_success") and episode.end_reason == OUT_OF_TIME
+    plain = Episode.start(make_task(), 1)
+    while plain.turns_left:
+        plain.call(READER)
+    plain.end_out_of_turns()
+    assert plain.end_reason == OUT_OF_TURNS
+
+
+def test_tool_base_success_replaces_the_base_of_the_named_tools():
+    config = world(tool_base_success={READER: 0.5})
+    episode = Episode.start(make_task(), 0, config)
+    assert episode.probability(REG.id_of(READER)) == 0.5
+    assert episode.probability(REG.id_of(PARSER)) == 0.8
+    bases = tool_bases(config.processes, FailureModel(), REG)
+    assert bases[REG.id_of(READER)] == 0.5 and bases.count(0.8) == len(REG) - 1
+
+
+# --- bad values --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("values", "field"), [
+    ({"outage_start": 1.5}, "processes.outage_start"),
+    ({"rate_limit_wait": -1}, "processes.rate_limit_wait"),
+    ({"latency_seconds": (1.0, 2.0), "latency_weights": (1.0,)}, "processes.latency_weights"),
+    ({"latency_seconds": (1.0,), "latency_weights": (0.0,)}, "processes.latency_weights"),
+    ({"call_timeout_seconds": 0}, "processes.call_timeout_seconds"),
+    ({"tool_base_success": {READER: 2.0}}, "processes.tool_base_success"),
+    ({"bursts": 1}, "processes.bursts"),
+])
+def test_bad_values_are_named(values, field):
+    with pytest.raises(ConfigError) as error:
+        world(**values)
+    assert error.value.field == field and field.split(".")[-1] in str(error.value)
+
+
+def test_unknown_tool_names_are_refused_when_an_episode_starts():
+    config = world(tool_base_success={"file_operations_raeder": 0.5})
+    with pytest.raises(ConfigError, match=r"processes.tool_base_success names unknown tool\(s\) "
+                                          r"\['file_operations_raeder'\]") as error:
+        Episode.start(make_task(), 0, config)
+    assert error.value.field == "processes.tool_base_success"
+
+
+def test_processes_load_from_yaml(tmp_path):
+    from resilibench.envs.config import load_config
+
+    path = tmp_path / "world.yaml"
+    path.write_text("processes:\n  outage_start: 0.05\n  outage_end: 0.5\n  latency_seconds: [0.2, 3]\n"
+                    "  latency_weights: [9, 1]\n")
+    processes = load_config(path).processes
+    assert processes.active and processes.latency_seconds == (0.2, 3.0)
