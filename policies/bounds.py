@@ -20,7 +20,8 @@ text env alike. The training dynamics profile has no bound.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from itertools import pairwise
@@ -28,7 +29,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from resilibench.envs import simulator
 from resilibench.envs.config import EpisodeRules, FailureModel, WorldConfig
+from resilibench.envs.processes import CallOutcome, call_outcomes
 from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
 from resilibench.envs.simulator import (
     Episode,
@@ -492,18 +495,88 @@ def branch_episode(episode: Episode) -> Episode:
     return clone
 
 
+@contextmanager
+def _taking(outcome: CallOutcome) -> Iterator[list[bool]]:
+    """Inside, an Episode call that reaches the processes' draw point takes ``outcome`` as the branch its
+    draws select (``simulator.sample_outcome``); the yielded flag says whether one did. Not thread-safe:
+    branch enumeration only."""
+    reached = [False]
+
+    def take(*_: object) -> CallOutcome:
+        reached[0] = True
+        return outcome
+
+    original, simulator.sample_outcome = simulator.sample_outcome, take
+    try:
+        yield reached
+    finally:
+        simulator.sample_outcome = original
+
+
+def call_branches(episode: Episode, tool: int) -> list[tuple[float, Episode]]:
+    """Every branch (probability, episode after) of calling ``tool`` in ``episode`` (left as it is): one
+    branch when the call is answered without a draw; else, in a v1 world, success and failure (by writing
+    the success draw of the episode's stream), and under failure processes each outcome of
+    ``processes.call_outcomes`` for the tool's state now (outcomes that differ only in the error code of a
+    failed success draw merged, as they lead to the same state)."""
+    if not episode.processes_on:
+        success_branch = branch_episode(episode)
+        record = success_branch.call(tool)
+        if success_branch.draws_used == episode.draws_used:  # answered without a draw
+            return [(1.0, success_branch)]
+        p = record.probability
+        failure_branch = branch_episode(episode)
+        failure_branch.stream[episode.draws_used, 0] = 1.0
+        failure_branch.call(tool)
+        return [(p, success_branch), (1.0 - p, failure_branch)]
+    merged: dict[tuple, tuple[float, CallOutcome]] = {}
+    for q, outcome in call_outcomes(episode.config.processes, episode.tool_state(tool), episode.probability(tool),
+                                    episode.registry.tools[tool].error_codes):
+        what = (outcome.success, outcome.drew or outcome.error_code, outcome.duration, outcome.state)
+        merged[what] = (merged[what][0] + q, merged[what][1]) if what in merged else (q, outcome)
+    branches = []
+    for q, outcome in merged.values():
+        branch = branch_episode(episode)
+        with _taking(outcome) as reached:
+            branch.call(tool)
+        if not reached[0]:  # answered without a draw
+            return [(1.0, branch)]
+        branches.append((q, branch))
+    return branches
+
+
+def episode_state(episode: Episode) -> tuple:
+    """What the future of a running episode depends on (tool states, counters, time): a memo key."""
+    return (tuple(episode.calls), tuple(episode.succeeded), tuple(map(episode.tool_state, range(len(episode.calls)))),
+            episode.n_failures, episode.consecutive_failures, episode.last_tool, episode.same_tool_streak,
+            episode.turns_used, episode.time_used, episode.turns_left)
+
+
 def exact_policy_success(planner: Planner, task: Task, config: WorldConfig | None = None) -> float:
     """The exact full-success probability of a deterministic planner on ``task``, by enumerating every
-    success/failure branch of the episode (at most 2**turn_limit leaves). Used to check bound (iii)."""
+    branch of every call (``call_branches``; at most 2**turn_limit leaves in a v1 world). Under failure
+    processes the states met are memoised, so the planner must act on the episode's state alone (the
+    optimal and heuristic planners do). Used to check bound (iii)."""
     config = config or WorldConfig()
     planner.reset(task, np.random.default_rng(0))
     root = Episode.start(task, 0, config)
     root.stream = np.zeros_like(root.stream)
     finish = len(root.registry)
+    memo: dict[tuple, float] | None = {} if root.processes_on else None
 
     def expand(episode: Episode) -> float:
         if episode.done:
             return float(episode.evaluation.level == "full_success")
+        if memo is None:
+            return step(episode)
+        if sum(episode.succeeded[t] for t in episode.required) != episode.next_required:
+            return 0.0  # a required tool succeeded out of order: full success is no longer possible
+        key = episode_state(episode)
+        if key not in memo:
+            memo[key] = step(episode)
+        return memo[key]
+
+    def step(episode: Episode) -> float:
         action = planner.act(episode, None)
         if action == finish:
             episode.finish()
@@ -511,14 +584,6 @@ def exact_policy_success(planner: Planner, task: Task, config: WorldConfig | Non
         if episode.turns_left == 0:
             episode.end_out_of_turns()
             return expand(episode)
-        success_branch = branch_episode(episode)
-        record = success_branch.call(action)
-        if success_branch.draws_used == episode.draws_used:  # answered without a draw
-            return expand(success_branch)
-        p = record.probability
-        failure_branch = branch_episode(episode)
-        failure_branch.stream[episode.draws_used, 0] = 1.0
-        failure_branch.call(action)
-        return p * expand(success_branch) + (1.0 - p) * expand(failure_branch)
+        return sum(q * expand(branch) for q, branch in call_branches(episode, action) if q > 0.0)
 
     return expand(root)

@@ -17,6 +17,7 @@ then, unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -38,13 +39,13 @@ Branches = list[tuple[float, bool, "Key | None"]]
 
 def frozen_processes(processes: FailureProcesses) -> tuple:
     """A hashable form of ``processes`` (its per-tool bases are a dict): what problems are keyed on."""
-    return tuple(sorted(processes.tool_base_success.items())), *(
-        getattr(processes, name) for name in FailureProcesses.__dataclass_fields__ if name != "tool_base_success")
+    return tuple((f.name, tuple(sorted(v.items())) if isinstance(v := getattr(processes, f.name), dict) else v)
+                 for f in dataclasses.fields(processes))
 
 
 def thawed_processes(frozen: tuple) -> FailureProcesses:
-    names = [name for name in FailureProcesses.__dataclass_fields__ if name != "tool_base_success"]
-    return FailureProcesses(tool_base_success=dict(frozen[0]), **dict(zip(names, frozen[1:], strict=True)))
+    """The ``FailureProcesses`` of ``frozen_processes``."""
+    return FailureProcesses(**{name: dict(v) if name == "tool_base_success" else v for name, v in frozen})
 
 
 class ProcessState(NamedTuple):
