@@ -12,6 +12,12 @@ Layout of the flat float32 vector (N = 30 tools):
     6N + 3         consecutive failures / their limit
     [6N + 4, +20)  task features (``task_features``)
 
+With failure processes on (``WorldConfig.processes``; ``ObservationLayout(N, processes=True)``) three
+blocks follow, so a policy sees the process state it needs (``process_features``):
+    [6N + 24, 7N + 24)  per tool, turns its calls stay rate-limited / rate_limit_wait (0 when free)
+    [7N + 24, 8N + 24)  per tool, 1 when its last call found it down (an outage), else 0
+    8N + 24             share of the time budget left (1 without a budget)
+
 ``features`` (``OBSERVATION_FEATURES``) chooses what the observation hands a policy about dependencies.
 "full" (the default) also gives the next required tool and two dependency features of the task (share of
 required tools with dependencies, dependencies outside the required list): the inputs of the
@@ -41,10 +47,11 @@ def check_features(features: str) -> str:
 
 
 class ObservationLayout:
-    """Offsets of each block for a registry of ``n_tools`` tools."""
+    """Offsets of each block for a registry of ``n_tools`` tools (with ``processes``: the failure processes'
+    blocks too)."""
 
-    def __init__(self, n_tools: int):
-        self.n_tools = n_tools
+    def __init__(self, n_tools: int, processes: bool = False):
+        self.n_tools, self.processes = n_tools, processes
         self.status = 0
         self.required = N_STATUS * n_tools
         self.next_required = self.required + n_tools
@@ -54,6 +61,11 @@ class ObservationLayout:
         self.consecutive = self.failures + 1
         self.task = self.consecutive + 1
         self.size = self.task + N_TASK_FEATURES
+        if processes:
+            self.blocked = self.size
+            self.down = self.blocked + n_tools
+            self.time_left = self.down + n_tools
+            self.size = self.time_left + 1
 
 
 def task_features(task: Task, registry: ToolRegistry) -> np.ndarray:
@@ -103,7 +115,9 @@ def initial_observation(task: Task, registry: ToolRegistry, layout: ObservationL
         obs[layout.required + t] = 1.0
     if not required:
         obs[layout.progress] = 1.0
-    obs[layout.task :] = task_features(task, registry)
+    obs[layout.task : layout.task + N_TASK_FEATURES] = task_features(task, registry)
+    if layout.processes:
+        obs[layout.time_left] = 1.0
     if check_features(features) == "full":
         if required:
             obs[layout.next_required + required[0]] = 1.0
@@ -112,3 +126,17 @@ def initial_observation(task: Task, registry: ToolRegistry, layout: ObservationL
             obs[layout.next_required + t] = (k + 1) / len(required)
         obs[[layout.task + i for i in DEPENDENCY_TASK_FEATURES]] = 0.0
     return obs
+
+
+def process_features(episode, layout: ObservationLayout, obs: np.ndarray) -> None:
+    """Write the failure processes' blocks of ``obs`` (layout with ``processes``) from ``episode``'s state:
+    turns each tool stays rate-limited (over ``rate_limit_wait``), whether its last call found it down, and
+    the share of the time budget left."""
+    processes = episode.config.processes
+    wait = max(processes.rate_limit_wait, 1)
+    for tool in range(layout.n_tools):
+        state = episode.tool_state(tool)
+        obs[layout.blocked + tool] = min(state.blocked / wait, 1.0)
+        obs[layout.down + tool] = 1.0 if state.down else 0.0
+    budget, left = processes.time_budget_seconds, episode.time_left
+    obs[layout.time_left] = 1.0 if budget is None else left / budget

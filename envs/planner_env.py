@@ -16,6 +16,7 @@ from resilibench.envs.observation import (
     check_features,
     counter_tables,
     initial_observation,
+    process_features,
 )
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.rewards import REWARD_MODES, ShapedRewarder
@@ -132,8 +133,10 @@ class ResiliBenchEnv(gym.Env):
 
     ``Box(0, 1, (204,), float32)``: per-tool status one-hot (NOT_ATTEMPTED, SUCCESS, FAILED,
     DEPENDENCY_FAILED), required-tool mask, next-required one-hot, progress, step fraction, failed calls
-    N_h / turn limit, consecutive failures / limit, and 20 task features. See
-    ``resilibench.envs.observation`` for the exact layout.
+    N_h / turn limit, consecutive failures / limit, and 20 task features. With failure processes on
+    (``config.processes``), ``(265,)``: per tool the turns it stays rate-limited and whether its last call
+    found it down, and the share of the time budget left follow. See ``resilibench.envs.observation`` for
+    the exact layout.
 
     ## Rewards
 
@@ -153,9 +156,11 @@ class ResiliBenchEnv(gym.Env):
 
     Terminated on FINISH, after ``max_consecutive_failures`` (5) consecutive failed calls, or when the same
     tool fails ``max_same_tool_failures`` (3) times in a row (both grade as failure). Truncated when a tool
-    action is chosen after the turn limit (10 calls). ``info["level"]`` and ``info["evaluation"]`` are set
+    action is chosen after the turn limit (10 calls), or once the time budget of the failure processes is
+    spent (end reason ``out_of_time``). ``info["level"]`` and ``info["evaluation"]`` are set
     at the end; ``info["trace"]`` always holds the calls so far as a list of dicts (tool, success,
-    error_code, turn, probability, unmet_dependencies, replayed), as in the text env (the dicts are shared
+    error_code, turn, probability, unmet_dependencies, replayed; duration and retry_after with failure
+    processes on), as in the text env (the dicts are shared
     by the infos of one episode: copy one before changing it).
 
     ## Arguments
@@ -218,7 +223,8 @@ class ResiliBenchEnv(gym.Env):
         self.render_mode = render_mode
         self.n_tools = len(self.registry)
         self.finish_action = self.n_tools
-        self.layout = ObservationLayout(self.n_tools)
+        self._processes = self.config.processes.active
+        self.layout = ObservationLayout(self.n_tools, self._processes)
         self.action_space = spaces.Discrete(self.n_tools + 1)
         self.observation_space = spaces.Box(0.0, 1.0, (self.layout.size,), np.float32)
         self.episode: Episode | None = None
@@ -331,6 +337,8 @@ class ResiliBenchEnv(gym.Env):
         obs[lay.step] = step[ep.turns_used]
         obs[lay.failures] = failures[ep.n_failures]
         obs[lay.consecutive] = consecutive[ep.consecutive_failures]
+        if self._processes:
+            process_features(ep, lay, obs)
 
     def _info(self) -> dict[str, Any]:
         ep = self.episode

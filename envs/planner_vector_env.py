@@ -15,7 +15,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from resilibench.envs import stream as rs
-from resilibench.envs.config import WorldConfig
+from resilibench.envs.config import ConfigError, WorldConfig
 from resilibench.envs.evaluator import FULL, LEVELS, grade, output_tool_ids
 from resilibench.envs.observation import (
     N_STATUS,
@@ -111,7 +111,9 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     * ``split``, ``task_types``, ``tasks``, ``config``, ``turn_limit``, ``strict_dependencies``,
       ``registry``, ``features``: as for ``ResiliBench-v0``.
     * ``reward``: "sparse" (the default; "shaped" raises ``ValueError``); ``profile``: "test" (the default;
-      "training" raises ``ValueError``); ``reward_phase`` is accepted for symmetry and unused.
+      "training" raises ``ValueError``); ``reward_phase`` is accepted for symmetry and unused. A
+      ``config`` with failure processes on raises ``ConfigError`` naming ``processes`` (the single env
+      plays them).
     * ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i`` (or per sub-env from a list of N ints/None);
       ``reset(options={"task_id": id or [N ids/None]})`` pins tasks like the single env;
       ``options={"reset_mask": bool array}`` resets only the masked sub-envs.
@@ -168,6 +170,10 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
                 "profile use gymnasium.make_vec('ResiliBench-v0', num_envs=N, vectorization_mode='sync', "
                 "profile='training')"
             )
+        if self.config.processes.active:
+            raise ConfigError("processes", "processes: the batched ResiliBench-v0 does not play failure processes "
+                              "(the single env plays them); use gymnasium.make_vec('ResiliBench-v0', num_envs=N, "
+                              "vectorization_mode='sync', config=...)")
         self.registry = registry or default_registry()
         self.tasks = select_tasks(tasks, split, task_types, world)
         self.known_tasks: list[Task] = list(self.tasks)  # the pool, then tasks pinned by id from elsewhere

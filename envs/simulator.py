@@ -40,6 +40,7 @@ from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, ToolRegis
 from resilibench.envs.tasks import Task
 
 RETRY_LIMIT_ERROR = "RETRY_LIMIT_EXCEEDED"
+ANSWERED_AT_ONCE = frozenset({RETRY_LIMIT_ERROR, INVALID_INPUT, DEPENDENCY_ERROR})  # the episode rules' codes
 
 # Tool status codes shared by observations and traces.
 NOT_ATTEMPTED, SUCCESS, FAILED, DEPENDENCY_FAILED = 0, 1, 2, 3
@@ -184,6 +185,12 @@ class CallRecord(NamedTuple):
     replayed: bool = False
     duration: float | None = None  # seconds the call took; None in a world without failure processes
     retry_after: int | None = None  # a rate-limit refusal's wait in turns (the Retry-After)
+
+    @property
+    def reached_service(self) -> bool:
+        """Whether the call got past the rules that answer at once (replay, call cap, invalid arguments,
+        strict dependencies): the calls a real API would have seen, which call logs record."""
+        return not self.replayed and not (self.probability is None and self.error_code in ANSWERED_AT_ONCE)
 
     def to_dict(self) -> dict:
         """The record as a JSON-friendly dict (the form of ``info["trace"]`` entries in every env); the keys

@@ -291,15 +291,17 @@ class ResiliBenchTextEnv(gym.Env):
         self._parsed = parsed
         truncated = False
         parts: list[tuple[Any, str]] = []  # (request key or None, text)
+        # With failure processes, a spent time budget ends calls as the turn limit does.
+        no_more = "No time left" if episode.time_left == 0 else "No turns left"
         if episode.turns_left == 0:
             if parsed.calls:
-                parts.append((None, "No turns left: the tool call was not executed."))
+                parts.append((None, f"{no_more}: the tool call was not executed."))
             if parsed.completes:
                 episode.finish()
             else:
                 episode.end_out_of_turns()
                 truncated = True
-                parts.append((None, "No turns left and no completion signal."))
+                parts.append((None, f"{no_more} and no completion signal."))
         elif parsed.completes and not parsed.has_tags:
             episode.finish()  # the completion signal alone costs no turn, as FINISH in ResiliBench-v0
         else:
@@ -307,7 +309,8 @@ class ResiliBenchTextEnv(gym.Env):
             if parsed.completes and not episode.done:
                 episode.finish()
             elif not episode.done and episode.turns_left == 0:
-                parts.append((None, "No turns left: reply \"task completed\" to finish, or the episode ends "
+                no_more = "No time left" if episode.time_left == 0 else "No turns left"
+                parts.append((None, f"{no_more}: reply \"task completed\" to finish, or the episode ends "
                                     "unfinished."))
         end = end_text(episode) if episode.done else None
         if end is not None and not any(end in text for _, text in parts):  # a call's feedback may hold it

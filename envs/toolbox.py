@@ -19,6 +19,7 @@ import numpy as np
 
 from resilibench.envs.config import EvaluatorConfig
 from resilibench.envs.evaluator import signals_completion
+from resilibench.envs.processes import RATE_LIMIT_ERROR, SERVICE_UNAVAILABLE, TIMEOUT
 from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, Tool, ToolRegistry, default_registry
 from resilibench.envs.simulator import RETRY_LIMIT_ERROR, CallRecord, Episode
 from resilibench.envs.tasks import LexicalMatcher, load_embedding_model, tool_text
@@ -29,6 +30,8 @@ SEARCH_METHODS = ("auto", "semantic", "lexical")
 EXTRA_ERRORS = {
     DEPENDENCY_ERROR: "Required dependencies have not succeeded yet",
     RETRY_LIMIT_ERROR: "Call limit for this tool reached",
+    RATE_LIMIT_ERROR: "Rate limit exceeded",  # the failure processes' codes, for tools that do not list them
+    SERVICE_UNAVAILABLE: "Remote service unavailable",
 }
 
 
@@ -385,6 +388,9 @@ def call_output(episode: Episode, result_record: CallRecord, message: str | None
     output["unmet_dependencies"] = list(result_record.unmet_dependencies)
     output["progress"] = {"required_done": done, "required_total": len(episode.required)}
     output["turns_left"] = episode.turns_left
+    if result_record.duration is not None:  # failure processes on
+        output["duration"], output["retry_after"] = result_record.duration, result_record.retry_after
+        output["time_left"] = episode.time_left
     output["episode_end"] = episode.end_reason
     return output
 
@@ -406,9 +412,24 @@ def call_tool(episode: Episode, name: str, arguments: dict | None = None,
 
 
 def progress_text(episode: Episode) -> str:
-    """'k/n required tools done; t turns left'."""
+    """'k/n required tools done; t turns left' (and the time left, with a time budget)."""
     done = sum(episode.succeeded[t] for t in episode.required)
-    return f"Progress: {done}/{len(episode.required)} required tools done; {episode.turns_left} turns left."
+    time_left = episode.time_left
+    time = "" if time_left is None else f"; {time_left:g} s of time left"
+    return f"Progress: {done}/{len(episode.required)} required tools done; {episode.turns_left} turns left{time}."
+
+
+def process_text(record: CallRecord, episode: Episode) -> str | None:
+    """What a failure process did to a call, in words (None when none did): a rate-limit refusal and its
+    wait, an outage, a timeout and the time it cost."""
+    if record.error_code == RATE_LIMIT_ERROR and record.retry_after is not None:
+        turns = "turn" if record.retry_after == 1 else "turns"
+        return f"Rate limited; retry after {record.retry_after} {turns}."
+    if record.error_code == SERVICE_UNAVAILABLE and record.probability is None and record.duration is not None:
+        return "The service is unavailable (an outage); it may stay down for a while."
+    if record.error_code == TIMEOUT and record.probability is None and record.duration is not None:
+        return f"The call timed out after {record.duration:g} s; {episode.time_used:g} s of call time used so far."
+    return None
 
 
 def feedback_text(result: CallResult, episode: Episode) -> str:
@@ -417,7 +438,8 @@ def feedback_text(result: CallResult, episode: Episode) -> str:
     record, output = result.record, result.output
     if record.success:
         payload = {k: v for k, v in output.items() if k not in ("unmet_dependencies", "progress", "turns_left",
-                                                                 "episode_end")}
+                                                                 "episode_end", "duration", "retry_after",
+                                                                 "time_left")}
         again = " (already succeeded earlier; returning the earlier result)" if record.replayed else ""
         lines = [f"{record.tool} executed successfully{again}.",
                  "Output: " + json.dumps(payload, sort_keys=True)]
@@ -426,6 +448,9 @@ def feedback_text(result: CallResult, episode: Episode) -> str:
         lines = [f"{record.tool} failed.", f"Error: {error['code']}: {error['description']}"]
         if record.error_code == RETRY_LIMIT_ERROR:
             lines.append(f"This tool may be called at most {episode.max_calls} times in this task.")
+        process = process_text(record, episode)
+        if process is not None:
+            lines.append(process)
     if record.unmet_dependencies:
         lines.append("Dependency problems:")
         for dep in record.unmet_dependencies:

@@ -1,17 +1,20 @@
 """Run planners on ResiliBench-v0 episodes and collect one result row per episode.
 
 Every planner meets the same random stream for the same (task, seed): common random numbers make the
-comparison between planners, and with bound (iii), paired.
+comparison between planners, and with bound (iii), paired. A run can also write a call log
+(``resilibench.envs.call_log``): one row per call that reached the (simulated) service, for calibration.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from resilibench.envs.call_log import CallLogRow, write_rows
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.planner_env import ResiliBenchEnv
 from resilibench.envs.simulator import task_seed
@@ -38,16 +41,25 @@ def planner_rng(planner_name: str, seed: int) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(planner_name.encode())])
 
 
-def run_episode(env: ResiliBenchEnv, planner: Planner, task: Task, seed: int) -> dict[str, Any]:
-    """Play one episode of ``task`` for run seed ``seed``; returns its result row."""
+def run_episode(env: ResiliBenchEnv, planner: Planner, task: Task, seed: int,
+                call_log: list[CallLogRow] | None = None) -> dict[str, Any]:
+    """Play one episode of ``task`` for run seed ``seed``; returns its result row. ``call_log``: a list
+    that receives the episode's call-log rows (``log_row``)."""
     obs, info = env.reset(seed=task_seed(task.instance_id, seed), options={"task_id": task.instance_id})
     planner.reset(task, planner_rng(planner.name, seed))
     total_reward, done = 0.0, False
+    episode, n_tools = env.episode, env.n_tools
     while not done:
-        obs, reward, terminated, truncated, info = env.step(planner.act(env.episode, obs))
+        action = planner.act(episode, obs)
+        covariates = episode.covariates(action) if call_log is not None and action < n_tools else None
+        calls_before = len(episode.trace)
+        obs, reward, terminated, truncated, info = env.step(action)
         total_reward += reward
         done = terminated or truncated
-    episode = env.episode
+        if covariates is not None and len(episode.trace) > calls_before:
+            record = episode.trace[-1]
+            if record.reached_service:
+                call_log.append(log_row(record, covariates, f"{planner.name}/{task.instance_id}/{seed}", episode))
     return {
         "planner": planner.name,
         "task_id": task.instance_id,
@@ -63,6 +75,15 @@ def run_episode(env: ResiliBenchEnv, planner: Planner, task: Task, seed: int) ->
     }
 
 
+def log_row(record, covariates: tuple[int, int, int], episode_id: str, episode) -> CallLogRow:
+    """The call-log row (source "simulator") of a call ``record`` of ``episode`` made with the success
+    formula's ``covariates`` (taken before the call): its duration as the latency when the world has
+    latency, the refusal's wait as the Retry-After."""
+    latency = record.duration if episode.config.processes.latency_seconds else None
+    return CallLogRow("simulator", episode.task.instance_id, episode_id, record.turn, record.tool, *covariates,
+                      record.success, record.error_code, latency_s=latency, retry_after=record.retry_after)
+
+
 def episode_jobs(planners: Sequence[str], tasks: Sequence[Task], seeds: Sequence[int]) -> list[tuple[str, Task, int]]:
     """Every (planner, task, seed) combination in a fixed order."""
     return [(p, t, s) for p in planners for t in tasks for s in seeds]
@@ -73,10 +94,14 @@ def run_jobs(
     config: WorldConfig | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
     clairvoyant: bool = True,
+    call_log: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """Run (planner, task, seed) jobs in one env; ``on_result`` sees each row as it is produced.
-    Rows carry bound (iii) of the task and, with ``clairvoyant``, bound (ii) of the episode's stream."""
+    Rows carry bound (iii) of the task and, with ``clairvoyant``, bound (ii) of the episode's stream, in a
+    world without failure processes (their bounds are not computed here). ``call_log``: a file that
+    receives every episode's call-log rows (appended, one flushed line each)."""
     config = config or WorldConfig()
+    bounds = not config.processes.active
     jobs = list(jobs)
     env = ResiliBenchEnv(tasks=sorted({t.instance_id: t for _, t, _ in jobs}.values(), key=lambda t: t.instance_id),
                          config=config, split=None)
@@ -85,9 +110,13 @@ def run_jobs(
     rows = []
     for name, task, seed in jobs:
         planner = planners.setdefault(name, make_planner(name, config))
-        row = run_episode(env, planner, task, seed)
-        row["bound_iii"] = optimal_success(task, config)
-        if clairvoyant:
+        rows_of_calls: list[CallLogRow] | None = [] if call_log is not None else None
+        row = run_episode(env, planner, task, seed, rows_of_calls)
+        if rows_of_calls:
+            write_rows(call_log, rows_of_calls)
+        if bounds:
+            row["bound_iii"] = optimal_success(task, config)
+        if clairvoyant and bounds:
             key = (task.instance_id, seed)
             if key not in clairvoyant_hits:
                 clairvoyant_hits[key] = exact_bound(task, config).clairvoyant(env.episode.stream)

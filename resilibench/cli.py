@@ -434,11 +434,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                     "task_types": task_types, "limit": args.limit, "task_count": len(selected),
                     "episodes": len(jobs)},
     )
-    return _execute_run(plan, resume=args.resume, split=args.split)
+    if args.call_log is not None and (Path(args.call_log).is_dir() or not Path(args.call_log).parent.is_dir()):
+        raise CliError(f"--call-log: {args.call_log} must be a file in an existing directory")
+    return _execute_run(plan, resume=args.resume, split=args.split, call_log=args.call_log)
 
 
-def _execute_run(plan: _RunPlan, resume: bool, split: str) -> int:
-    """Run the missing episodes of ``plan`` into its directory, then write the summary and the plot."""
+def _execute_run(plan: _RunPlan, resume: bool, split: str, call_log: str | None = None) -> int:
+    """Run the missing episodes of ``plan`` into its directory, then write the summary and the plot;
+    ``call_log``: a file that receives one call-log row per call of every episode played (appended)."""
     from resilibench.policies.runner import run_jobs
     from resilibench.results import plot_full_success, run_metadata, summarize_levels
 
@@ -453,7 +456,7 @@ def _execute_run(plan: _RunPlan, resume: bool, split: str) -> int:
         if todo:
             run.open_results(run_metadata(plan.run_config, plan.seeds))
             with progress_bar(len(todo), "episodes") as bar:
-                run_jobs(todo, plan.config, on_result=lambda row: (run.write(row), bar.update(1)))
+                run_jobs(todo, plan.config, on_result=lambda row: (run.write(row), bar.update(1)), call_log=call_log)
         wanted = {(p, t.instance_id, s) for p, t, s in plan.jobs}
         rows = [row for row in run.rows() if run.key_of(row) in wanted]
         levels = summarize_levels(rows, "planner", "task_type", groups=plan.planners, subgroups=plan.task_types)
@@ -555,6 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output-dir", default="runs/quick", metavar="DIR", help="default runs/quick")
     run.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                      help="skip episodes already in DIR/results.jsonl (default); --no-resume starts afresh")
+    run.add_argument("--call-log", metavar="PATH", help="also append one JSON line per tool call of every episode "
+                     "played to PATH (the call-log format that calibrate-failures reads)")
     run.set_defaults(func=cmd_run)
 
     for module in COMMAND_MODULES:

@@ -1,6 +1,7 @@
 """Failure processes (docs/envs.md, "Failure processes"): the branch function, the Episode's sampling of
 it, each process's semantics, and the v1 world left bit for bit as it was when every process is off."""
 
+import json
 import math
 
 import pytest
@@ -264,3 +265,143 @@ def test_processes_load_from_yaml(tmp_path):
                     "  latency_weights: [9, 1]\n")
     processes = load_config(path).processes
     assert processes.active and processes.latency_seconds == (0.2, 3.0)
+
+
+# --- front ends -----------------------------------------------------------------------------------------
+
+BURSTY = {"outage_start": 0.3, "outage_end": 0.5, "rate_limit_probability": 0.3, "rate_limit_wait": 2,
+          "latency_seconds": (1.0, 3.0), "latency_weights": (1, 1), "time_budget_seconds": 12.0}
+
+
+def test_planner_env_shows_the_process_state():
+    import numpy as np
+
+    from resilibench.envs.observation import ObservationLayout
+    from resilibench.envs.planner_env import ResiliBenchEnv
+
+    plain = ResiliBenchEnv(tasks=[make_task()])
+    assert plain.observation_space.shape == (ObservationLayout(30).size,) == (204,)
+    env = ResiliBenchEnv(tasks=[make_task(max_retries=5)], config=world(**BURSTY))
+    layout = env.layout
+    assert env.observation_space.shape == (layout.size,) == (265,)
+    seen = {"blocked": False, "down": False}
+    for seed in range(30):
+        obs, _ = env.reset(seed=seed)
+        assert obs[layout.time_left] == 1.0 and not obs[layout.blocked:layout.time_left].any()
+        done = False
+        while not done:
+            legal = np.flatnonzero(env.episode.action_mask[:-1])
+            action = int(legal[0]) if len(legal) else env.finish_action
+            obs, _, terminated, truncated, info = env.step(action)
+            done = terminated or truncated
+            ep = env.episode
+            for tool in range(30):
+                state = ep.tool_state(tool)
+                assert obs[layout.blocked + tool] == np.float32(min(state.blocked / 2, 1.0))
+                assert obs[layout.down + tool] == float(bool(state.down))
+                seen["blocked"] |= state.blocked > 0
+                seen["down"] |= bool(state.down)
+            assert obs[layout.time_left] == np.float32(ep.time_left / 12.0)
+            assert env.observation_space.contains(obs)
+        if ep.end_reason == "out_of_time":
+            assert truncated or info["level"]
+    assert seen == {"blocked": True, "down": True}
+
+
+def test_planner_env_truncates_once_the_time_budget_is_spent():
+    from resilibench.envs.planner_env import ResiliBenchEnv
+
+    config = world(latency_seconds=(4.0,), latency_weights=(1,), time_budget_seconds=8.0)
+    env = ResiliBenchEnv(tasks=[make_task()], config=config)
+    env.reset(seed=0)
+    for tool in (READER, PARSER):
+        env.step(REG.id_of(tool))
+    assert not env.episode.action_mask[:-1].any()
+    _, _, terminated, truncated, info = env.step(REG.id_of("utility_logger"))
+    assert truncated and not terminated and info["end_reason"] == OUT_OF_TIME
+    assert info["trace"][0]["duration"] == 4.0 and "retry_after" in info["trace"][0]
+
+
+def test_vector_env_refuses_processes_naming_the_section():
+    from resilibench.envs.planner_vector_env import ResiliBenchVectorEnv
+
+    with pytest.raises(ConfigError, match="^processes: .*the single env plays them") as error:
+        ResiliBenchVectorEnv(num_envs=2, tasks=[make_task()], config=world(outage_start=0.1))
+    assert error.value.field == "processes"
+    ResiliBenchVectorEnv(num_envs=2, tasks=[make_task()], config=world(outage_end=0.5))  # no effect: accepted
+
+
+def test_feedback_says_what_the_process_did():
+    from resilibench.envs.toolbox import call_tool, feedback_text
+
+    config = world(rate_limit_probability=1.0, rate_limit_wait=2, time_budget_seconds=10.0,
+                   latency_seconds=(1.0,), latency_weights=(1,))
+    episode = Episode.start(make_task(), 0, config)
+    result = call_tool(episode, READER)
+    text = feedback_text(result, episode)
+    assert "Rate limited; retry after 2 turns." in text and "s of time left." in text
+    assert result.output["retry_after"] == 2 and result.output["time_left"] == 10.0
+    assert "Rate limited; retry after 1 turn." in feedback_text(call_tool(episode, READER), episode)
+
+    down = Episode.start(make_task(), 0, world(outage_start=1.0, outage_end=0.0))
+    assert "service is unavailable" in feedback_text(call_tool(down, READER), down)
+    slow = Episode.start(make_task(), 0, world(latency_seconds=(9.0,), latency_weights=(1,), call_timeout_seconds=2.5))
+    text = feedback_text(call_tool(slow, READER), slow)
+    assert "timed out after 2.5 s; 2.5 s of call time used" in text
+    plain = Episode.start(make_task(), 0)
+    assert "time left" not in feedback_text(call_tool(plain, READER), plain)
+
+
+def test_text_env_says_when_time_is_out():
+    from resilibench.envs.text_env import ResiliBenchTextEnv
+
+    config = world(latency_seconds=(5.0,), latency_weights=(1,), time_budget_seconds=5.0)
+    env = ResiliBenchTextEnv(tasks=[make_task()], config=config)
+    env.reset(seed=0)
+    obs, *_ = env.step(f"<tool_call>{READER}</tool_call>")
+    assert "0 s of time left" in obs and "No time left" in obs
+    obs, _, _, truncated, info = env.step(f"<tool_call>{PARSER}</tool_call>")
+    assert truncated and info["end_reason"] == OUT_OF_TIME and "No time left and no completion signal" in obs
+
+
+def test_run_writes_a_call_log(tmp_path):
+    from resilibench.cli import main
+    from resilibench.envs.call_log import read_rows
+    from resilibench.results import METADATA_KEY
+
+    config = tmp_path / "world.yaml"
+    config.write_text("processes:\n  rate_limit_probability: 0.2\n  rate_limit_wait: 1\n"
+                      "  latency_seconds: [0.5, 2.0]\n  latency_weights: [1, 1]\n")
+    log = tmp_path / "calls.jsonl"
+    assert main(["run", "--limit", "3", "--seeds", "0", "1", "--planners", "in_order", "dependency_aware",
+                 "--config", str(config), "--output-dir", str(tmp_path / "run"), "--call-log", str(log)]) == 0
+    rows = list(read_rows(log))
+    lines = (json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines())
+    results = [r for r in lines if METADATA_KEY not in r]
+    assert len({r.episode for r in rows}) == len(results) == 12
+    for result in results:
+        mine = [r for r in rows if r.episode == f"{result['planner']}/{result['task_id']}/{result['seed']}"]
+        assert [r.tool for r in mine] == result["tools"] and [r.turn for r in mine] == list(range(1, len(mine) + 1))
+        assert "bound_iii" not in result  # the v1 bound does not cover this world
+    assert {r.source for r in rows} == {"simulator"} and all(r.latency_s in (0.0, 0.5, 2.0) for r in rows)
+    refusals = [r for r in rows if r.error_code == RATE_LIMIT_ERROR]
+    assert refusals and all(r.retry_after in (0, 1) and r.latency_s == 0.0 for r in refusals)
+    assert all(r.retry_after is None for r in rows if r.error_code != RATE_LIMIT_ERROR)
+    # Covariates before each call: the failed calls so far.
+    for episode in {r.episode for r in rows}:
+        mine = [r for r in rows if r.episode == episode]
+        assert [r.n_history for r in mine] == [sum(not x.success for x in mine[:i]) for i in range(len(mine))]
+    assert main(["run", "--limit", "1", "--output-dir", str(tmp_path / "r2"), "--call-log", str(tmp_path)]) == 2
+
+
+def test_run_call_log_of_the_v1_world_has_no_latency(tmp_path):
+    from resilibench.envs.call_log import read_rows
+    from resilibench.envs.tasks import load_tasks
+    from resilibench.policies.runner import episode_jobs, run_jobs
+
+    log = tmp_path / "calls.jsonl"
+    tasks = load_tasks(split="test")[:4]
+    rows = run_jobs(episode_jobs(["random_legal"], tasks, [0]), clairvoyant=False, call_log=log)
+    logged = list(read_rows(log))
+    assert all(r.latency_s is None and r.retry_after is None for r in logged)
+    assert len(logged) == sum(len(r["tools"]) for r in rows) and all("bound_iii" in r for r in rows)
