@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import NamedTuple
 
-from resilibench.envs.config import EpisodeRules, FailureModel, FailureProcesses, WorldConfig
+from resilibench.envs.config import ConfigError, EpisodeRules, FailureModel, FailureProcesses, WorldConfig
 from resilibench.envs.processes import FRESH, ToolState, call_outcomes, down_probability, tool_bases
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.simulator import Episode, success_probability, termination_reason
@@ -377,8 +377,8 @@ class ProcessBound(ExactBound):
         return path
 
     def clairvoyant(self, stream) -> bool:
-        raise ValueError("processes: bound (ii) is not defined under failure processes (their draws come "
-                         "from streams of their own)")
+        raise ConfigError("processes", "processes: bound (ii) is not defined under failure processes (their "
+                          "draws come from streams of their own); bound (iii) is")
 
 
 def process_problem(required: tuple[int, ...], max_calls: int, config: WorldConfig) -> ProcessProblem:

@@ -97,11 +97,11 @@ def run_jobs(
     call_log: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """Run (planner, task, seed) jobs in one env; ``on_result`` sees each row as it is produced.
-    Rows carry bound (iii) of the task and, with ``clairvoyant``, bound (ii) of the episode's stream, in a
-    world without failure processes (their bounds are not computed here). ``call_log``: a file that
+    Rows carry bound (iii) of the task and, with ``clairvoyant``, bound (ii) of the episode's stream (not
+    defined under failure processes: their draws come from streams of their own). ``call_log``: a file that
     receives every episode's call-log rows (appended, one flushed line each)."""
     config = config or WorldConfig()
-    bounds = not config.processes.active
+    clairvoyant = clairvoyant and not config.processes.active
     jobs = list(jobs)
     env = ResiliBenchEnv(tasks=sorted({t.instance_id: t for _, t, _ in jobs}.values(), key=lambda t: t.instance_id),
                          config=config, split=None)
@@ -114,9 +114,8 @@ def run_jobs(
         row = run_episode(env, planner, task, seed, rows_of_calls)
         if rows_of_calls:
             write_rows(call_log, rows_of_calls)
-        if bounds:
-            row["bound_iii"] = optimal_success(task, config)
-        if clairvoyant and bounds:
+        row["bound_iii"] = optimal_success(task, config)
+        if clairvoyant:
             key = (task.instance_id, seed)
             if key not in clairvoyant_hits:
                 clairvoyant_hits[key] = exact_bound(task, config).clairvoyant(env.episode.stream)
