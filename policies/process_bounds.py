@@ -10,7 +10,7 @@ problem with the same call cap, rules, failure model and processes (``ProcessSub
 
 A call's branches come from ``envs.processes.call_outcomes``, the simulator's own list of the outcomes of
 one call, so the process rules live once. A spare tool whose filler call failed becomes a local tool (it
-may be called again) unless the next fresh spare is at least as good (``keeps_spare``). With every
+may be called again) unless the best fresh spare is at least as good (``keeps_spare``). With every
 process off this DP gives the values of ``policies.bounds.Subproblems`` (tested); the bound uses that one
 then, unchanged.
 """
@@ -71,8 +71,9 @@ class ProcessSubproblems:
 
     A shape is (number of required tools left, dependencies per local tool, base per local tool, number of
     failed spares): the local tools are the required tools not yet succeeded in order, the helpers not yet
-    succeeded, then the spare tools whose filler call failed and that are kept (``keeps_spare``). As in
-    ``bounds.Subproblems``, ``all_actions`` keeps every tool of the problem an action at every state."""
+    succeeded, then the spare tools whose filler call failed and that are kept (``keeps_spare``). The
+    actions are the next required tool, the helpers, the kept spares and the best fresh spare;
+    ``all_actions`` adds the later required tools (whose success loses the episode)."""
 
     def __init__(self, max_calls: int, rules: EpisodeRules, failure: FailureModel, processes: FailureProcesses,
                  all_actions: bool):
@@ -92,18 +93,10 @@ class ProcessSubproblems:
 
     def shape(self, n_required: int, deps: Sequence[tuple[int, ...]], bases: Sequence[float],
               n_spares: int) -> tuple[int, tuple[int, ...]]:
-        """(shape id, local indices kept) of a tool list whose last ``n_spares`` tools are failed spares;
-        drops helpers that no required tool needs unless all_actions."""
-        n = len(deps)
-        keep: Sequence[int] = range(n)
-        if not self.all_actions:
-            needed, stack = set(range(n_required)), list(range(n_required))
-            while stack:
-                for d in deps[stack.pop()]:
-                    if d not in needed:
-                        needed.add(d)
-                        stack.append(d)
-            keep = sorted(needed | set(range(n - n_spares, n)))
+        """(shape id, local indices kept) of a tool list whose last ``n_spares`` tools are failed spares.
+        Unlike ``bounds.Subproblems.shape``, a helper that no required tool needs any more stays: a failed
+        call may have left it better than a fresh spare as a filler (found up by an outage process)."""
+        keep = range(len(deps))
         position = {j: new for new, j in enumerate(keep)}
         canonical = (n_required, tuple(tuple(position[d] for d in deps[j]) for j in keep),
                      tuple(bases[j] for j in keep), n_spares)
@@ -137,15 +130,12 @@ class ProcessSubproblems:
         n_required, deps, bases, n_spares = self.shapes[sid]
         return self.shape(n_required, deps + ((),), bases + (base,), n_spares + 1)[0]
 
-    def keeps_spare(self, base: float, state: ToolState, next_base: float | None) -> bool:
+    def keeps_spare(self, base: float, state: ToolState, fresh_base: float | None) -> bool:
         """Whether a spare tool of base ``base`` whose filler call failed (leaving it in ``state``) stays an
-        action: unless no turn is left for it (``next_base`` None) or the next fresh spare (base
-        ``next_base``) is at least as good, with a base as high and a fresh process state no worse (an
-        outage chain whose down state persists, start + end <= 1, makes a down tool worse than a fresh one
-        and an up tool better)."""
-        if next_base is None:
-            return False
-        if base > next_base:
+        action: unless the best fresh spare (base ``fresh_base``; None: none left) is at least as good, with
+        a base as high and a fresh process state no worse (an outage chain whose down state persists,
+        start + end <= 1, makes a tool found down worse than a fresh one and a tool found up better)."""
+        if fresh_base is None or base > fresh_base:
             return True
         processes = self.processes
         return processes.outage_start > 0.0 and (
@@ -319,18 +309,33 @@ class ProcessBound(ExactBound):
         # Filler calls take the spare tools best first (highest base, then registry order).
         self.fillers = tuple(sorted(spare_tools(required, self.registry), key=lambda t: (-self.bases[t], t)))
         check_fillers(self.fillers, self.rules)
+        self._check_other_tools()
         self.dp = process_subproblems(problem.max_calls, self.rules, problem.failure,  # type: ignore[assignment]
                                       problem.processes, all_actions)
+
+    def _check_other_tools(self) -> None:
+        """ConfigError unless every other tool outside the problem (one with dependencies) has a base no
+        higher than the worst spare a filler call may take (the ``turn_limit``-th best): such a tool is
+        then never a better filler than a fresh spare, the argument the filler action rests on."""
+        outside = set(range(len(self.registry))) - set(self.tools) - set(self.fillers)
+        worst = self.bases[self.fillers[self.rules.turn_limit - 1]]
+        better = sorted(self.registry.names[t] for t in outside if self.bases[t] > worst)
+        if better:
+            raise ConfigError("processes.tool_base_success", (
+                f"processes.tool_base_success: bound (iii) takes filler calls from the spare tools (base >= "
+                f"{worst} here); tool(s) {better[:3]} outside the task have a higher base and dependencies, "
+                "which the bound does not model; give tools with dependencies bases no higher than those "
+                "of dependency-free tools, or estimate with monte_carlo_success"))
 
     def _state(self, k: int, calls: Sequence[int], succeeded: Sequence[bool],  # type: ignore[override]
                states: Sequence[ToolState], n_h: int, consecutive: int, last: int, streak: int, turns: int,
                time: float) -> ProcessState:
         """The state after ``k`` required tools, from per-tool (global ids) calls, successes and process
-        states. The failed spares kept are those ``keeps_spare`` keeps, each judged against the spare
-        ranked after it (the fresh one beside it when a best-first policy called it)."""
+        states. The failed spares kept are those ``keeps_spare`` keeps against the best fresh spare."""
         dp, fillers, bases = self.dp, self.fillers, self.bases
-        spares = sorted((t for rank, t in enumerate(fillers) if calls[t] and not succeeded[t] and dp.keeps_spare(
-            bases[t], states[t], bases[fillers[rank + 1]] if rank + 1 < len(fillers) else None)),
+        fresh = tuple(bases[t] for t in fillers if not calls[t])
+        spares = sorted((t for t in fillers if calls[t] and not succeeded[t] and dp.keeps_spare(
+            bases[t], states[t], fresh[0] if fresh else None)),
             key=lambda t: dp.spare_rank(bases[t], calls[t], states[t], t == last and streak > 0))
         local = self.problem.required[k:] + tuple(t for t in self.tools[self.m:] if not succeeded[t]) + tuple(spares)
         index = {t: j for j, t in enumerate(local)}
@@ -338,7 +343,6 @@ class ProcessBound(ExactBound):
         sid, keep = dp.shape(self.m - k, deps, [bases[t] for t in local], len(spares))
         tools = tuple(local[j] for j in keep)
         last = tools.index(last) if streak > 0 and last in tools else -1
-        fresh = tuple(bases[t] for t in fillers if not calls[t])
         key = dp.key(sid, tuple(calls[t] for t in tools), tuple(states[t] for t in tools), n_h, consecutive,
                      last, streak, turns, time, fresh)
         return ProcessState(key, tools)
