@@ -43,6 +43,7 @@ from resilibench.envs.simulator import (
 from resilibench.envs.tasks import Task, dependency_sort
 from resilibench.metrics.workflow import Node, Workflow
 from resilibench.policies.base import Planner
+from resilibench.results import wilson_interval
 
 FILLER = -1  # action code of "call a fresh irrelevant tool" inside the DP
 
@@ -587,3 +588,28 @@ def exact_policy_success(planner: Planner, task: Task, config: WorldConfig | Non
         return sum(q * expand(branch) for q, branch in call_branches(episode, action) if q > 0.0)
 
     return expand(root)
+
+
+def monte_carlo_success(planner: Planner, tasks: Sequence[Task], config: WorldConfig | None = None,
+                        episodes: int = 1000) -> tuple[float, tuple[float, float]]:
+    """(full-success rate, its 95% Wilson interval) of ``planner`` over ``episodes`` episodes of each task,
+    on the streams of run seeds 0..episodes-1 (``simulator.run_episode_seed``, as ``resilibench run``
+    plays them): the estimate to report where an exact value is too costly to compute."""
+    config = config or WorldConfig()
+    wins = 0
+    for task in tasks:
+        for seed in range(episodes):
+            episode = Episode.start(task, run_episode_seed(task.instance_id, seed), config)
+            planner.reset(task, np.random.default_rng(seed))
+            finish = len(episode.registry)
+            while not episode.done:
+                action = planner.act(episode, None)
+                if action == finish:
+                    episode.finish()
+                elif episode.turns_left == 0:
+                    episode.end_out_of_turns()
+                else:
+                    episode.call(action)
+            wins += episode.evaluation.level == "full_success"
+    n = episodes * len(tasks)
+    return (wins / n if n else float("nan")), wilson_interval(wins, n)

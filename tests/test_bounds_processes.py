@@ -22,10 +22,11 @@ from resilibench.policies.bounds import (
     episode_state,
     exact_bound,
     exact_policy_success,
+    monte_carlo_success,
     optimal_success,
     varied_tasks,
 )
-from resilibench.policies.heuristics import DependencyAwarePlanner, InOrderPlanner, RandomLegalPlanner
+from resilibench.policies.heuristics import DependencyAwarePlanner, InOrderPlanner
 from resilibench.policies.process_bounds import ProcessBound, process_problem
 from resilibench.policies.runner import episode_jobs, run_jobs
 
@@ -132,8 +133,9 @@ def expectimax(root: Episode) -> dict:
     return memo
 
 
-# Short episodes where fillers matter: 3 failures in a row or 2 of one tool end the episode.
-SMALL_RULES = {"turn_limit": 4, "max_consecutive_failures": 3, "max_same_tool_failures": 2}
+# Short episodes where fillers matter: 2 failures of one tool in a row end the episode (a filler call in
+# between lets it be tried again), and so do 3 failures in a row (unless the case keeps the default 5).
+SMALL_RULES = {"max_consecutive_failures": 3, "max_same_tool_failures": 2}
 SMALL_WORLDS = {
     # tools of distinct bases: fillers taken best first, a failed better spare re-called; tools with
     # dependencies no more reliable than dependency-free ones (what the bound requires)
@@ -148,23 +150,33 @@ SMALL_WORLDS = {
                                             for i, n in enumerate(REGISTRY.names)},
                       "outage_start": 0.2, "outage_end": 0.5},
 }
+ONE, TWO = ("file_operations_reader",), ("file_operations_reader", "data_processing_parser")
+# (world, required tools, turn limit, the default consecutive-failure limit): with one tool and 5 turns a
+# failed spare is worth calling again (the test fails when the DP never keeps one)
+SMALL_CASES = [("outages", ONE, 5, True), ("bases", ONE, 5, True), ("outages", TWO, 4, False),
+               ("anti_outages", ONE, 4, False), ("rate_limits", TWO, 4, False), ("latency", ONE, 4, False),
+               ("bases", TWO, 4, False), ("bases_outages", TWO, 4, False)]
 
 
-@pytest.mark.parametrize("option", list(SMALL_WORLDS))
-@pytest.mark.parametrize("required", [("file_operations_reader",),
-                                      ("file_operations_reader", "data_processing_parser")], ids=["one", "two"])
-def test_bound_equals_expectimax_over_every_tool_on_small_worlds(option, required):
+@pytest.mark.slow
+@pytest.mark.parametrize(("option", "required", "turn_limit", "default_consecutive"), SMALL_CASES,
+                         ids=[f"{c[0]}-{len(c[1])}-T{c[2]}" for c in SMALL_CASES])
+def test_bound_equals_expectimax_over_every_tool_on_small_worlds(option, required, turn_limit,
+                                                                 default_consecutive):
     """Checks the arguments the DP rests on (fillers are spare tools, fresh ones taken best first, a failed
-    spare kept only when the next fresh one is not as good, the pruned actions) against an expectimax with
+    spare kept only when the best fresh one is not as good, the pruned actions) against an expectimax with
     every tool an action (spares and other tools with dependencies among them), in every state it reaches:
     the DP's value of each state equals the expectimax's."""
-    registry = small_registry(required, 5, 2)
+    registry = small_registry(required, 5, 1 if turn_limit == 5 else 2)
     task = make_task(required)
     processes = dict(SMALL_WORLDS[option])
     if "tool_base_success" in processes:  # the tools of the small registry
         processes["tool_base_success"] = {n: b for n, b in processes["tool_base_success"].items() if n in registry}
-    for strict in (False, True):
-        config = WorldConfig().replace(rules={**SMALL_RULES, "strict_dependencies": strict}, processes=processes)
+    rules = {**SMALL_RULES, "turn_limit": turn_limit}
+    if default_consecutive:
+        del rules["max_consecutive_failures"]
+    for strict in (False, True)[: 2 if len(required) > 1 else 1]:  # one tool has no dependency to be strict on
+        config = WorldConfig().replace(rules={**rules, "strict_dependencies": strict}, processes=processes)
         bound = ProcessBound(process_problem(task.required_ids(registry), 4, config), registry)
         values = expectimax(Episode.start(task, 0, config, registry))
         assert len(values) > 100
@@ -192,3 +204,11 @@ def test_bad_process_settings_are_named():
         optimal_success(task, WorldConfig().replace(processes={"tool_base_success": {"no_such_tool": 0.9}}))
     with pytest.raises(ConfigError, match="^processes: bound \\(ii\\)"):
         clairvoyant_success(task, range(2), world("outages"))
+
+
+def test_monte_carlo_estimate_covers_the_exact_value():
+    task, config = some_tasks()[2], world("outages")
+    rate, (low, high) = monte_carlo_success(OptimalPlanner(config), [task], config, episodes=800)
+    assert low <= optimal_success(task, config) <= high and low < rate < high
+    in_order, _ = monte_carlo_success(InOrderPlanner(), [task], config, episodes=800)
+    assert in_order < low
