@@ -61,12 +61,14 @@ class State(NamedTuple):
 
 @dataclass(frozen=True)
 class Problem:
-    """What a bound depends on: the required tools in order, the call cap, the rules and the failure model."""
+    """What a bound depends on: the required tools in order, the call cap, the rules and the failure model,
+    and the failure processes when some are on (``process_bounds.frozen_processes``; empty: none)."""
 
     required: tuple[int, ...]
     max_calls: int
     rules: EpisodeRules
     failure: FailureModel
+    processes: tuple = ()
 
 
 def relevant_tools(required: Sequence[int], registry: ToolRegistry) -> set[int]:
@@ -396,8 +398,8 @@ class ExactBound:
 
 
 @cache
-def _bound_for(problem) -> ExactBound:
-    if isinstance(problem, Problem):
+def _bound_for(problem: Problem) -> ExactBound:
+    if not problem.processes:
         return ExactBound(problem)
     from resilibench.policies.process_bounds import ProcessBound  # imports this module
 

@@ -19,15 +19,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cache
-from typing import NamedTuple
 
 from resilibench.envs.config import ConfigError, EpisodeRules, FailureModel, FailureProcesses, WorldConfig
 from resilibench.envs.processes import FRESH, ToolState, call_outcomes, down_probability, tool_bases
 from resilibench.envs.registry import ToolRegistry, default_registry
 from resilibench.envs.simulator import Episode, success_probability, termination_reason
-from resilibench.policies.bounds import FILLER, ExactBound, check_fillers, problem_tools, spare_tools
+from resilibench.policies.bounds import (
+    FILLER,
+    ExactBound,
+    Problem,
+    State,
+    check_fillers,
+    problem_tools,
+    spare_tools,
+)
 
 # (shape id, call count per local tool, process state per local tool, N_h, consecutive failures, local index
 # of the tool of the current failure streak (-1: none), streak length, turns used, time used, bases of the
@@ -46,24 +52,6 @@ def frozen_processes(processes: FailureProcesses) -> tuple:
 def thawed_processes(frozen: tuple) -> FailureProcesses:
     """The ``FailureProcesses`` of ``frozen_processes``."""
     return FailureProcesses(**{name: dict(v) if name == "tool_base_success" else v for name, v in frozen})
-
-
-class ProcessState(NamedTuple):
-    """A DP state of one problem: its key (None: lost) and the global id of each local tool."""
-
-    key: Key | None
-    tools: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class ProcessProblem:
-    """What a bound under failure processes depends on (``processes``: ``frozen_processes``)."""
-
-    required: tuple[int, ...]
-    max_calls: int
-    rules: EpisodeRules
-    failure: FailureModel
-    processes: tuple
 
 
 class ProcessSubproblems:
@@ -296,7 +284,7 @@ class ProcessBound(ExactBound):
     ``ExactBound`` (value, optimal action, ``next_tool`` for the optimal planner) over ``ProcessSubproblems``.
     The filler of a state is the best fresh spare tool; a kept failed spare is a local tool."""
 
-    def __init__(self, problem: ProcessProblem, registry: ToolRegistry | None = None, all_actions: bool = False):
+    def __init__(self, problem: Problem, registry: ToolRegistry | None = None, all_actions: bool = False):
         self.registry = registry or default_registry()
         self.problem = problem  # type: ignore[assignment]
         if problem.rules.profile != "test":
@@ -329,7 +317,7 @@ class ProcessBound(ExactBound):
 
     def _state(self, k: int, calls: Sequence[int], succeeded: Sequence[bool],  # type: ignore[override]
                states: Sequence[ToolState], n_h: int, consecutive: int, last: int, streak: int, turns: int,
-               time: float) -> ProcessState:
+               time: float) -> State:
         """The state after ``k`` required tools, from per-tool (global ids) calls, successes and process
         states. The failed spares kept are those ``keeps_spare`` keeps against the best fresh spare."""
         dp, fillers, bases = self.dp, self.fillers, self.bases
@@ -345,13 +333,13 @@ class ProcessBound(ExactBound):
         last = tools.index(last) if streak > 0 and last in tools else -1
         key = dp.key(sid, tuple(calls[t] for t in tools), tuple(states[t] for t in tools), n_h, consecutive,
                      last, streak, turns, time, fresh)
-        return ProcessState(key, tools)
+        return State(key, tools)
 
-    def initial_state(self, dp=None) -> ProcessState:  # type: ignore[override]
+    def initial_state(self, dp=None) -> State:  # type: ignore[override]
         n = len(self.registry)
         return self._state(0, [0] * n, [False] * n, [FRESH] * n, 0, 0, -1, 0, 0, 0.0)
 
-    def state_of(self, episode: Episode) -> ProcessState | None:  # type: ignore[override]
+    def state_of(self, episode: Episode) -> State | None:  # type: ignore[override]
         """The DP state of a running episode, or None when full success is no longer possible."""
         k = episode.next_required
         if sum(episode.succeeded[t] for t in episode.required) != k:  # a required tool succeeded out of order
@@ -374,10 +362,10 @@ class ProcessBound(ExactBound):
             if action == FILLER:
                 path.append(self.fillers[fillers_used])
                 fillers_used += 1
-                state = ProcessState(key, state.tools)
+                state = State(key, state.tools)
             else:
                 path.append(state.tools[action])
-                state = ProcessState(key, tuple(state.tools[j] for j in self.dp.after_success(state.key[0], action)[1]))
+                state = State(key, tuple(state.tools[j] for j in self.dp.after_success(state.key[0], action)[1]))
         return path
 
     def clairvoyant(self, stream) -> bool:
@@ -385,5 +373,6 @@ class ProcessBound(ExactBound):
                           "draws come from streams of their own); bound (iii) is")
 
 
-def process_problem(required: tuple[int, ...], max_calls: int, config: WorldConfig) -> ProcessProblem:
-    return ProcessProblem(required, max_calls, config.rules, config.failure, frozen_processes(config.processes))
+def process_problem(required: tuple[int, ...], max_calls: int, config: WorldConfig) -> Problem:
+    """The ``bounds.Problem`` of a task's required tools and call cap in a world with failure processes."""
+    return Problem(required, max_calls, config.rules, config.failure, frozen_processes(config.processes))
