@@ -57,6 +57,7 @@ def some_tasks():
     return library + [helper] + varied_tasks(2, seed=5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strict", [False, True], ids=["default", "strict"])
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_optimal_policy_attains_the_bound_exactly(option, strict):
@@ -81,6 +82,7 @@ def test_processes_that_change_nothing_give_the_v1_bound(strict):
         assert optimal_success(task, neutral) == optimal_success(task, v1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_pruned_actions_lose_nothing(option):
     """The next required tool, the helpers still needed, the kept failed spares and the best fresh spare
