@@ -20,7 +20,8 @@ text env alike. The training dynamics profile has no bound.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from itertools import pairwise
@@ -28,7 +29,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from resilibench.envs import simulator
 from resilibench.envs.config import EpisodeRules, FailureModel, WorldConfig
+from resilibench.envs.processes import CallOutcome, call_outcomes
 from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
 from resilibench.envs.simulator import (
     Episode,
@@ -40,6 +43,7 @@ from resilibench.envs.simulator import (
 from resilibench.envs.tasks import Task, dependency_sort
 from resilibench.metrics.workflow import Node, Workflow
 from resilibench.policies.base import Planner
+from resilibench.results import wilson_interval
 
 FILLER = -1  # action code of "call a fresh irrelevant tool" inside the DP
 
@@ -57,15 +61,17 @@ class State(NamedTuple):
 
 @dataclass(frozen=True)
 class Problem:
-    """What a bound depends on: the required tools in order, the call cap, the rules and the failure model."""
+    """What a bound depends on: the required tools in order, the call cap, the rules and the failure model,
+    and the failure processes when some are on (``process_bounds.frozen_processes``; empty: none)."""
 
     required: tuple[int, ...]
     max_calls: int
     rules: EpisodeRules
     failure: FailureModel
+    processes: tuple = ()
 
 
-def _relevant(required: Sequence[int], registry: ToolRegistry) -> set[int]:
+def relevant_tools(required: Sequence[int], registry: ToolRegistry) -> set[int]:
     """The required tools and their transitive dependencies."""
     relevant = set(required)
     for t in required:
@@ -76,8 +82,25 @@ def _relevant(required: Sequence[int], registry: ToolRegistry) -> set[int]:
 def spare_tools(required: Sequence[int], registry: ToolRegistry) -> tuple[int, ...]:
     """The dependency-free tools outside the required tools and their dependencies: bound (iii)'s filler
     calls. The DP needs one fresh filler per turn, so a task supports turn limits up to their number."""
-    relevant = _relevant(required, registry)
+    relevant = relevant_tools(required, registry)
     return tuple(t for t in range(len(registry)) if t not in relevant and not registry.dependency_ids[t])
+
+
+def problem_tools(required: Sequence[int], registry: ToolRegistry) -> tuple[int, ...]:
+    """The tools of a problem in search order, which is the tie-break order: the required tools, then the
+    helpers (their non-required prerequisites, prerequisites first)."""
+    helpers = sorted(relevant_tools(required, registry) - set(required),
+                     key=lambda t: registry.tools[t].dependency_metadata["level"])
+    return tuple(required) + tuple(helpers)
+
+
+def check_fillers(fillers: Sequence[int], rules: EpisodeRules) -> None:
+    """ValueError unless there is a spare tool for every turn (the DP's fresh filler of each turn)."""
+    if len(fillers) < rules.turn_limit:
+        raise ValueError(
+            f"rules.turn_limit={rules.turn_limit}: bound (iii) needs {rules.turn_limit} spare tools "
+            f"(dependency-free tools the task does not use), this task has {len(fillers)}"
+        )
 
 
 def largest_turn_limit(task: Task, registry: ToolRegistry | None = None) -> int:
@@ -252,17 +275,10 @@ class ExactBound:
             raise ValueError("bounds are defined for the 'test' failure profile only")
         self.rules, self.failure = problem.rules, problem.failure
         required = problem.required
-        relevant = _relevant(required, self.registry)
-        ancestors = sorted(relevant - set(required), key=lambda t: self.registry.tools[t].dependency_metadata["level"])
-        # Search order = tie-break order: required tools, then helpers (prerequisites first).
-        self.tools: tuple[int, ...] = tuple(required) + tuple(ancestors)
+        self.tools: tuple[int, ...] = problem_tools(required, self.registry)
         self.m = len(required)
         self.fillers = spare_tools(required, self.registry)
-        if len(self.fillers) < self.rules.turn_limit:
-            raise ValueError(
-                f"rules.turn_limit={self.rules.turn_limit}: bound (iii) needs {self.rules.turn_limit} spare tools "
-                f"(dependency-free tools the task does not use), this task has {len(self.fillers)}"
-            )
+        check_fillers(self.fillers, self.rules)
         self.dp = subproblems(problem.max_calls, self.rules, self.failure, all_actions)
 
     # --- state -------------------------------------------------------------------------------------
@@ -307,6 +323,16 @@ class ExactBound:
     def best_local_action(self, state: State) -> int | None:
         """The optimal local action (index into ``state.tools``, FILLER) or None for FINISH."""
         return self.dp.solve(state.key)[1]
+
+    def next_tool(self, episode: Episode) -> int | None:
+        """The tool the optimal policy calls now (the first fresh filler for FILLER), None to finish."""
+        state = self.state_of(episode)
+        if state is None:
+            return None
+        action = self.best_local_action(state)
+        if action is None or action != FILLER:
+            return None if action is None else state.tools[action]
+        return next(t for t in self.fillers if episode.calls[t] == 0)  # there is one: see check_fillers
 
     def best_tool(self, state: State) -> int | None:
         """The optimal action as a global tool id (the first fresh filler for FILLER), or None for FINISH."""
@@ -373,13 +399,24 @@ class ExactBound:
 
 @cache
 def _bound_for(problem: Problem) -> ExactBound:
-    return ExactBound(problem)
+    if not problem.processes:
+        return ExactBound(problem)
+    from resilibench.policies.process_bounds import ProcessBound  # imports this module
+
+    return ProcessBound(problem)
 
 
 def exact_bound(task: Task, config: WorldConfig | None = None, registry: ToolRegistry | None = None) -> ExactBound:
-    """The (cached) ExactBound of a task; tasks with the same required tools share one."""
+    """The (cached) bound (iii) of a task, an ExactBound, or under failure processes a
+    ``process_bounds.ProcessBound`` (same interface); tasks with the same required tools share one."""
     config = config or WorldConfig()
-    problem = Problem(task.required_ids(registry), 1 + task.max_retries, config.rules, config.failure)
+    required, max_calls = task.required_ids(registry), 1 + task.max_retries
+    if config.processes.active:
+        from resilibench.policies.process_bounds import ProcessBound, process_problem
+
+        problem = process_problem(required, max_calls, config)
+        return _bound_for(problem) if registry is None else ProcessBound(problem, registry)
+    problem = Problem(required, max_calls, config.rules, config.failure)
     return _bound_for(problem) if registry is None else ExactBound(problem, registry)
 
 
@@ -448,19 +485,8 @@ class OptimalPlanner:
         self.rng = rng
 
     def act(self, episode: Episode, observation: np.ndarray) -> int:
-        finish = len(episode.registry)
-        state = self.bound.state_of(episode)
-        if state is None:
-            return finish
-        action = self.bound.best_local_action(state)
-        if action is None:
-            return finish
-        if action != FILLER:
-            return state.tools[action]
-        for t in self.bound.fillers:
-            if episode.calls[t] == 0:
-                return t
-        raise RuntimeError("no fresh filler tool left")  # excluded by the constructor's check
+        tool = self.bound.next_tool(episode)
+        return len(episode.registry) if tool is None else tool
 
 
 def branch_episode(episode: Episode) -> Episode:
@@ -472,18 +498,88 @@ def branch_episode(episode: Episode) -> Episode:
     return clone
 
 
+@contextmanager
+def _taking(outcome: CallOutcome) -> Iterator[list[bool]]:
+    """Inside, an Episode call that reaches the processes' draw point takes ``outcome`` as the branch its
+    draws select (``simulator.sample_outcome``); the yielded flag says whether one did. Not thread-safe:
+    branch enumeration only."""
+    reached = [False]
+
+    def take(*_: object) -> CallOutcome:
+        reached[0] = True
+        return outcome
+
+    original, simulator.sample_outcome = simulator.sample_outcome, take
+    try:
+        yield reached
+    finally:
+        simulator.sample_outcome = original
+
+
+def call_branches(episode: Episode, tool: int) -> list[tuple[float, Episode]]:
+    """Every branch (probability, episode after) of calling ``tool`` in ``episode`` (left as it is): one
+    branch when the call is answered without a draw; else, in a v1 world, success and failure (by writing
+    the success draw of the episode's stream), and under failure processes each outcome of
+    ``processes.call_outcomes`` for the tool's state now (outcomes that differ only in the error code of a
+    failed success draw merged, as they lead to the same state)."""
+    if not episode.processes_on:
+        success_branch = branch_episode(episode)
+        record = success_branch.call(tool)
+        if success_branch.draws_used == episode.draws_used:  # answered without a draw
+            return [(1.0, success_branch)]
+        p = record.probability
+        failure_branch = branch_episode(episode)
+        failure_branch.stream[episode.draws_used, 0] = 1.0
+        failure_branch.call(tool)
+        return [(p, success_branch), (1.0 - p, failure_branch)]
+    merged: dict[tuple, tuple[float, CallOutcome]] = {}
+    for q, outcome in call_outcomes(episode.config.processes, episode.tool_state(tool), episode.probability(tool),
+                                    episode.registry.tools[tool].error_codes):
+        what = (outcome.success, outcome.drew or outcome.error_code, outcome.duration, outcome.state)
+        merged[what] = (merged[what][0] + q, merged[what][1]) if what in merged else (q, outcome)
+    branches = []
+    for q, outcome in merged.values():
+        branch = branch_episode(episode)
+        with _taking(outcome) as reached:
+            branch.call(tool)
+        if not reached[0]:  # answered without a draw
+            return [(1.0, branch)]
+        branches.append((q, branch))
+    return branches
+
+
+def episode_state(episode: Episode) -> tuple:
+    """What the future of a running episode depends on (tool states, counters, time): a memo key."""
+    return (tuple(episode.calls), tuple(episode.succeeded), tuple(map(episode.tool_state, range(len(episode.calls)))),
+            episode.n_failures, episode.consecutive_failures, episode.last_tool, episode.same_tool_streak,
+            episode.turns_used, episode.time_used, episode.turns_left)
+
+
 def exact_policy_success(planner: Planner, task: Task, config: WorldConfig | None = None) -> float:
     """The exact full-success probability of a deterministic planner on ``task``, by enumerating every
-    success/failure branch of the episode (at most 2**turn_limit leaves). Used to check bound (iii)."""
+    branch of every call (``call_branches``; at most 2**turn_limit leaves in a v1 world). Under failure
+    processes the states met are memoised, so the planner must act on the episode's state alone (the
+    optimal and heuristic planners do). Used to check bound (iii)."""
     config = config or WorldConfig()
     planner.reset(task, np.random.default_rng(0))
     root = Episode.start(task, 0, config)
     root.stream = np.zeros_like(root.stream)
     finish = len(root.registry)
+    memo: dict[tuple, float] | None = {} if root.processes_on else None
 
     def expand(episode: Episode) -> float:
         if episode.done:
             return float(episode.evaluation.level == "full_success")
+        if memo is None:
+            return step(episode)
+        if sum(episode.succeeded[t] for t in episode.required) != episode.next_required:
+            return 0.0  # a required tool succeeded out of order: full success is no longer possible
+        key = episode_state(episode)
+        if key not in memo:
+            memo[key] = step(episode)
+        return memo[key]
+
+    def step(episode: Episode) -> float:
         action = planner.act(episode, None)
         if action == finish:
             episode.finish()
@@ -491,14 +587,31 @@ def exact_policy_success(planner: Planner, task: Task, config: WorldConfig | Non
         if episode.turns_left == 0:
             episode.end_out_of_turns()
             return expand(episode)
-        success_branch = branch_episode(episode)
-        record = success_branch.call(action)
-        if success_branch.draws_used == episode.draws_used:  # answered without a draw
-            return expand(success_branch)
-        p = record.probability
-        failure_branch = branch_episode(episode)
-        failure_branch.stream[episode.draws_used, 0] = 1.0
-        failure_branch.call(action)
-        return p * expand(success_branch) + (1.0 - p) * expand(failure_branch)
+        return sum(q * expand(branch) for q, branch in call_branches(episode, action) if q > 0.0)
 
     return expand(root)
+
+
+def monte_carlo_success(planner: Planner, tasks: Sequence[Task], config: WorldConfig | None = None,
+                        episodes: int = 1000) -> tuple[float, tuple[float, float]]:
+    """(full-success rate, its 95% Wilson interval) of ``planner`` over ``episodes`` episodes of each task,
+    on the streams of run seeds 0..episodes-1 (``simulator.run_episode_seed``, as ``resilibench run``
+    plays them): the estimate to report where an exact value is too costly to compute."""
+    config = config or WorldConfig()
+    wins = 0
+    for task in tasks:
+        for seed in range(episodes):
+            episode = Episode.start(task, run_episode_seed(task.instance_id, seed), config)
+            planner.reset(task, np.random.default_rng(seed))
+            finish = len(episode.registry)
+            while not episode.done:
+                action = planner.act(episode, None)
+                if action == finish:
+                    episode.finish()
+                elif episode.turns_left == 0:
+                    episode.end_out_of_turns()
+                else:
+                    episode.call(action)
+            wins += episode.evaluation.level == "full_success"
+    n = episodes * len(tasks)
+    return (wins / n if n else float("nan")), wilson_interval(wins, n)

@@ -100,11 +100,12 @@ def run_jobs(
     api_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (planner, task, seed) jobs in one env; ``on_result`` sees each row as it is produced.
-    Rows carry bound (iii) of the task and, with ``clairvoyant``, bound (ii) of the episode's stream, in a
-    world without failure processes (their bounds are not computed here). ``call_log``: a file that
+    Rows carry bound (iii) of the task and, with ``clairvoyant``, bound (ii) of the episode's stream (not
+    defined under failure processes: their draws come from streams of their own). ``call_log``: a file that
     receives every episode's call-log rows (appended, one flushed line each). ``api``, ``api_options``:
     real-API mode (``ResiliBenchEnv``'s options of that name; the client writes its own log there)."""
     config = config or WorldConfig()
+    clairvoyant = clairvoyant and not config.processes.active
     jobs = list(jobs)
     env = ResiliBenchEnv(tasks=sorted({t.instance_id: t for _, t, _ in jobs}.values(), key=lambda t: t.instance_id),
                          config=config, split=None, api=api, api_options=api_options)
@@ -118,7 +119,6 @@ def _run_in(env: ResiliBenchEnv, jobs: list[tuple[str, Task, int]], config: Worl
             on_result: Callable[[dict[str, Any]], None] | None, clairvoyant: bool,
             call_log: str | Path | None) -> list[dict[str, Any]]:
     """The rows of ``jobs`` played in ``env`` (see ``run_jobs``)."""
-    bounds = not config.processes.active
     planners: dict[str, Planner] = {}
     clairvoyant_hits: dict[tuple[str, int], bool] = {}
     rows = []
@@ -128,9 +128,8 @@ def _run_in(env: ResiliBenchEnv, jobs: list[tuple[str, Task, int]], config: Worl
         row = run_episode(env, planner, task, seed, rows_of_calls)
         if call_log is not None and rows_of_calls:
             write_rows(call_log, rows_of_calls)
-        if bounds:
-            row["bound_iii"] = optimal_success(task, config)
-        if clairvoyant and bounds:
+        row["bound_iii"] = optimal_success(task, config)
+        if clairvoyant:
             key = (task.instance_id, seed)
             if key not in clairvoyant_hits:
                 clairvoyant_hits[key] = exact_bound(task, config).clairvoyant(env.episode.stream)

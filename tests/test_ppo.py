@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 from helpers import make_task  # noqa: E402
 from resilibench.cli import main  # noqa: E402
+from resilibench.envs.config import WorldConfig  # noqa: E402
 from resilibench.envs.planner_env import ResiliBenchEnv  # noqa: E402
 from resilibench.envs.registry import default_registry  # noqa: E402
 from resilibench.envs.tasks import load_tasks  # noqa: E402
@@ -520,3 +521,27 @@ def test_train_ppo_world_v0_trains_on_world_v0():
     assert cfg.tasks_path.endswith("tasks_v0.jsonl.gz") and cfg.world_config().evaluator.partial_rule == "v0"
     default = _train_config(build_parser().parse_args(["train", "ppo", "--iterations", "1"]))
     assert default.tasks_path is None and default.world_config().evaluator.partial_rule == "v1"
+
+
+@pytest.mark.parametrize("encoder", ["transformer", "mlp"])
+def test_module_reads_the_failure_processes_blocks(encoder):
+    """Under failure processes the observation has three more blocks; the module takes them (per tool into
+    the tool tokens) and its logits depend on them."""
+    from ray.rllib.core.columns import Columns
+
+    from resilibench.policies.ppo.module import PlannerModule
+
+    config = WorldConfig().replace(processes={"outage_start": 0.15, "outage_end": 0.4})
+    env = MaskedPlannerEnv(ResiliBenchEnv(split="test", config=config))
+    size = env.observation_space[OBSERVATIONS].shape[0]
+    assert size == 204 + 61
+    module = PlannerModule(observation_space=env.observation_space, action_space=env.action_space,
+                           model_config={"encoder": encoder, "d_model": 16, "n_heads": 2, "n_layers": 1})
+    obs = torch.rand(4, size)
+    down = obs.clone()
+    down[:, 204 + 30:204 + 60] = 1.0 - down[:, 204 + 30:204 + 60]  # the "last call found it down" block
+    mask = torch.ones(4, 31)
+    with torch.no_grad():
+        logits = [module.forward_inference({Columns.OBS: {OBSERVATIONS: o, ACTION_MASK: mask}})[
+            Columns.ACTION_DIST_INPUTS] for o in (obs, down)]
+    assert logits[0].shape == (4, 31) and not torch.allclose(logits[0], logits[1])

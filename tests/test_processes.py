@@ -430,6 +430,9 @@ def test_text_env_says_when_time_is_out():
 def test_run_writes_a_call_log(tmp_path):
     from resilibench.cli import main
     from resilibench.envs.call_log import read_rows
+    from resilibench.envs.config import load_config
+    from resilibench.envs.tasks import load_tasks
+    from resilibench.policies.bounds import optimal_success
     from resilibench.results import METADATA_KEY
 
     config = tmp_path / "world.yaml"
@@ -439,13 +442,15 @@ def test_run_writes_a_call_log(tmp_path):
     assert main(["run", "--limit", "3", "--seeds", "0", "1", "--planners", "in_order", "dependency_aware",
                  "--config", str(config), "--output-dir", str(tmp_path / "run"), "--call-log", str(log)]) == 0
     rows = list(read_rows(log))
+    world, tasks = load_config(config), {t.instance_id: t for t in load_tasks(split="test")}
     lines = (json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines())
     results = [r for r in lines if METADATA_KEY not in r]
     assert len({r.episode for r in rows}) == len(results) == 12
     for result in results:
         mine = [r for r in rows if r.episode == f"{result['planner']}/{result['task_id']}/{result['seed']}"]
         assert [r.tool for r in mine] == result["tools"] and [r.turn for r in mine] == list(range(1, len(mine) + 1))
-        assert "bound_iii" not in result  # the v1 bound does not cover this world
+        assert result["bound_iii"] == optimal_success(tasks[result["task_id"]], world)  # bound (iii) of this world
+        assert "bound_ii" not in result  # not defined under failure processes
     assert {r.source for r in rows} == {"simulator"} and all(r.latency_s in (0.0, 0.5, 2.0) for r in rows)
     refusals = [r for r in rows if r.error_code == RATE_LIMIT_ERROR]
     assert refusals and all(r.retry_after in (0, 1) and r.latency_s == 0.0 for r in refusals)

@@ -100,9 +100,13 @@ class ToolSetEncoder(nn.Module):
         self.relational = relational
         n = layout.n_tools
         self.register_buffer("dependencies", dependencies)  # [t, d] = 1 when tool t depends on tool d
+        # With failure processes, two more entries per tool (turns rate-limited, last call found down).
         self.tool_features = nn.Linear(N_STATUS + 3 + 3 * relational + 2 * layout.processes, d_model)
         self.tool_identity = nn.Parameter(torch.randn(n, d_model) * 0.1)
-        self.task_features = nn.Linear(layout.size - layout.progress, d_model)
+        task_end = layout.blocked if layout.processes else layout.size
+        self.task_slices = [(layout.progress, task_end)] + ([(layout.time_left, layout.size)] if layout.processes
+                                                            else [])
+        self.task_features = nn.Linear(sum(b - a for a, b in self.task_slices), d_model)
         self.encoder = nn.Sequential(*(EncoderBlock(d_model, n_heads, ff_dim) for _ in range(n_layers)))
         self.norm = nn.LayerNorm(d_model)
         self.tool_logit = nn.Linear(d_model, 1)
@@ -123,10 +127,10 @@ class ToolSetEncoder(nn.Module):
                 (1.0 - uncalled - succeeded) @ deps_t / 2.0,  # dependencies called, never successful
                 (next_required @ self.dependencies) * (1.0 - succeeded),  # unmet dependency of the next tool
             ], dim=-1))
-        if lay.processes:  # per tool: turns still rate-limited, last call found it down
+        if lay.processes:
             parts.append(torch.stack([obs[:, lay.blocked:lay.down], obs[:, lay.down:lay.time_left]], dim=-1))
         tools = self.tool_features(torch.cat(parts, dim=-1)) + self.tool_identity
-        task = self.task_features(obs[:, lay.progress:]).unsqueeze(1)
+        task = self.task_features(torch.cat([obs[:, a:b] for a, b in self.task_slices], dim=-1)).unsqueeze(1)
         h = self.norm(self.encoder(torch.cat([task, tools], dim=1)))
         logits = torch.cat([self.tool_logit(h[:, 1:]).squeeze(-1), self.finish_logit(h[:, 0])], dim=-1)
         return logits, torch.cat([h[:, 0], h[:, 1:].mean(dim=1)], dim=-1)
@@ -163,12 +167,12 @@ class PlannerModule(TorchRLModule, ValueFunctionAPI):
             raise ValueError(f"PlannerModule needs a Dict observation with keys {OBSERVATIONS!r} and {ACTION_MASK!r} "
                              f"(wrap the env in MaskedPlannerEnv), got {self.observation_space}")
         n_tools = int(self.action_space.n) - 1
-        layouts = (ObservationLayout(n_tools), ObservationLayout(n_tools, processes=True))
+        layouts = {lay.size: lay for lay in (ObservationLayout(n_tools), ObservationLayout(n_tools, processes=True))}
         shape = self.observation_space[OBSERVATIONS].shape
-        layout = next((lay for lay in layouts if shape == (lay.size,)), None)
+        layout = layouts.get(shape[0]) if len(shape) == 1 else None  # with failure processes or without
         if layout is None:
-            raise ValueError(f"expected {layouts[0].size} observation floats for {n_tools} tools "
-                             f"({layouts[1].size} with failure processes), got shape {shape}")
+            raise ValueError(f"expected {' or '.join(map(str, layouts))} observation floats for {n_tools} tools "
+                             f"(without or with failure processes), got shape {shape}")
         self.layout = layout
         if config["encoder"] == "transformer":
             self.net = ToolSetEncoder(layout, dependency_matrix(n_tools), config["d_model"], config["n_heads"],
