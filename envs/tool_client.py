@@ -13,9 +13,11 @@
 from __future__ import annotations
 
 import email.utils
+import itertools
 import json
 import math
 import re
+import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +38,8 @@ EPISODE_HEADER = "X-Episode"
 # The calls of a mirrored episode that the client answered without a request (replays, call caps,
 # invalid input, strict dependencies), sent with the next request so the service's episode plays them too.
 REPLAY_HEADER = "X-Episode-Replay"
+LOG_RUN = secrets.token_hex(3)  # this process's part of call-log episode names
+_LOGGED = itertools.count(1)
 # Sent by the tool service under failure processes: the call's duration in the world (seconds) and, for a
 # rate-limit refusal, the turns of the wait, so a mirrored episode keeps the same clock and waits.
 DURATION_HEADER = "X-Call-Duration"
@@ -306,7 +310,9 @@ class HttpExecutor:
     service's episode meets exactly the calls of this one and the outcomes are the simulator's.
     ``last_outcome`` and ``last_output`` hold the latest attempt's ``HttpOutcome`` and its JSON body (what
     a front end shows instead of the simulated output); ``outcomes`` all of them. Log rows (when the client
-    has a log) name the episode ``log_episode`` (default ``<task id>/<seed>``)."""
+    has a log) name the episode ``log_episode`` (default ``<task id>/<seed>/<process id>-<k>``, ``k``
+    counting the executors of this process: unique when a run plays one task and seed twice, as two
+    planners do, or when runs append to one log)."""
 
     client: ToolClient
     episode: Episode
@@ -321,7 +327,7 @@ class HttpExecutor:
         if self.mirror is None:
             self.mirror = self.client.is_service
         if self.log_episode is None:
-            self.log_episode = f"{self.episode.task.instance_id}/{self.episode.seed}"
+            self.log_episode = f"{self.episode.task.instance_id}/{self.episode.seed}/{LOG_RUN}-{next(_LOGGED)}"
         if not self.client.is_service:
             missing = [n for n in self.episode.registry.names if n not in self.client.endpoints]
             if missing:
