@@ -4,7 +4,8 @@ and that failure calibration (``resilibench calibrate-failures``) reads.
 A row says which call it was (task, episode, turn, tool), the success formula's inputs at that moment
 (``n_uncalled``, ``n_failed``, ``n_history``: see ``Episode.covariates``), what happened (success, error
 code) and, for a real call, what the wire showed (HTTP status, latency, error class, Retry-After, the
-attempt number). Rows of one episode share ``episode`` and come in turn order.
+attempt number; from our tool service also the world's duration and rate-limit wait). Rows of one
+episode share ``episode`` and come in turn order.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ class CallLogRow:
     error_class: str | None = None  # what the wire showed: "timeout", "rate_limited", "server_error", ...
     retry_after: float | None = None  # the Retry-After of a 429, as sent
     attempt: int = 1  # 1 for the first attempt of an agent's call, 2.. for the client's retries
+    # The tool service's own account under failure processes (headers X-Call-Duration, X-Retry-After-Turns):
+    # the call's duration in the world and a refusal's further turns refused. None elsewhere.
+    world_duration: float | None = None
+    wait_turns: int | None = None
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:

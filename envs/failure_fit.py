@@ -177,7 +177,7 @@ def drawing_calls(rows: Iterable[CallLogRow], source: str = "log") -> list[CallL
                 continue
             if row.success:
                 succeeded.add(row.tool)
-            calls.append(row)
+            calls.append(in_world_terms(row))
     return calls
 
 
@@ -278,8 +278,18 @@ def _two_digits_up(duration: float) -> float:
 
 
 def _shows_world(row: CallLogRow) -> bool:
-    """Whether the row's Retry-After and latency are the world's own (turns, simulated durations)."""
-    return row.source == "simulator"
+    """Whether the row's Retry-After and latency are the world's own (turns, simulated durations): a
+    simulator row, or an HTTP row of our tool service once ``in_world_terms`` has read its headers."""
+    return row.source == "simulator" or row.world_duration is not None
+
+
+def in_world_terms(row: CallLogRow) -> CallLogRow:
+    """An HTTP row of our tool service under failure processes with the world's account in place of the
+    wire's: Retry-After in turns (``wait_turns``) and latency = the world's duration. Other rows as they are."""
+    if row.source != "http" or row.world_duration is None:
+        return row
+    return dataclasses.replace(row, latency_s=row.world_duration,
+                               retry_after=row.wait_turns if row.error_code == RATE_LIMIT_ERROR else None)
 
 
 class _ProcessModel(_Model):
@@ -320,7 +330,8 @@ class _ProcessModel(_Model):
             self.read.append(Estimate("processes.rate_limit_wait", wait, wait if known else None,
                                       wait if known else None, len(rate_rows), known, "read" if known else "default",
                                       "the largest Retry-After" if known else
-                                      "not identified: no simulator refusal with a Retry-After in turns"))
+                                      "not identified: no refusal with its wait in turns (simulator rows, or our tool "
+                                      "service's X-Retry-After-Turns)"))
         if "outages" in options:
             self.parameters.append(_Parameter("processes.outage_start", 0.0, len(calls), len(calls) >= min_rows))
             self.parameters.append(_Parameter("processes.outage_end", 1.0, len(calls), len(calls) >= min_rows))

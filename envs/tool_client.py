@@ -393,16 +393,16 @@ class HttpExecutor:
         self._sent = len(episode.trace) + 1  # this call's record is appended when we return
         self.last_outcome = outcome
         self.outcomes.append(outcome)
+        world_duration = outcome.world_duration
+        if world_duration is None and self.mirror and episode.config.processes.active:
+            # A timeout or a dropped connection carries no header: the service's episode has the clock.
+            world_duration = self.client.episode_state(str(self.service_episode))["time_used"] - episode.time_used
         if self.client.log is not None:
             n_uncalled, n_failed, n_history = episode.covariates(tool_id)
             write_rows(self.client.log, [CallLogRow(
                 "http", episode.task.instance_id, str(self.log_episode), episode.turns_used, name, n_uncalled,
                 n_failed, n_history, outcome.success, outcome.error_code, outcome.status,
-                round(outcome.latency_s, 6), outcome.error_class, outcome.retry_after, outcome.attempt)])
-        duration = outcome.world_duration
-        if duration is None and self.mirror and episode.config.processes.active:
-            # A timeout or a dropped connection carries no header: the service's episode has the clock.
-            duration = self.client.episode_state(str(self.service_episode))["time_used"] - episode.time_used
-        elif duration is None:
-            duration = outcome.latency_s
+                round(outcome.latency_s, 6), outcome.error_class, outcome.retry_after, outcome.attempt,
+                world_duration, outcome.wait_turns)])
+        duration = outcome.latency_s if world_duration is None else world_duration
         return outcome.success, outcome.error_code, duration, outcome.wait_turns

@@ -28,7 +28,7 @@ from resilibench.envs import http_faults as hf
 from resilibench.envs.call_log import read_rows
 from resilibench.envs.config import WorldConfig
 from resilibench.envs.registry import default_registry
-from resilibench.envs.simulator import Episode
+from resilibench.envs.simulator import Episode, run_episode_seed
 from resilibench.envs.tasks import load_tasks
 from resilibench.envs.tool_client import REPLAY_HEADER, Endpoint, HttpExecutor, ToolClient
 from resilibench.envs.tool_service import ToolService, running_service
@@ -544,3 +544,30 @@ def test_time_scale_makes_the_drawn_latency_real():
     with running_service(ToolService(config=config, time_scale=1.0)) as url, ToolClient(url, timeout=5) as c:
         outcome = c.request("network_fetcher", episode=c.open_episode(TASK.instance_id, 0))
     assert outcome.world_duration == 0.3 and outcome.latency_s >= 0.3
+
+
+def test_calibration_reads_the_services_world_timing_from_http_rows(tmp_path):
+    """Rows the client logs against our service under failure processes carry the world's wait and
+    duration (X-Retry-After-Turns, X-Call-Duration), so calibration reads the rate-limit wait off them and
+    its interval for the refusal probability holds the served value."""
+    from resilibench.envs.failure_fit import fit_failures
+
+    served = WorldConfig().replace(processes={"rate_limit_probability": 0.15, "rate_limit_wait": 2})
+    log = tmp_path / "calls.jsonl"
+    with running_service(ToolService(config=served, slow_seconds=0.4, time_scale=0)) as url, \
+            ToolClient(url, timeout=0.2, log=log) as c:
+        for task in load_tasks(split="test")[:40]:
+            for seed in range(4):
+                episode = Episode.start(task, run_episode_seed(task.instance_id, seed), served)
+                executor = HttpExecutor(c, episode)
+                for tool in list(task.required_tools) * 3:
+                    if episode.done or episode.turns_left == 0:
+                        break
+                    executor.call(tool)
+    rows = list(read_rows(log))
+    assert any(r.wait_turns == 2 for r in rows) and all(r.world_duration is not None for r in rows)
+    fit = fit_failures(rows, processes=("rate-limits",), level=0.99)
+    estimates = {e.name: e for e in fit.estimates}
+    assert estimates["processes.rate_limit_wait"].value == 2
+    refusal = estimates["processes.rate_limit_probability"]
+    assert refusal.low <= 0.15 <= refusal.high
