@@ -270,6 +270,16 @@ def test_masked_logits_never_sample_illegal_actions(encoder):
     assert (logits[:8].argmax(-1) == 5).all()
 
 
+def test_training_bound_is_left_out_under_failure_processes():
+    """The progress lines' bound (iii) mean is the v1 DP's; under failure processes it is None (the
+    process DP takes seconds per task), and the row's full/iii is then None too."""
+    from resilibench.policies.ppo.training import bound_iii_mean
+
+    tasks = load_tasks(split="train")[:5]
+    assert 0 < bound_iii_mean(tasks, PPOTrainConfig()) <= 1
+    assert bound_iii_mean(tasks, PPOTrainConfig(world={"processes": {"outage_start": 0.1}})) is None
+
+
 @pytest.mark.parametrize("encoder", ["transformer", "mlp"])
 def test_module_reads_the_failure_process_blocks(encoder):
     """Under failure processes the module takes the longer observation, its logits depend on the process

@@ -168,7 +168,7 @@ class PlannerModule(TorchRLModule, ValueFunctionAPI):
                              f"(wrap the env in MaskedPlannerEnv), got {self.observation_space}")
         n_tools = int(self.action_space.n) - 1
         layouts = {lay.size: lay for lay in (ObservationLayout(n_tools), ObservationLayout(n_tools, processes=True))}
-        shape = self.observation_space[OBSERVATIONS].shape
+        shape = self.observation_space[OBSERVATIONS].shape or ()
         layout = layouts.get(shape[0]) if len(shape) == 1 else None  # with failure processes or without
         if layout is None:
             raise ValueError(f"expected {' or '.join(map(str, layouts))} observation floats for {n_tools} tools "

@@ -322,9 +322,13 @@ def _bound_mean(task_ids: tuple[str, ...], world: str, tasks_path: str | None) -
     return sum(optimal_success(by_id[i], config) for i in task_ids) / len(task_ids)
 
 
-def bound_iii_mean(tasks: Sequence[Task], cfg: PPOTrainConfig) -> float:
+def bound_iii_mean(tasks: Sequence[Task], cfg: PPOTrainConfig) -> float | None:
     """Mean bound (iii) (exact optimal full success, test failure profile) over the task draw of the envs:
-    uniform over ``tasks``, or with ``balance_task_types`` uniform over task types, then tasks."""
+    uniform over ``tasks``, or with ``balance_task_types`` uniform over task types, then tasks. None under
+    failure processes: their exact DP takes seconds per task, too long for thousands of training tasks at
+    every start (``eval-policy`` reports the bound per evaluated task)."""
+    if WorldConfig().replace(**cfg.world).processes.active:
+        return None
     world = json.dumps(cfg.world, sort_keys=True)
     groups: dict[str, list[str]] = {}
     for t in tasks:
@@ -417,9 +421,9 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
         write_json_atomic(record_path, record)
         run.open_results(session)
 
-        bounds: dict[int, float] = {}
+        bounds: dict[int, float | None] = {}
 
-        def bound_for(stage: int) -> float:
+        def bound_for(stage: int) -> float | None:
             if stage not in bounds:
                 bounds[stage] = bound_iii_mean(pools[stage] if pools and stage >= 0 else tasks, cfg)
             return bounds[stage]
@@ -457,7 +461,7 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
     return row
 
 
-def _progress_row(result: dict[str, Any], before: TrainingState, elapsed: float, bound: float,
+def _progress_row(result: dict[str, Any], before: TrainingState, elapsed: float, bound: float | None,
                   curriculum: bool) -> dict[str, Any]:
     """The progress row of one iteration (``before``: the state at its start)."""
     mine = result.get("resilibench", {})
@@ -468,7 +472,7 @@ def _progress_row(result: dict[str, Any], before: TrainingState, elapsed: float,
         "iteration": int(result["training_iteration"]), "env_steps": steps,
         "return_mean": _finite(runners.get("episode_return_mean")),
         "episodes": mine.get("episodes"), "full_success": full,
-        "bound_iii": bound, "full_over_bound_iii": None if full is None else full / bound,
+        "bound_iii": bound, "full_over_bound_iii": None if full is None or bound is None else full / bound,
         "stage": before.stage if curriculum else -1, "stage_success": mine.get("stage_success"),
         "env_steps_per_s": (steps - before.env_steps) / elapsed if elapsed > 0 else None,
         "iteration_seconds": elapsed, "train_seconds": before.train_seconds + elapsed,
