@@ -98,8 +98,11 @@ def run_jobs(
     call_log: str | Path | None = None,
     api: Any = None,
     api_options: dict[str, Any] | None = None,
+    bounds: bool = True,
 ) -> list[dict[str, Any]]:
     """Run (planner, task, seed) jobs in one env; ``on_result`` sees each row as it is produced.
+    ``bounds=False`` leaves both bounds out of the rows (a call log's generation needs none, and under
+    failure processes the exact bound takes seconds per task).
     Rows carry bound (iii) of the task and, with ``clairvoyant``, bound (ii) of the episode's stream (not
     defined under failure processes: their draws come from streams of their own). ``call_log``: a file that
     receives every episode's call-log rows (appended, one flushed line each). ``api``, ``api_options``:
@@ -110,14 +113,14 @@ def run_jobs(
     env = ResiliBenchEnv(tasks=sorted({t.instance_id: t for _, t, _ in jobs}.values(), key=lambda t: t.instance_id),
                          config=config, split=None, api=api, api_options=api_options)
     try:
-        return _run_in(env, jobs, config, on_result, clairvoyant, call_log)
+        return _run_in(env, jobs, config, on_result, clairvoyant and bounds, call_log, bounds)
     finally:
         env.close()
 
 
 def _run_in(env: ResiliBenchEnv, jobs: list[tuple[str, Task, int]], config: WorldConfig,
             on_result: Callable[[dict[str, Any]], None] | None, clairvoyant: bool,
-            call_log: str | Path | None) -> list[dict[str, Any]]:
+            call_log: str | Path | None, bounds: bool) -> list[dict[str, Any]]:
     """The rows of ``jobs`` played in ``env`` (see ``run_jobs``)."""
     planners: dict[str, Planner] = {}
     clairvoyant_hits: dict[tuple[str, int], bool] = {}
@@ -128,7 +131,8 @@ def _run_in(env: ResiliBenchEnv, jobs: list[tuple[str, Task, int]], config: Worl
         row = run_episode(env, planner, task, seed, rows_of_calls)
         if call_log is not None and rows_of_calls:
             write_rows(call_log, rows_of_calls)
-        row["bound_iii"] = optimal_success(task, config)
+        if bounds:
+            row["bound_iii"] = optimal_success(task, config)
         if clairvoyant:
             key = (task.instance_id, seed)
             if key not in clairvoyant_hits:

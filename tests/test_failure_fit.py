@@ -41,8 +41,8 @@ def simulated_log(tmp: str, n_tasks: int, n_seeds: int, processes: str = "{}",
     for one seed, so several seeds vary the tools and covariates)."""
     config = WorldConfig().replace(failure=FORMULA, processes=json.loads(processes))
     path = f"{tmp}/calls-{planner}-{n_tasks}-{n_seeds}-{zlib.crc32(processes.encode())}.jsonl"
-    run_jobs(episode_jobs([planner], load_tasks()[:n_tasks], range(n_seeds)), config, clairvoyant=False,
-             call_log=path)
+    run_jobs(episode_jobs([planner], load_tasks()[:n_tasks], range(n_seeds)), config, call_log=path,
+             bounds=False)
     return list(read_rows(path))
 
 
