@@ -1,6 +1,6 @@
 """LLM backends: local transformers models, vLLM engines and OpenAI-compatible HTTP servers.
 
-Each one implements ``resilibench.agents.base.Backend``: ``generate(conversations, config)`` turns a
+Each one implements ``resilibench.llm.Backend``: ``generate(conversations, config)`` turns a
 batch of chat conversations into one assistant message each, in order. ``make_backend(spec)`` builds
 one from a short string, the form the command line takes:
 
@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from resilibench.agents.base import (
+from resilibench.llm import (
     Backend,
     BackendError,
     ContextOverflowError,
@@ -47,7 +47,7 @@ from resilibench.agents.base import (
     RequestTimeoutError,
     raise_failures,
 )
-from resilibench.envs.config import Settings, setting
+from resilibench.settings import Settings, setting
 
 BACKEND_KINDS = ("hf", "vllm", "openai")
 __all__ = ["BACKEND_KINDS", "BackendError", "ContextOverflowError", "OpenAIBackend", "TransformersBackend",

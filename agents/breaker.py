@@ -38,15 +38,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from resilibench.agents import breaker_prompts as bp
-from resilibench.agents.base import Backend, GenerationConfig, Message, ValidatedAnswer, ask_until_valid
-from resilibench.agents.scripted import Agent
 from resilibench.console import progress_bar
-from resilibench.envs.text_env import ResiliBenchTextEnv
 from resilibench.errors import InputError
-from resilibench.metrics.judge import json_objects
+from resilibench.llm import Backend, GenerationConfig, Message, ValidatedAnswer, ask_until_valid
 from resilibench.results import run_metadata
 from resilibench.rundir import RunDirectory
+
+from ..envs.text.env import ResiliBenchTextEnv
+from ..metrics.judge import json_objects
+from . import breaker_prompts as bp
+from .scripted import Agent
 
 LLM_TAXONOMIES = ("qc", "itf", "mim")
 TAXONOMIES = (*LLM_TAXONOMIES, "flaw")
@@ -361,8 +362,8 @@ class FlawTaxonomy:
     def __init__(self, solver: Agent, tasks: Sequence[Any], config: Any = None,
                  generator: Backend | None = None, generation: GenerationConfig | None = None,
                  matcher: str = "auto", candidates: int = 12):
-        from resilibench.envs.planner_env import make_world_config
-        from resilibench.envs.tasks import LexicalMatcher, make_matcher
+        from ..core.frontend import make_world_config
+        from ..core.matching import LexicalMatcher, make_matcher
 
         if not tasks:
             raise ValueError("the flaw taxonomy needs at least one task in its pool")
@@ -387,7 +388,7 @@ class FlawTaxonomy:
     # The plan of a task and the prompt around it.
     def base_prompt(self, task: Any) -> Any:
         """The task's optimal prompt; its plan (reference workflow with arguments) is what flaws change."""
-        from resilibench.policies.prompts import build_prompt
+        from ..core.text.prompts import build_prompt
 
         if task.instance_id not in self._plans:
             self._plans[task.instance_id] = build_prompt(task, "optimal", config=self.config,
@@ -396,8 +397,8 @@ class FlawTaxonomy:
 
     def inject(self, proposal: Mapping[str, Any], seed: int) -> Any:
         """The ``FlawInjection`` of a proposal (FlawNotApplicable / ValueError when it cannot be made)."""
-        from resilibench.policies.flaws import inject_flaw
-        from resilibench.policies.prompts import task_hints
+        from ..core.arguments import task_hints
+        from ..core.text.flaws import inject_flaw
 
         task = self.by_id[proposal["task_id"]]
         return inject_flaw(self.base_prompt(task).plan, proposal["flaw_type"], severity=proposal["severity"],
@@ -406,7 +407,7 @@ class FlawTaxonomy:
 
     def flawed_prompt(self, task: Any, injection: Any) -> Any:
         """The optimal prompt with its plan replaced by the flawed one, as the ``flawed`` variant shows it."""
-        from resilibench.policies.prompts import Prompt, render_plan
+        from ..core.text.prompts import Prompt, render_plan
 
         base = self.base_prompt(task)
         shown, flawed = render_plan(base.plan), render_plan(injection.workflow)
@@ -416,14 +417,14 @@ class FlawTaxonomy:
 
     # Proposals.
     def _order(self, run: int, seed: int) -> tuple[list[Any], list[str]]:
-        from resilibench.policies.flaws import FLAW_TYPES
+        from ..core.text.flaws import FLAW_TYPES
 
         rng = np.random.default_rng(derive_seed(seed, "flaw", run))
         tasks = [self.tasks[int(i)] for i in rng.permutation(len(self.tasks))]
         return tasks, [FLAW_TYPES[int(i)] for i in rng.permutation(len(FLAW_TYPES))]
 
     def _applicable(self, proposal: dict[str, Any], seed: int) -> bool:
-        from resilibench.policies.flaws import FlawNotApplicable
+        from ..core.text.flaws import FlawNotApplicable
 
         try:
             self.inject(proposal, seed)
@@ -435,7 +436,7 @@ class FlawTaxonomy:
         """The rule-based proposal: a seeded task and flaw type at severity 0.5 first; then, from the last
         iteration: a harmless flaw (validator FAIL) or no failed attempt -> the next flaw type; some
         attempts passed -> severity + 0.25, at severity 1 the next applicable position, then the next type."""
-        from resilibench.policies.flaws import applicable_positions
+        from ..core.text.flaws import applicable_positions
 
         tasks, types = self._order(run, seed)
         last = next((r["details"] for r in reversed(history) if r["status"] != "invalid"), None)
@@ -463,7 +464,7 @@ class FlawTaxonomy:
     def generator_prompt(self, run: int, history: Sequence[Record], seed: int, flaw_seed: int) -> str:
         """The LLM generator's request: candidate tasks and flaw types, then feedback on the last valid
         iteration (with the scripted proposer's next step as the suggestion)."""
-        from resilibench.policies.flaws import FLAW_METHODS
+        from ..core.text.flaws import FLAW_METHODS
 
         lines = [f"- {t.instance_id} ({t.task_type}): "
                  + self.base_prompt(t).plan.to_plan().replace("\n", " | ")
@@ -485,7 +486,7 @@ class FlawTaxonomy:
     def parse_proposal(self, text: str, flaw_seed: int) -> dict[str, Any]:
         """An LLM proposal checked: a task of the pool, a known flaw type, severity in (0, 1], position an
         integer or null, and a flaw that can be injected there."""
-        from resilibench.policies.flaws import FLAW_TYPES
+        from ..core.text.flaws import FLAW_TYPES
 
         data = one_object(text, "flaw_type")
         if data.get("task_id") not in self.by_id:
@@ -510,9 +511,9 @@ class FlawTaxonomy:
     # The iteration.
     def iterate(self, run: int, iteration: int, history: Sequence[Record], seed: int) -> Record:
         """Propose a flaw, check it exactly, play 4 episodes of the flawed prompt, grade by level."""
-        from resilibench.envs.simulator import task_seed
-        from resilibench.policies.plan_follower import workflow_success
-        from resilibench.policies.prompts import render_plan
+        from ..core.plan_follower import workflow_success
+        from ..core.simulator import task_seed
+        from ..core.text.prompts import render_plan
 
         key = (self.name, run, iteration)
         flaw_seed = derive_seed(seed, self.name, run, "injection")
@@ -593,7 +594,7 @@ def _pick(details: Mapping[str, Any]) -> dict[str, Any]:
 
 def prompt_embedding(text: str) -> list[float]:
     """The unit-norm MiniLM embedding of ``text`` (local model), rounded to 6 decimals."""
-    from resilibench.envs.tasks import load_embedding_model
+    from ..core.matching import load_embedding_model
 
     vector = load_embedding_model().encode([text], normalize_embeddings=True, convert_to_numpy=True,
                                            show_progress_bar=False)[0]

@@ -29,15 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilibench.agents.base import GenerationConfig, InfraError
-from resilibench.agents.scripted import Agent, LLMAgent, for_protocol
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.registry import default_registry
-from resilibench.envs.simulator import task_seed
-from resilibench.envs.tasks import Task
-from resilibench.envs.toolbox import PROTOCOLS
+from resilibench.llm import GenerationConfig, InfraError
 from resilibench.results import INFRA_ERROR, LEVEL_NAMES, run_metadata
 from resilibench.rundir import RunDirectory
+
+from ..core.config import WorldConfig
+from ..core.registry import default_registry
+from ..core.simulator import task_seed
+from ..core.tasks.library import Task
+from ..core.text.toolbox import PROTOCOLS
+from .scripted import Agent, LLMAgent, for_protocol
 
 EVAL_KEY = ("model", "task_id", "prompt", "flaw_type", "seed")
 PLAN_PROMPTS = ("optimal", "flawed")
@@ -66,9 +67,9 @@ def eval_jobs(tasks: Sequence[Task], prompts: Sequence[str], seeds: Sequence[int
     plan) is left out for that task: ``config``/``strict_dependencies`` are the text env's world, which
     decides the plan. ValueError for an unknown prompt variant or flaw type, or flawed prompts without
     flaw types."""
-    from resilibench.envs.text_env import ResiliBenchTextEnv
-    from resilibench.policies.flaws import FLAW_TYPES, FlawNotApplicable
-    from resilibench.policies.prompts import PROMPT_VARIANTS
+    from ..core.text.flaws import FLAW_TYPES, FlawNotApplicable
+    from ..core.text.prompts import PROMPT_VARIANTS
+    from ..envs.text.env import ResiliBenchTextEnv
 
     unknown = [p for p in prompts if p not in PROMPT_VARIANTS]
     if unknown:
@@ -111,7 +112,7 @@ def episode_row(model: str, job: EvalJob, env: Any, info: dict[str, Any], severi
                 keep_messages: bool, infra_error: InfraError | None = None) -> dict[str, Any]:
     """The result row of a finished episode, or of one the infrastructure stopped (``infra_error``: its
     level and end reason are ``INFRA_ERROR``, its message is kept)."""
-    from resilibench.policies.bounds import optimal_success
+    from ..core.bounds.exact import optimal_success
 
     episode, plan = env.unwrapped.episode, env.unwrapped.prompt.plan
     evaluation = info["evaluation"] or {"coverage": None, "completed": None}
@@ -242,7 +243,7 @@ def _play(agent: Agent, jobs: Sequence[EvalJob], run: RunDirectory | None,
           on_result: Callable[[dict[str, Any]], None] | None, progress: bool, env_kwargs: dict[str, Any],
           batch_size: int, severity: float, keep_messages: bool) -> dict[tuple[Any, ...], dict[str, Any]]:
     """Play ``jobs`` in a pool of ``batch_size`` text envs; the new rows by key, each written to ``run``."""
-    from resilibench.envs.text_env import ResiliBenchTextEnv
+    from ..envs.text.env import ResiliBenchTextEnv
 
     model = agent.name
     todo = deque(jobs)

@@ -124,7 +124,7 @@ def waste_reason(call: dict[str, Any], useful: frozenset[str]) -> str | None:
 
 def useful_tools(required: Sequence[str], registry: Any = None) -> frozenset[str]:
     """A task's required tools and every tool they depend on, directly or not."""
-    from resilibench.envs.registry import default_registry
+    from ..core.registry import default_registry
 
     registry = registry or default_registry()
     ids = {registry.id_of(t) for t in required}
@@ -163,8 +163,8 @@ def wasted_calls(rows: Sequence[dict[str, Any]], registry: Any = None) -> dict[s
 def summarize_eval(rows: Sequence[dict[str, Any]], max_k: int = 4, registry: Any = None) -> dict[str, Any]:
     """Every table of the module docstring as JSON-ready data, keyed by model first. Rows of
     infrastructure errors are left out of every rate and counted per model in ``infra_errors``."""
-    from resilibench.envs.tasks import TASK_TYPE_NAMES
-    from resilibench.policies.flaws import FLAW_TYPES
+    from ..core.tasks.library import TASK_TYPE_NAMES
+    from ..core.text.flaws import FLAW_TYPES
 
     infra = [r for r in rows if r["level"] == INFRA_ERROR]
     rows = [r for r in rows if r["level"] != INFRA_ERROR]
@@ -275,8 +275,9 @@ def format_tables(summary: dict[str, Any]) -> str:
 
 def plot_summary(rows: Sequence[dict[str, Any]], path: str | Path, title: str) -> Path:
     """One PNG: full success (95% intervals) per prompt condition and model, bound (iii) marked."""
-    from resilibench.policies.flaws import FLAW_TYPES
     from resilibench.results import plot_full_success, summarize_levels
+
+    from ..core.text.flaws import FLAW_TYPES
 
     marked = [{**r, "condition": condition(r)} for r in rows if r["level"] != INFRA_ERROR]
     order = _ordered([r["condition"] for r in marked],

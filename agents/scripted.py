@@ -29,19 +29,12 @@ import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
-from resilibench.agents.base import (
-    Backend,
-    BackendError,
-    GenerationConfig,
-    InfraError,
-    Message,
-    PartialFailure,
-)
-from resilibench.envs.simulator import Episode
-from resilibench.metrics.workflow import Workflow
+from resilibench.llm import Backend, BackendError, GenerationConfig, InfraError, Message, PartialFailure
+
+from ..core.simulator import Episode
+from ..core.workflow import Workflow
 
 COMPLETION_MESSAGE = "Task completed."
 
@@ -111,7 +104,7 @@ class LLMAgent:
 def tool_message(text: str) -> Message:
     """A tags-protocol message as the tools protocol's assistant message: its searches, info requests and
     calls as tool calls (in that order), its completion signal as the content."""
-    from resilibench.envs.toolbox import INFO_FUNCTION, SEARCH_FUNCTION, parse_message
+    from ..core.text.toolbox import INFO_FUNCTION, SEARCH_FUNCTION, parse_message
 
     parsed = parse_message(text)
     calls = ([(SEARCH_FUNCTION, {"query": q}) for q in parsed.searches]
@@ -129,7 +122,7 @@ def tool_message(text: str) -> Message:
 def tag_view(conversation: Sequence[Message]) -> list[Message]:
     """A tools-protocol conversation as the tags protocol would have it: each assistant message's tool
     calls written as tags after its content, the feedback messages that follow it as one user message."""
-    from resilibench.envs.toolbox import INFO_FUNCTION, SEARCH_FUNCTION
+    from ..core.text.toolbox import INFO_FUNCTION, SEARCH_FUNCTION
 
     out: list[Message] = []
     for m in conversation:
@@ -184,7 +177,7 @@ class OptimalTextAgent:
     @staticmethod
     def message(episode: Episode) -> str:
         """The optimal policy's next message for ``episode``: one tool call, or the completion signal."""
-        from resilibench.policies.bounds import OptimalPlanner
+        from ..policies.optimal import OptimalPlanner
 
         planner = OptimalPlanner(episode.config)  # the episode's own rules (strict dependencies, turns)
         planner.reset(episode.task, None)
@@ -197,7 +190,7 @@ class OptimalTextAgent:
 class PlanFollowingTextAgent:
     """Follows the plan written in the prompt (the first message of the conversation), step by step.
 
-    The plan is parsed from the prompt text with ``policies.prompts.parse_plan``; the episode state
+    The plan is parsed from the prompt text with ``core.text.prompts.parse_plan``; the episode state
     (which tools succeeded, calls used) is what the feedback messages have told the agent, read from
     ``env.unwrapped.episode`` for brevity. A prompt without a plan gets the completion signal at once.
     """
@@ -222,8 +215,8 @@ class PlanFollowingTextAgent:
 
     def _plan(self, prompt: str, episode: Episode) -> tuple[Workflow | None, Any]:
         """(plan, PlanFollower) of a prompt text, cached: every turn of an episode reads the same prompt."""
-        from resilibench.policies.plan_follower import PlanFollower
-        from resilibench.policies.prompts import parse_plan
+        from ..core.plan_follower import PlanFollower
+        from ..core.text.prompts import parse_plan
 
         cached = self._plans.get(prompt)
         if cached is None:
@@ -240,21 +233,6 @@ class PlanFollowingTextAgent:
         return cached
 
 
-SCRIPTED_AGENTS = ("optimal", "plan", "names", "search")
-
-
-def make_scripted_agent(kind: str) -> Agent:
-    """A scripted agent by name: ``optimal``, ``plan``, or the text-only baselines ``names`` and ``search``
-    (``resilibench.agents.text_baselines``)."""
-    from resilibench.agents.text_baselines import NameReadingTextAgent, SearchTextAgent
-
-    makers = {"optimal": OptimalTextAgent, "plan": PlanFollowingTextAgent, "names": NameReadingTextAgent,
-              "search": SearchTextAgent}
-    if kind not in makers:
-        raise ValueError(f"scripted agent must be one of {sorted(SCRIPTED_AGENTS)}, got {kind!r}")
-    return makers[kind]()
-
-
 class PlannerTextAgent:
     """Any ``Planner`` (heuristics, ``OptimalPlanner``, a PPO policy) speaking the text protocol: each turn
     one ``<tool_call>`` of the planner's action, or the completion signal for FINISH.
@@ -268,7 +246,7 @@ class PlannerTextAgent:
         self._planners: dict[int, tuple[Episode, Any]] = {}
 
     def respond(self, batch: Batch) -> list[str]:
-        from resilibench.policies.runner import planner_rng
+        from ..policies.runner import planner_rng
 
         replies = []
         for _, env in batch:
@@ -283,48 +261,3 @@ class PlannerTextAgent:
             replies.append(COMPLETION_MESSAGE if action == len(episode.registry)
                            else call_message(episode.registry.names[action]))
         return replies
-
-
-AGENT_SPECS = ("scripted:optimal, scripted:plan, scripted:names, scripted:search, a planner name (random_legal, in_order, dependency_aware, "
-                "optimal), ppo:CHECKPOINT_DIR, hf:PATH, vllm:PATH or openai:URL?model=NAME")
-
-
-def check_agent_spec(spec: str) -> None:
-    """Check an agent spec's form (and an ``hf:`` or ``ppo:`` directory) without loading anything;
-    ValueError naming the problem."""
-    from resilibench.agents.backends import BACKEND_KINDS, check_spec
-    from resilibench.policies.runner import PLANNER_NAMES
-
-    kind, _, target = spec.partition(":")
-    if kind == "scripted":
-        if target not in SCRIPTED_AGENTS:
-            raise ValueError(f"scripted agent must be one of {sorted(SCRIPTED_AGENTS)}, got {target!r}")
-    elif kind in BACKEND_KINDS:
-        check_spec(spec)
-    elif kind == "ppo":
-        if not target or not Path(target).is_dir():
-            raise ValueError(f"ppo:{target}: not a checkpoint directory")
-    elif spec not in PLANNER_NAMES:
-        raise ValueError(f"agent spec {spec!r} not understood")
-
-
-def make_text_agent(spec: str, generation: GenerationConfig | None = None, batch_size: int = 8,
-                    requests: Any = None) -> Agent:
-    """A text-env agent from a spec (``AGENT_SPECS``); ``requests``: the ``backends.RequestSettings`` of an
-    HTTP backend. ValueError naming the accepted forms."""
-    from resilibench.agents.backends import BACKEND_KINDS, make_backend
-    from resilibench.policies.runner import PLANNER_NAMES, make_planner
-
-    kind, _, target = spec.partition(":")
-    if kind == "scripted" and target in SCRIPTED_AGENTS:
-        return make_scripted_agent(target)
-    if kind in BACKEND_KINDS:
-        return LLMAgent(make_backend(spec, requests, batch_size=batch_size), generation)
-    if kind == "ppo" and target:
-        from resilibench.policies.ppo.evaluation import PPOPlanner
-
-        planner = PPOPlanner(target)  # deterministic and stateless: shared by every episode
-        return PlannerTextAgent(lambda episode: planner, f"ppo:{target}")
-    if spec in PLANNER_NAMES:
-        return PlannerTextAgent(lambda episode: make_planner(spec, episode.config), f"planner:{spec}")
-    raise ValueError(f"agent spec {spec!r} not understood; forms: {AGENT_SPECS}")

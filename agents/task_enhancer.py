@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from resilibench.agents.base import Backend, GenerationConfig, Message, ask_until_valid, extract_answer
-from resilibench.envs.registry import ToolRegistry, default_registry, named_tools
-from resilibench.envs.tasks import Task
+from resilibench.llm import Backend, GenerationConfig, Message, ask_until_valid, extract_answer
+
+from ..core.registry import ToolRegistry, default_registry, named_tools
+from ..core.tasks.library import Task
 
 SYSTEM_PROMPT = (
     "You rewrite task descriptions for a benchmark of software agents. Keep the meaning, the order of the "

@@ -21,11 +21,12 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from resilibench.agents.base import Message
-from resilibench.agents.scripted import COMPLETION_MESSAGE, Batch, call_message
-from resilibench.envs.registry import ToolRegistry, default_registry, named_tools
-from resilibench.envs.text_env import MAX_REQUESTS
-from resilibench.envs.toolbox import UnknownToolError, resolve_tool
+from resilibench.llm import Message
+
+from ..core.registry import ToolRegistry, default_registry, named_tools
+from ..core.text.toolbox import UnknownToolError, resolve_tool
+from ..envs.text.env import MAX_REQUESTS
+from .scripted import COMPLETION_MESSAGE, Batch, call_message
 
 MAX_CALLS_PER_TOOL = 4  # the default task's cap (1 + max_retries)
 MAX_SEARCHES = 10  # searches in all

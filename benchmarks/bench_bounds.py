@@ -22,18 +22,18 @@ import time
 
 import numpy as np
 
-from resilibench.envs import tasks as library
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.simulator import Episode
-from resilibench.policies.bounds import (
+from resilibench.core.bounds.exact import (
     ExactBound,
-    OptimalPlanner,
     Problem,
     clairvoyant_success,
     exact_bound,
     optimal_success,
     varied_tasks,
 )
+from resilibench.core.config import WorldConfig
+from resilibench.core.simulator import Episode
+from resilibench.core.tasks import library as library
+from resilibench.policies.optimal import OptimalPlanner
 
 TEST_SPLIT_SIZE = 756
 

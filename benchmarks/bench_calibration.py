@@ -16,12 +16,12 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from resilibench.envs.tasks import load_tasks  # noqa: E402
-from resilibench.metrics.alignment import NodeEmbedder, align, node_text  # noqa: E402
-from resilibench.metrics.calibration import plan_calibration  # noqa: E402
-from resilibench.metrics.lexical import bleu  # noqa: E402
-from resilibench.metrics.perturb import golden_workflows  # noqa: E402
-from resilibench.metrics.structural import structural_scores  # noqa: E402
+from resilibench.core.tasks.library import load_tasks
+from resilibench.metrics.alignment import NodeEmbedder, align, node_text
+from resilibench.metrics.calibration import plan_calibration
+from resilibench.metrics.lexical import bleu
+from resilibench.metrics.perturb import golden_workflows
+from resilibench.metrics.structural import structural_scores
 
 
 def main() -> None:

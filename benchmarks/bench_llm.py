@@ -35,13 +35,13 @@ from typing import Any
 
 from resilibench.agents import models
 from resilibench.agents.backends import make_backend
-from resilibench.agents.base import GenerationConfig
 from resilibench.agents.harness import EvalJob, eval_jobs, run_eval
 from resilibench.agents.report import format_tables, summarize_eval
-from resilibench.agents.scripted import make_scripted_agent
-from resilibench.envs.tasks import TASK_TYPE_NAMES, load_tasks
-from resilibench.envs.text_env import read_tool_calls
-from resilibench.envs.toolbox import PROTOCOLS, UnknownToolError, parse_message, resolve_tool
+from resilibench.agents.specs import make_scripted_agent
+from resilibench.core.tasks.library import TASK_TYPE_NAMES, load_tasks
+from resilibench.core.text.toolbox import PROTOCOLS, UnknownToolError, parse_message, resolve_tool
+from resilibench.envs.text.env import read_tool_calls
+from resilibench.llm import GenerationConfig
 
 PROMPTS = ("baseline", "cot", "optimal", "flawed")
 BACKENDS = ("llamacpp", "hf")

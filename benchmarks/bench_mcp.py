@@ -4,7 +4,7 @@ Workload: episodes of test-split tasks, each played by the same simple agent: ca
 tools in order with valid arguments, retry a tool until it succeeds, call ``finish`` when all succeeded or
 the turns are used up (or stop when the episode ends on its own).
 
-* **Anchor: direct calls.** ``start_episode`` + ``resilibench.envs.toolbox.call_tool`` + ``finish`` on the
+* **Anchor: direct calls.** ``start_episode`` + ``resilibench.core.text.toolbox.call_tool`` + ``finish`` on the
   Episode core, one episode after another: what every front end does per call, without MCP.
 * **MCP.** ``--sessions`` (default 50) in-memory ``mcp.Client`` sessions on one server, all at once (an
   anyio task group); each plays its share of the episodes through ``start_task``, the tool calls and
@@ -46,11 +46,12 @@ import mcp_types as types
 from mcp import Client, StdioServerParameters
 from mcp.server.lowlevel import Server
 
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.mcp_server import ResiliBenchMCP, build_server, start_episode
-from resilibench.envs.registry import default_registry
-from resilibench.envs.tasks import load_tasks
-from resilibench.envs.toolbox import call_tool
+from resilibench.core.config import WorldConfig
+from resilibench.core.registry import default_registry
+from resilibench.core.tasks.library import load_tasks
+from resilibench.core.text.toolbox import call_tool
+from resilibench.envs.mcp.server import ResiliBenchMCP, build_server
+from resilibench.envs.real_api.serving import start_episode
 
 REGISTRY = default_registry()
 STRICT = WorldConfig().replace(rules={"strict_dependencies": True})  # start_task's default

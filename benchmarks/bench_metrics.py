@@ -38,12 +38,12 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from resilibench.envs.registry import default_registry
-from resilibench.envs.tasks import load_tasks
+from resilibench.core.bounds.exact import reference_workflow
+from resilibench.core.registry import default_registry
+from resilibench.core.tasks.library import load_tasks
+from resilibench.core.workflow import Node, Workflow
 from resilibench.metrics.alignment import NodeEmbedder, align, execution_order
 from resilibench.metrics.structural import DEFAULT_MCIS_BUDGET, chain_f1, mcis_f1, structural_scores
-from resilibench.metrics.workflow import Node, Workflow
-from resilibench.policies.bounds import reference_workflow
 
 
 def lis(seq: list[int]) -> int:

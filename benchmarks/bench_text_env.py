@@ -27,13 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_env import SingleEnvLoop, compare, machine  # noqa: E402
 
-from resilibench.agents.harness import EvalJob, run_eval  # noqa: E402
-from resilibench.agents.scripted import OptimalTextAgent  # noqa: E402
-from resilibench.envs.planner_env import ResiliBenchEnv  # noqa: E402
-from resilibench.envs.simulator import task_seed  # noqa: E402
-from resilibench.envs.tasks import TASK_TYPE_NAMES, load_tasks  # noqa: E402
-from resilibench.envs.text_env import ResiliBenchTextEnv  # noqa: E402
-from resilibench.policies.bounds import OptimalPlanner  # noqa: E402
+from resilibench.agents.harness import EvalJob, run_eval
+from resilibench.agents.scripted import OptimalTextAgent
+from resilibench.core.simulator import task_seed
+from resilibench.core.tasks.library import TASK_TYPE_NAMES, load_tasks
+from resilibench.envs.planner.env import ResiliBenchEnv
+from resilibench.envs.text.env import ResiliBenchTextEnv
+from resilibench.policies.optimal import OptimalPlanner
 
 
 class PlannerLoop:

@@ -27,10 +27,10 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from resilibench.envs.simulator import Episode, run_episode_seed
-from resilibench.envs.tasks import load_tasks
-from resilibench.envs.tool_client import HttpExecutor, ToolClient
-from resilibench.envs.toolbox import call_tool
+from resilibench.core.simulator import Episode, run_episode_seed
+from resilibench.core.tasks.library import load_tasks
+from resilibench.core.text.toolbox import call_tool
+from resilibench.envs.real_api.client import HttpExecutor, ToolClient
 
 
 def play(call, episode: Episode) -> None:

@@ -1,11 +1,11 @@
-"""Workflow metrics: the shared ``Workflow`` type, node alignment and the exact structural scores.
+"""Workflow metrics: node alignment and the exact structural scores of ``Workflow`` graphs (``resilibench.core.workflow``).
 
 Lexical, semantic, judge, robustness and calibration metrics live in their own modules
 (``resilibench.metrics.lexical`` ...) because they load heavier libraries.
 """
 
-from resilibench.metrics.alignment import Alignment, NodeEmbedder, align, similarity_matrix
-from resilibench.metrics.structural import (
+from .alignment import Alignment, NodeEmbedder, align, similarity_matrix
+from .structural import (
     Score,
     chain_f1,
     kendall_tau,
@@ -14,15 +14,11 @@ from resilibench.metrics.structural import (
     structural_details,
     structural_scores,
 )
-from resilibench.metrics.workflow import Node, Repairs, Workflow
 
 __all__ = [
     "Alignment",
-    "Node",
     "NodeEmbedder",
-    "Repairs",
     "Score",
-    "Workflow",
     "align",
     "chain_f1",
     "kendall_tau",

@@ -23,8 +23,8 @@ from functools import cache, lru_cache
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from resilibench.envs.registry import OPERATION_PHRASES, default_registry
-from resilibench.metrics.workflow import Node, Workflow
+from ..core.registry import OPERATION_PHRASES, default_registry
+from ..core.workflow import Node, Workflow
 
 DEFAULT_BETA = 0.6
 DECIMALS = 4  # similarities are rounded to this many decimals before pruning and matching
@@ -43,7 +43,7 @@ class NodeEmbedder:
     def __init__(self, backend: str = "auto", *, batch_size: int = 64) -> None:
         if backend not in ("auto", "semantic", "lexical"):
             raise ValueError(f"embedder backend must be 'auto', 'semantic' or 'lexical', got {backend!r}")
-        from resilibench.envs.tasks import LexicalMatcher, load_embedding_model
+        from ..core.matching import LexicalMatcher, load_embedding_model
 
         self.model = None
         self.batch_size = batch_size

@@ -27,8 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilibench.envs.config import Settings, setting
-from resilibench.metrics.perturb import (
+from resilibench.results import new_figure, save_figure
+from resilibench.settings import Settings, setting
+
+from ..core.workflow import Workflow
+from .perturb import (
     PERTURBATIONS,
     RATES,
     Golden,
@@ -40,8 +43,6 @@ from resilibench.metrics.perturb import (
     perturb,
     perturbation_rng,
 )
-from resilibench.metrics.workflow import Workflow
-from resilibench.results import new_figure, save_figure
 
 STRUCTURAL = ("chain_f1", "mcis_f1", "reachability_f1", "kendall_tau")
 LEXICAL = ("bleu", "gleu")
@@ -88,11 +89,11 @@ class WorkflowScorer:
             raise ValueError(f"unknown metric(s) {unknown}; accepted: {', '.join(METRICS)}")
         if "judge" in metrics and judge is None:
             raise ValueError("the judge metric needs a Judge (an LLM backend)")
-        from resilibench.metrics.alignment import DEFAULT_BETA
+        from .alignment import DEFAULT_BETA
 
         self.metrics = tuple(dict.fromkeys(metrics))
         self.judge = judge
-        from resilibench.metrics.structural import DEFAULT_MCIS_BUDGET
+        from .structural import DEFAULT_MCIS_BUDGET
 
         self.beta = DEFAULT_BETA if beta is None else beta
         self.mcis_budget = DEFAULT_MCIS_BUDGET if mcis_budget == "default" else mcis_budget
@@ -101,7 +102,7 @@ class WorkflowScorer:
     @property
     def bert(self):
         if self._bert is None:
-            from resilibench.metrics.semantic import default_scorer
+            from .semantic import default_scorer
 
             self._bert = default_scorer()
         return self._bert
@@ -112,7 +113,7 @@ class WorkflowScorer:
         will be loaded (reading this never loads a model)."""
         out: dict[str, Any] = {"metrics": list(self.metrics)}
         if any(m in STRUCTURAL for m in self.metrics):
-            from resilibench.metrics.alignment import default_embedder
+            from .alignment import default_embedder
 
             embedder = self._embedder
             if embedder is None and default_embedder.cache_info().currsize:
@@ -134,12 +135,12 @@ class WorkflowScorer:
         the precision and recall behind F1 scores, ``exact: false`` and ``f1_bounds`` for an MCIS past its
         budget, the judge's full verdict, and ``repairs``: what a lenient reading removed from the
         prediction (a cyclic prediction scores 0 on the structural metrics)."""
-        from resilibench.metrics.lexical import lexical_scores
-        from resilibench.metrics.structural import structural_details
+        from .lexical import lexical_scores
+        from .structural import structural_details
 
         out: list[dict[str, Any]] = [{"scores": {}, "details": {}} for _ in pairs]
         if any(m in STRUCTURAL for m in self.metrics):
-            from resilibench.metrics.alignment import align
+            from .alignment import align
 
             for row, (pred, ref) in zip(out, pairs, strict=True):
                 # The shared embedder loads only when a step without a tool needs a text comparison.

@@ -32,8 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from resilibench.agents.base import Backend, GenerationConfig, Message, ask_until_valid
-from resilibench.metrics.workflow import Workflow
+from resilibench.llm import Backend, GenerationConfig, Message, ask_until_valid
+
+from ..core.workflow import Workflow
 
 MAX_SCORE = 5
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 
-from resilibench.metrics.workflow import Workflow
+from ..core.workflow import Workflow
 
 TextLike = Workflow | str
 

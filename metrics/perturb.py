@@ -35,9 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from resilibench.agents.base import Backend, GenerationConfig, Message, ask_until_valid
-from resilibench.metrics.alignment import execution_order
-from resilibench.metrics.workflow import Node, Workflow
+from resilibench.llm import Backend, GenerationConfig, Message, ask_until_valid
+
+from ..core.workflow import Node, Workflow
+from .alignment import execution_order
 
 PERTURBATIONS = ("missing_steps", "compressed_steps", "description_change")
 RATES = (0.1, 0.3, 0.5)
@@ -88,7 +89,7 @@ def golden_workflows(tasks: Iterable[Any], config: Any = None, *, min_nodes: int
     tasks are used. ``text_only`` drops tool names, leaving steps described by text alone (the setting of
     WorkflowPerturb, whose workflows have no tools).
     """
-    from resilibench.policies.bounds import reference_workflow
+    from ..core.bounds.exact import reference_workflow
 
     if min_nodes < 1:
         raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")

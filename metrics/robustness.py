@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
 
-from resilibench.metrics.workflow import Workflow
+from ..core.workflow import Workflow
 
 # F(reference, variant) -> similarity in [0, 1].
 Similarity = Callable[[Workflow, Workflow], float]
@@ -29,13 +29,13 @@ TOLERANCE = 1e-9
 
 
 def _node(reference: Workflow, variant: Workflow) -> float:
-    from resilibench.metrics.structural import chain_f1
+    from .structural import chain_f1
 
     return chain_f1(variant, reference).f1
 
 
 def _graph(reference: Workflow, variant: Workflow) -> float:
-    from resilibench.metrics.structural import reachability_f1
+    from .structural import reachability_f1
 
     return reachability_f1(variant, reference).f1
 

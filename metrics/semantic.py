@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from resilibench.metrics.lexical import TextLike, workflow_text
+from .lexical import TextLike, workflow_text
 
 
 @dataclass(frozen=True)

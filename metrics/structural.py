@@ -38,8 +38,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from resilibench.metrics.alignment import Alignment, NodeEmbedder, align, execution_order
-from resilibench.metrics.workflow import Workflow
+from ..core.workflow import Workflow
+from .alignment import Alignment, NodeEmbedder, align, execution_order
 
 DEFAULT_MCIS_BUDGET = 100_000  # search calls per MCIS before it reports bounds (seconds, not minutes)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from resilibench.envs.simulator import Episode
-from resilibench.envs.tasks import Task
+from ..core.simulator import Episode
+from ..core.tasks.library import Task
 
 
 class RandomLegalPlanner:

@@ -2,7 +2,7 @@
 
 Every planner meets the same random stream for the same (task, seed): common random numbers make the
 comparison between planners, and with bound (iii), paired. A run can also write a call log
-(``resilibench.envs.call_log``): one row per call that reached the (simulated) service, for calibration.
+(``resilibench.envs.real_api.call_log``): one row per call that reached the (simulated) service, for calibration.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from resilibench.envs.call_log import CallLogRow, write_rows
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.planner_env import ResiliBenchEnv
-from resilibench.envs.simulator import CallRecord, Episode, task_seed
-from resilibench.envs.tasks import Task
-from resilibench.policies.base import Planner
-from resilibench.policies.bounds import OptimalPlanner, exact_bound, optimal_success
-from resilibench.policies.heuristics import HEURISTICS
+from ..core.bounds.exact import exact_bound, optimal_success
+from ..core.config import WorldConfig
+from ..core.planner import Planner
+from ..core.simulator import CallRecord, Episode, task_seed
+from ..core.tasks.library import Task
+from ..envs.planner.env import ResiliBenchEnv
+from ..envs.real_api.call_log import CallLogRow, write_rows
+from .heuristics import HEURISTICS
+from .optimal import OptimalPlanner
 
 PLANNER_NAMES = (*HEURISTICS, OptimalPlanner.name)
 

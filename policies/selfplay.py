@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from resilibench.envs.adversarial_v0 import ADVERSARY, EXECUTOR, NO_FLAW, AdversarialParallelEnv, parallel_env
-from resilibench.policies.plan_follower import PlanFollower
+from ..core.plan_follower import PlanFollower
+from ..envs.adversarial.game import ADVERSARY, EXECUTOR, NO_FLAW, AdversarialParallelEnv
+from ..envs.adversarial_v0 import parallel_env
 
 ENV_NAME = "resilibench_adversarial"
 AGENTS = (ADVERSARY, EXECUTOR)

@@ -16,6 +16,16 @@ class InputError(ValueError):
         self.message = message
 
 
+class ConfigError(InputError):
+    """A setting with a bad value, or an unknown one; ``field`` is its dotted name (``rules.turn_limit``)
+    and the message starts with it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        ValueError.__init__(self, message)
+        self.field = field
+        self.message = message
+
+
 class RunDirectoryError(InputError):
     """A long job's output directory cannot take this run (not a directory, unreadable or foreign files)."""
 

@@ -6,7 +6,7 @@ Each id's version suffix is its world: ``-v1`` (the default world: the v1 task l
 
 import gymnasium as gym
 
-WORLDS = ("v0", "v1")  # as resilibench.envs.tasks.WORLDS (not imported: registration stays light)
+WORLDS = ("v0", "v1")  # as resilibench.core.tasks.library.WORLDS (not imported: registration stays light)
 
 
 def register_envs() -> None:
@@ -15,13 +15,13 @@ def register_envs() -> None:
         if f"ResiliBench-{world}" not in gym.registry:
             gym.register(
                 id=f"ResiliBench-{world}",
-                entry_point="resilibench.envs.planner_env:ResiliBenchEnv",
-                vector_entry_point="resilibench.envs.planner_vector_env:ResiliBenchVectorEnv",
+                entry_point="resilibench.envs.planner.env:ResiliBenchEnv",
+                vector_entry_point="resilibench.envs.planner.vector:ResiliBenchVectorEnv",
                 kwargs={"world": world},
             )
         if f"ResiliBenchText-{world}" not in gym.registry:
-            gym.register(id=f"ResiliBenchText-{world}", entry_point="resilibench.envs.text_env:ResiliBenchTextEnv",
+            gym.register(id=f"ResiliBenchText-{world}", entry_point="resilibench.envs.text.env:ResiliBenchTextEnv",
                          kwargs={"world": world})
         if f"WorkflowGen-{world}" not in gym.registry:
-            gym.register(id=f"WorkflowGen-{world}", entry_point="resilibench.envs.workflowgen_env:WorkflowGenEnv",
+            gym.register(id=f"WorkflowGen-{world}", entry_point="resilibench.envs.workflowgen.env:WorkflowGenEnv",
                          kwargs={"world": world})

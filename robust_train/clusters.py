@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilibench.envs.tasks import Task
 from resilibench.errors import RunDirectoryError
-from resilibench.metrics.workflow import Workflow
-from resilibench.robust_train.instructions import (
+
+from ..core.tasks.library import Task
+from ..core.workflow import Workflow
+from .instructions import (
     LLM_TYPES,
     ORIGINAL,
     PERTURBATION_TYPES,
@@ -99,7 +100,7 @@ def build_clusters(tasks: Iterable[Task], types: Sequence[str] = PERTURBATION_TY
     Without ``perturber`` every variant comes from the rules; with one, paraphrases and requirement
     variants come from its LLM (one generate call per round for all pending variants of ``batch_size``
     tasks) and noise from the rules. ``config`` (a WorldConfig) sets the reference workflow."""
-    from resilibench.policies.bounds import reference_workflow
+    from ..core.bounds.exact import reference_workflow
 
     types = parse_types(types)
     if variants_per_type < 1:
@@ -149,7 +150,7 @@ def clusters_path(path: str | Path) -> Path:
 
 def clusters_digest(records: Sequence[ClusterRecord]) -> str:
     """sha256 (first ``training.DIGEST_CHARS``) of the cluster records, in order."""
-    from resilibench.robust_train.training import json_digest
+    from .training import json_digest
 
     return json_digest([r.to_dict() for r in records])
 
@@ -200,9 +201,10 @@ def write_clusters(directory: str | Path, tasks: Sequence[Task], *, types: Seque
     ``selection`` (split, limits) is recorded but may differ between runs: each cluster depends only on
     its task and the settings. ``on_start`` is told how many clusters will be built, ``on_record`` gets
     each as it is written (progress bars). The result lists the clusters of ``tasks`` in their order."""
-    from resilibench.envs.config import WorldConfig
     from resilibench.results import run_metadata
     from resilibench.rundir import RunDirectory
+
+    from ..core.config import WorldConfig
 
     types = parse_types(types)
     world = (config or WorldConfig()).to_dict()

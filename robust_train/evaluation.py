@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
 
-from resilibench.agents.base import Backend, GenerationConfig
-from resilibench.metrics.workflow import Node, Workflow
-from resilibench.robust_train.clusters import ClusterRecord
-from resilibench.robust_train.generator import (
+from resilibench.llm import Backend, GenerationConfig
+from resilibench.rundir import RunDirectory
+
+from ..core.workflow import Node, Workflow
+from .clusters import ClusterRecord
+from .generator import (
     GeneratorFormat,
     GeneratorOutputError,
     canonical_form,
@@ -37,7 +39,6 @@ from resilibench.robust_train.generator import (
     parse_workflow,
     workflow_text,
 )
-from resilibench.rundir import RunDirectory
 
 COLUMNS = ("node", "graph", "exec", "exec_ratio", "valid", "optimal")
 
@@ -90,7 +91,7 @@ def generate_answers(backend: Backend, records: Sequence[ClusterRecord], fmt: Ge
 def named_chain(text: str) -> Workflow | None:
     """The tools ``text`` names (names or aliases, any case, with spaces or hyphens for underscores) as a
     chain in the order named; None when it names none."""
-    from resilibench.envs.registry import default_registry, named_tools
+    from ..core.registry import default_registry, named_tools
 
     registry = default_registry()
     tools = [registry.names[registry.id_of(re.sub(r"[\s-]+", "_", name.lower()))] for name in named_tools(text)]
@@ -129,7 +130,7 @@ def baseline_tables(train: Sequence[ClusterRecord], records: Sequence[ClusterRec
 
 def robustness_table(records: Sequence[ClusterRecord], answers: dict[str, dict[str, str]]) -> RobustnessTable:
     """The table of the module docstring from the generator's answers."""
-    from resilibench.metrics.structural import chain_f1, reachability_f1
+    from ..metrics.structural import chain_f1, reachability_f1
 
     values: dict[str, dict[str, list[float]]] = {}
     for record in records:

@@ -11,7 +11,7 @@ the shared ``Workflow``. Everything the training and the evaluation need comes f
 - ``parse_workflow``: the generator's answer back to a ``Workflow``, with a reason when it is not one;
 - ``canonical_form``: the normalised DAG that ScPO counts votes on;
 - ``execution_score``: the exact expected full-success probability of following the workflow on the
-  task (``policies.plan_follower.workflow_success``), 0 for an answer that is not a workflow.
+  task (``core.plan_follower.workflow_success``), 0 for an answer that is not a workflow.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from functools import cache
 
 import networkx as nx
 
-from resilibench.envs.registry import default_registry
-from resilibench.envs.tasks import Task
-from resilibench.metrics.workflow import Node, Workflow
+from ..core.registry import default_registry
+from ..core.tasks.library import Task
+from ..core.workflow import Node, Workflow
 
 SYSTEM_PROMPT = ('Answer with the workflow for the task as JSON: {"nodes": [tool names in call order], '
                  '"edges": [[i, j], ...] where step j needs step i}.')
@@ -104,6 +104,6 @@ def canonical_form(workflow: Workflow) -> str:
 
 def execution_score(task: Task, workflow: Workflow | None) -> float:
     """The exact expected full-success probability of following ``workflow`` on ``task``; 0 for None."""
-    from resilibench.policies.plan_follower import workflow_success
+    from ..core.plan_follower import workflow_success
 
     return 0.0 if workflow is None else workflow_success(task, workflow)

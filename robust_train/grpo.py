@@ -1,6 +1,6 @@
 """GRPO training of an LLM agent inside the text env (TRL 1.16 ``GRPOTrainer`` with ``environment_factory``).
 
-The agent calls the 30 tools natively through ``resilibench.agents.grpo_env`` (the text env's Episode,
+The agent calls the 30 tools natively through ``resilibench.envs.text.trl`` (the text env's Episode,
 evaluator and turn rules); each rollout's reward is the evaluator's level (optionally plus progress).
 ``train_grpo`` trains a LoRA adapter on train-split tasks, evaluates the model on held-out tasks before
 and after (a fresh LoRA adapter leaves the model unchanged, so "before" is the base model) and reports the
@@ -27,12 +27,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from resilibench.agents.grpo_env import SURFACES
-from resilibench.agents.models import MODELS, gguf_path
-from resilibench.envs.config import AT_LEAST_ONE, ConfigError, Settings, setting
-from resilibench.envs.evaluator import LEVELS
-from resilibench.envs.tasks import DEFAULT_WORLD, SPLITS, TASK_TYPE_NAMES, WORLDS, load_tasks
-from resilibench.robust_train.training import (
+from resilibench.errors import ConfigError
+from resilibench.settings import AT_LEAST_ONE, Settings, setting
+
+from ..agents.models import MODELS, gguf_path
+from ..core.evaluator import LEVELS
+from ..core.tasks.library import DEFAULT_WORLD, SPLITS, TASK_TYPE_NAMES, WORLDS, load_tasks
+from ..envs.text.trl import SURFACES
+from .training import (
     CHECKPOINT_DIR,
     LoraSettings,
     _device_args,
@@ -208,7 +210,7 @@ def _selected(settings: GRPOSettings, split: str, limit: int | None):
 def summarize(outcomes: Sequence[dict[str, Any]], tasks: Sequence, config) -> dict[str, Any]:
     """Full-success rate of evaluation rollouts, level counts, mean reward, bound (iii) of the tasks and
     the rate as a fraction of it."""
-    from resilibench.policies.bounds import optimal_success
+    from ..core.bounds.exact import optimal_success
 
     n = len(outcomes)
     success = sum(o["level"] == "full_success" for o in outcomes) / n if n else None
@@ -274,7 +276,7 @@ def _progress_callback(settings: GRPOSettings, log: Callable[[str], None]):
 
 def make_grpo_trainer(settings: GRPOSettings, output_dir: Path, model, tokenizer, env_class, train_rows,
                       eval_rows, progress: bool = True, callbacks: Sequence[Any] = ()):
-    """A ``GRPOTrainer`` over ``env_class`` (``agents.grpo_env``) for these rows."""
+    """A ``GRPOTrainer`` over ``env_class`` (``envs.text.trl``) for these rows."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -304,7 +306,7 @@ def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool =
     (also written to ``output_dir/summary.json``). ``resume`` continues from the newest checkpoint (a
     changed configuration is refused with the differences)."""
     _require_llm()
-    from resilibench.agents.grpo_env import GRPOReward, grpo_environment_class, task_rows
+    from ..envs.text.trl import GRPOReward, grpo_environment_class, task_rows
 
     output_dir = Path(output_dir)
     # The time budget is per session: a run stopped by it resumes with any budget.

@@ -37,13 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from resilibench.agents.base import Backend, GenerationConfig, Message, ask_until_valid
-from resilibench.agents.base import extract_answer as answer_block
-from resilibench.envs import task_phrases as phrases
-from resilibench.envs.registry import OPERATION_PHRASES, ToolRegistry, default_registry
-from resilibench.envs.tasks import Task
-from resilibench.metrics.perturb import SYNONYMS, paraphrase, reword
-from resilibench.metrics.workflow import Workflow
+from resilibench.llm import Backend, GenerationConfig, Message, ask_until_valid
+from resilibench.llm import extract_answer as answer_block
+
+from ..core.registry import OPERATION_PHRASES, ToolRegistry, default_registry
+from ..core.tasks import phrases as phrases
+from ..core.tasks.library import Task
+from ..core.workflow import Workflow
+from ..metrics.perturb import SYNONYMS, paraphrase, reword
 
 ORIGINAL = "original"
 PERTURBATION_TYPES = ("paraphrase", "requirements", "noise_light", "noise_moderate", "noise_heavy")
@@ -335,7 +336,7 @@ def inject_noise(text: str, rate: float, rng: np.random.Generator, registry: Too
 
 # --- step lists of world v1 descriptions --------------------------------------------------------------
 
-# World v1 writes a task's steps in one of three styles (``envs.task_generator``): sentences opened by
+# World v1 writes a task's steps in one of three styles (``core.tasks.generator_v1``): sentences opened by
 # connectives ("First, ... Then ... Finally, ..."), one sentence "The job must a; then b; and finally c."
 # or a numbered list under a header. The banks below hold the generator's wordings and more; a
 # paraphrase may re-render a step list in another style or with other connectives, and the parser reads

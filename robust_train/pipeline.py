@@ -27,21 +27,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from resilibench.envs.config import AT_LEAST_ONE, Settings, setting
 from resilibench.errors import RunDirectoryError
 from resilibench.results import run_metadata, write_json_atomic
-from resilibench.robust_train.clusters import ClusterRecord, clusters_digest
-from resilibench.robust_train.evaluation import (
+from resilibench.rundir import RunDirectory
+from resilibench.settings import AT_LEAST_ONE, Settings, setting
+
+from .clusters import ClusterRecord, clusters_digest
+from .evaluation import (
     RobustnessTable,
     baseline_tables,
     format_tables,
     generate_answers,
     robustness_table,
 )
-from resilibench.robust_train.generator import GeneratorFormat, workflow_text
-from resilibench.robust_train.scpo import ScPOSettings, run_scpo
-from resilibench.robust_train.training import PreferenceSettings, SFTSettings, json_digest, model_digest
-from resilibench.rundir import RunDirectory
+from .generator import GeneratorFormat, workflow_text
+from .scpo import ScPOSettings, run_scpo
+from .training import PreferenceSettings, SFTSettings, json_digest, model_digest
 
 MODEL = "model"  # the directory name of a stage's resulting model
 STAGE_FILE = "stage.json"  # a stage's recorded inputs
@@ -87,7 +88,7 @@ def run_sft(model_dir: str | Path, records: Sequence[ClusterRecord], output_dir:
     """Fine-tune ``model_dir`` on the clusters; returns ``output_dir/model`` (the adapter merged in, or
     the fully fine-tuned model). Resumes an interrupted run; returns at once when it is done with the
     same inputs (model, clusters, format, settings), and refuses other inputs (``ConfigChanged``)."""
-    from resilibench.robust_train.training import merge_adapter, train_sft
+    from .training import merge_adapter, train_sft
 
     settings, fmt = settings or SFTSettings(), fmt or GeneratorFormat()
     output_dir = Path(output_dir)
@@ -126,8 +127,8 @@ def build_generator(directory: str | Path, records: Sequence[ClusterRecord], fmt
                     seed: int = 0) -> Path:
     """A random generator whose tokenizer is trained on the clusters (tool names are single tokens);
     returns ``directory`` (built once; another corpus or size is refused with ``ConfigChanged``)."""
-    from resilibench.envs.registry import default_registry
-    from resilibench.robust_train.scratch import build_causal_lm
+    from ..core.registry import default_registry
+    from .scratch import build_causal_lm
 
     directory = Path(directory)
     corpus = generator_corpus(records, fmt)
@@ -151,7 +152,7 @@ def evaluate_generator(model_dir: str | Path, records: Sequence[ClusterRecord], 
     """Greedy answers of the generator in ``model_dir`` to every variant (``answers.jsonl``) and its
     robustness table (``table.json``) in ``output_dir``; both reused when present for the same model,
     clusters, format and answer length (others are refused with ``ConfigChanged``)."""
-    from resilibench.robust_train.scpo import sampling_backend
+    from .scpo import sampling_backend
 
     fmt = fmt or GeneratorFormat()
     output_dir = Path(output_dir)
@@ -196,9 +197,9 @@ def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[list[Cluste
                                                                      list[ClusterRecord]]:
     """The demo's cluster datasets (built once, offline): train clusters for SFT and ScPO, test clusters
     for the table, and original-only records of more train tasks for the base generator."""
-    from resilibench.envs.tasks import interleave_task_types, load_tasks
-    from resilibench.robust_train.clusters import write_clusters
-    from resilibench.robust_train.instructions import PERTURBATION_TYPES
+    from ..core.tasks.library import interleave_task_types, load_tasks
+    from .clusters import write_clusters
+    from .instructions import PERTURBATION_TYPES
 
     def dataset(name: str, split: str, count: int, types: Sequence[str]) -> list[ClusterRecord]:
         tasks = interleave_task_types(load_tasks(split=split))[:count]
@@ -215,7 +216,8 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
     test clusters after each stage, beside the two trivial baselines ("names", "lookup" from the train
     clusters; ``robust_train.evaluation``). Every stage resumes from ``output_dir``."""
     from resilibench.results import run_metadata
-    from resilibench.robust_train.instructions import PERTURBATION_TYPES
+
+    from .instructions import PERTURBATION_TYPES
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

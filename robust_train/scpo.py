@@ -29,11 +29,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from resilibench.agents.base import Backend, GenerationConfig
-from resilibench.envs.config import AT_LEAST_ONE, Settings, setting
+from resilibench.llm import Backend, GenerationConfig
 from resilibench.results import run_metadata, write_json_atomic
-from resilibench.robust_train.clusters import ClusterRecord, clusters_digest
-from resilibench.robust_train.generator import (
+from resilibench.rundir import RunDirectory
+from resilibench.settings import AT_LEAST_ONE, Settings, setting
+
+from .clusters import ClusterRecord, clusters_digest
+from .generator import (
     GeneratorFormat,
     GeneratorOutputError,
     canonical_form,
@@ -41,13 +43,12 @@ from resilibench.robust_train.generator import (
     parse_workflow,
     workflow_text,
 )
-from resilibench.robust_train.training import (
+from .training import (
     PreferenceSettings,
     merge_adapter,
     model_digest,
     train_preferences,
 )
-from resilibench.rundir import RunDirectory
 
 VOTES = ("exact", "soft")
 PAIR_PROMPTS = ("rejected", "all")
@@ -118,8 +119,8 @@ def judge_answer(record: ClusterRecord, variant_id: str, text: str) -> Candidate
 def _soft_votes(candidates: Sequence[Candidate]) -> dict[str, float]:
     """Per unique key, the summed structural similarity (mean of chain and reachability F1) to every
     candidate; answers that are not workflows have similarity 0."""
-    from resilibench.metrics.structural import chain_f1, reachability_f1
-    from resilibench.metrics.workflow import Workflow
+    from ..core.workflow import Workflow
+    from ..metrics.structural import chain_f1, reachability_f1
 
     workflows = {c.key: Workflow.from_json(c.key) for c in candidates if not c.key.startswith(INVALID)}
 
@@ -217,7 +218,7 @@ def sampling_backend(model_dir: Path, batch_size: int) -> Backend:
     """vLLM when it is installed and a GPU is there; else transformers (on the GPU if there is one)."""
     import torch
 
-    from resilibench.agents.backends import TransformersBackend, VLLMBackend
+    from ..agents.backends import TransformersBackend, VLLMBackend
 
     if torch.cuda.is_available():
         try:

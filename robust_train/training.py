@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from resilibench.envs.config import AT_LEAST_ONE, ConfigError, Settings, setting
+from resilibench.errors import ConfigError
+from resilibench.settings import AT_LEAST_ONE, Settings, setting
 
 LLM_EXTRA = "pip install 'resilibench[llm]'"
 FINAL_DIR = "final"

@@ -6,10 +6,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from resilibench.agents.base import GenerationConfig, Message
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.simulator import Episode
-from resilibench.envs.tasks import Task
+from resilibench.core.config import WorldConfig
+from resilibench.core.simulator import Episode
+from resilibench.core.tasks.library import Task
+from resilibench.llm import GenerationConfig, Message
 
 PIPELINE = (
     "file_operations_reader",

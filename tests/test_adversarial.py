@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test, seed_test
 
+from resilibench.core.plan_follower import PlanFollower
+from resilibench.core.tasks.library import get_task
+from resilibench.core.text.flaws import applicable_positions
 from resilibench.envs import adversarial_v0
-from resilibench.envs.adversarial_v0 import ADVERSARY, EXECUTOR, FLAW_CHOICES, NO_FLAW
-from resilibench.envs.planner_env import ResiliBenchEnv
-from resilibench.envs.tasks import get_task
-from resilibench.policies.flaws import applicable_positions
-from resilibench.policies.plan_follower import PlanFollower
+from resilibench.envs.adversarial.game import ADVERSARY, EXECUTOR, FLAW_CHOICES, NO_FLAW
+from resilibench.envs.planner.env import ResiliBenchEnv
 
 # Basic file processing tasks (2-3 required tools): their reference plans are quick to compute.
 TASK_IDS = ("task_e7144374", "task_c435fb64", "task_fbbbec17", "task_f94ed1f1")
@@ -342,7 +342,7 @@ def test_bad_arguments_actions_and_options(tasks):
 
 
 def test_workflow_option_and_render(tasks):
-    from resilibench.metrics.workflow import Workflow
+    from resilibench.core.workflow import Workflow
 
     plan = Workflow.chain(["file_operations_reader", "data_processing_parser", "utility_logger"])
     env = make(tasks, render_mode="ansi")
@@ -357,8 +357,8 @@ def test_workflow_option_and_render(tasks):
 
 
 def test_adversarial_v1_is_the_same_game_in_world_v1():
+    from resilibench.core.tasks.library import load_tasks
     from resilibench.envs import adversarial_v1
-    from resilibench.envs.tasks import load_tasks
 
     tasks = load_tasks(split="test")[:4]
     api_test(adversarial_v1.env(tasks=tasks, matcher="lexical"), num_cycles=50)

@@ -7,15 +7,9 @@ import random
 import numpy as np
 import pytest
 
-from resilibench.metrics.alignment import (
-    NodeEmbedder,
-    align,
-    execution_order,
-    match,
-    similarity_matrix,
-)
+from resilibench.core.workflow import Node, Workflow
+from resilibench.metrics.alignment import NodeEmbedder, align, execution_order, match, similarity_matrix
 from resilibench.metrics.structural import structural_scores
-from resilibench.metrics.workflow import Node, Workflow
 
 
 @pytest.fixture(scope="module")

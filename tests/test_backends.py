@@ -14,7 +14,6 @@ from chat_server import ChatServer, completion
 from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401 (fixture)
 
 from resilibench.agents.backends import (
-    BackendError,
     OpenAIBackend,
     TransformersBackend,
     VLLMBackend,
@@ -25,7 +24,7 @@ from resilibench.agents.backends import (
     parse_tool_calls,
     truncate_at_stop,
 )
-from resilibench.agents.base import ContextOverflowError, GenerationConfig, PartialFailure
+from resilibench.llm import BackendError, ContextOverflowError, GenerationConfig, PartialFailure
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -375,7 +374,7 @@ def test_ctrl_c_does_not_wait_for_a_request_in_flight():
     thread holds up the exit) and never sends the queued second request."""
     with ChatServer(lambda body: (time.sleep(30), (200, completion("late")))[1]) as server:
         code = ("from resilibench.agents.backends import OpenAIBackend\n"
-                "from resilibench.agents.base import GenerationConfig\n"
+                "from resilibench.llm import GenerationConfig\n"
                 f"OpenAIBackend({server.url!r}, 'm', timeout=60).generate("
                 "[[{'role': 'user', 'content': 'a'}], [{'role': 'user', 'content': 'b'}]], GenerationConfig())")
         process = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)

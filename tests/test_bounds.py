@@ -9,12 +9,8 @@ import numpy as np
 import pytest
 
 from helpers import make_task
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.simulator import Episode
-from resilibench.envs.tasks import TASK_TYPE_NAMES, dependency_sort, load_tasks
-from resilibench.policies.bounds import (
+from resilibench.core.bounds.exact import (
     ExactBound,
-    OptimalPlanner,
     Problem,
     clairvoyant_success,
     exact_bound,
@@ -23,7 +19,11 @@ from resilibench.policies.bounds import (
     reference_workflow,
     varied_tasks,
 )
+from resilibench.core.config import WorldConfig
+from resilibench.core.simulator import Episode
+from resilibench.core.tasks.library import TASK_TYPE_NAMES, dependency_sort, load_tasks
 from resilibench.policies.heuristics import DependencyAwarePlanner, InOrderPlanner, RandomLegalPlanner
+from resilibench.policies.optimal import OptimalPlanner
 from resilibench.policies.runner import episode_jobs, run_jobs
 
 STRICT = WorldConfig().replace(rules={"strict_dependencies": True})

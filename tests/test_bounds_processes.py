@@ -10,12 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import make_task
-from resilibench.envs.config import ConfigError, WorldConfig, load_config
-from resilibench.envs.registry import ToolRegistry, default_registry
-from resilibench.envs.simulator import Episode
-from resilibench.envs.tasks import load_tasks
-from resilibench.policies.bounds import (
-    OptimalPlanner,
+from resilibench.core.bounds.exact import (
     branch_episode,
     call_branches,
     clairvoyant_success,
@@ -26,8 +21,14 @@ from resilibench.policies.bounds import (
     optimal_success,
     varied_tasks,
 )
+from resilibench.core.bounds.processes import ProcessBound, process_problem
+from resilibench.core.config import WorldConfig, load_config
+from resilibench.core.registry import ToolRegistry, default_registry
+from resilibench.core.simulator import Episode
+from resilibench.core.tasks.library import load_tasks
+from resilibench.errors import ConfigError
 from resilibench.policies.heuristics import DependencyAwarePlanner, InOrderPlanner
-from resilibench.policies.process_bounds import ProcessBound, process_problem
+from resilibench.policies.optimal import OptimalPlanner
 from resilibench.policies.runner import episode_jobs, run_jobs
 
 REGISTRY = default_registry()

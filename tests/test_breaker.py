@@ -26,12 +26,12 @@ from resilibench.agents.breaker import (
     refinement_report,
     run_breaker,
 )
-from resilibench.agents.scripted import make_text_agent
+from resilibench.agents.specs import make_text_agent
 from resilibench.cli import main
-from resilibench.envs.tasks import load_tasks
-from resilibench.policies.flaws import FLAW_TYPES
-from resilibench.policies.plan_follower import workflow_success
-from resilibench.policies.prompts import parse_plan
+from resilibench.core.plan_follower import workflow_success
+from resilibench.core.tasks.library import load_tasks
+from resilibench.core.text.flaws import FLAW_TYPES
+from resilibench.core.text.prompts import parse_plan
 from resilibench.results import read_jsonl
 
 POOL = load_tasks(split="test")[:12]
@@ -345,7 +345,7 @@ def tiny_backend(tmp_path_factory):
 
 
 def test_tiny_model_generator_garbage_is_retried_then_recorded_invalid(tmp_path, tiny_backend):
-    from resilibench.agents.base import GenerationConfig
+    from resilibench.llm import GenerationConfig
 
     unused = ScriptedBackend(lambda c: pytest.fail("no stage after an invalid generator answer may run"))
     taxonomy = LLMTaxonomy(

@@ -11,9 +11,9 @@ import pytest
 from filelock import FileLock
 
 from resilibench.cli import main
-from resilibench.envs.registry import default_registry
-from resilibench.envs.tasks import TASK_TYPES, get_task, load_tasks, read_tasks
-from resilibench.policies.bounds import largest_turn_limit, optimal_success
+from resilibench.core.bounds.exact import largest_turn_limit, optimal_success
+from resilibench.core.registry import default_registry
+from resilibench.core.tasks.library import TASK_TYPES, get_task, load_tasks, read_tasks
 from resilibench.policies.runner import PLANNER_NAMES
 from resilibench.results import METADATA_KEY, read_jsonl
 
@@ -342,7 +342,7 @@ def _one_line(capsys) -> str:
     ],
 )
 def test_a_directory_as_output_is_one_line_and_leaves_nothing(argv, tmp_path, capsys):
-    from resilibench.metrics.workflow import Workflow
+    from resilibench.core.workflow import Workflow
 
     pred = tmp_path / "pred.json"
     pred.write_text(Workflow.chain(["file_operations_reader"], ["read"]).to_json())

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from resilibench.cli import main
-from resilibench.metrics.workflow import Workflow
+from resilibench.core.workflow import Workflow
 
 REF = Workflow.chain(["file_operations_reader", "data_processing_parser", "file_operations_writer"],
                      ["read the input file", "parse raw input into a structured format", "write the results"])

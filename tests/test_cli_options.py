@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from resilibench.cli import Parser, build_parser, main
-from resilibench.cli_options import add_options, option_values
-from resilibench.envs.config import UNIT, Settings, setting
+from resilibench.cli.options import add_options, option_values
+from resilibench.settings import UNIT, Settings, setting
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def test_help_comes_from_the_fields():
 def test_train_ppo_options_are_the_config_fields():
     """Every `train ppo` option built from PPOTrainConfig resolves to the field's default when not given and
     refuses a value outside the field's range with the field's own message."""
-    from resilibench.cli_train import TRAIN_OPTIONS, _train_config
+    from resilibench.cli.train import TRAIN_OPTIONS, _train_config
     from resilibench.policies.ppo.training import PPOTrainConfig
 
     cfg = _train_config(build_parser().parse_args(["train", "ppo", "--iterations", "5"]))

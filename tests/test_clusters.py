@@ -11,7 +11,7 @@ import pytest
 
 from helpers import ScriptedBackend
 from resilibench.cli import main
-from resilibench.envs.tasks import interleave_task_types, load_tasks, write_tasks
+from resilibench.core.tasks.library import interleave_task_types, load_tasks, write_tasks
 from resilibench.errors import ConfigChanged, RunDirectoryError
 from resilibench.robust_train.clusters import (
     CLUSTERS_FILE,

@@ -8,18 +8,10 @@ import math
 
 import pytest
 
-from resilibench.envs.config import (
-    MAX_TURN_LIMIT,
-    ConfigError,
-    Settings,
-    WorldConfig,
-    field_name,
-    from_dict,
-    load_config,
-    type_hints,
-    without_none,
-)
-from resilibench.envs.evaluator import signals_completion
+from resilibench.core.config import MAX_TURN_LIMIT, WorldConfig, load_config
+from resilibench.core.evaluator import signals_completion
+from resilibench.errors import ConfigError
+from resilibench.settings import Settings, field_name, from_dict, type_hints, without_none
 
 
 def _load(tmp_path, text: str, suffix: str = ".yaml") -> WorldConfig:
@@ -133,7 +125,7 @@ def test_bad_values_raise_config_error_with_the_dotted_field(tmp_path, text, fie
 
 
 def _settings_classes():
-    from resilibench.agents.base import GenerationConfig
+    from resilibench.llm import GenerationConfig
     from resilibench.policies.ppo.curriculum import CurriculumConfig
     from resilibench.policies.ppo.training import PPOTrainConfig
     from resilibench.robust_train.pipeline import DemoSettings
@@ -202,7 +194,7 @@ def test_numpy_numbers_read_as_python_numbers():
     """Seeds and sizes computed with numpy are accepted and stored as plain ints and floats."""
     import numpy as np
 
-    from resilibench.agents.base import GenerationConfig
+    from resilibench.llm import GenerationConfig
 
     config = GenerationConfig(seed=np.uint32(7), top_p=np.float32(0.5))
     assert config.seed == 7 and type(config.seed) is int and type(config.top_p) is float

@@ -3,7 +3,7 @@
 These digests prove that optimisations change nothing a user can see: observations, rewards, ends,
 info keys, action masks, traces (every field), levels and the random stream. A change to a rule must
 change the env's version and these pins together. Re-pinned once when the counter-based random source
-(``resilibench.envs.stream``) replaced numpy's generators: the stream changed, the rules did not.
+(``resilibench.core.stream``) replaced numpy's generators: the stream changed, the rules did not.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 import resilibench  # noqa: F401  (registers the envs)
-from resilibench.envs import stream as rs
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.simulator import Episode, draw_stream, env_episode
-from resilibench.envs.tasks import load_tasks
+from resilibench.core import stream as rs
+from resilibench.core.config import WorldConfig
+from resilibench.core.simulator import Episode, draw_stream, env_episode
+from resilibench.core.tasks.library import load_tasks
 
 
 def _choose(rng: np.random.Generator, mask: np.ndarray) -> int:

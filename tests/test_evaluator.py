@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from helpers import PIPELINE, make_task
-from resilibench.envs.config import EvaluatorConfig
-from resilibench.envs.evaluator import classify, evaluate, output_tool_ids, signals_completion
+from resilibench.core.config import EvaluatorConfig
+from resilibench.core.evaluator import classify, evaluate, output_tool_ids, signals_completion
 
 
 @dataclass
@@ -77,8 +77,8 @@ def test_v1_rule_one_tool_then_completed_is_failure():
 
 
 def test_v1_rule_on_every_shipped_task_one_non_output_tool_then_completed_fails():
-    from resilibench.envs.registry import default_registry
-    from resilibench.envs.tasks import load_tasks
+    from resilibench.core.registry import default_registry
+    from resilibench.core.tasks.library import load_tasks
 
     registry = default_registry()
     checked = 0

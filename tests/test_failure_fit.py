@@ -1,4 +1,4 @@
-"""Failure calibration (envs.failure_fit, `resilibench calibrate-failures`): known parameters recovered from
+"""Failure calibration (envs.real_api.failure_fit, `resilibench calibrate-failures`): known parameters recovered from
 logs the simulator writes, intervals, goodness of fit, the written config, bad input."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import pytest
 import yaml
 
 from resilibench.cli import main
-from resilibench.envs.call_log import CallLogRow, read_rows, write_rows
-from resilibench.envs.config import WorldConfig, load_config
-from resilibench.envs.failure_fit import PROCESS_OPTIONS, drawing_calls, fit_failures, log_likelihood
-from resilibench.envs.processes import ToolState, call_outcomes, tool_bases
-from resilibench.envs.registry import default_registry
-from resilibench.envs.simulator import success_probability
-from resilibench.envs.tasks import load_tasks
+from resilibench.core.config import WorldConfig, load_config
+from resilibench.core.processes import ToolState, call_outcomes, tool_bases
+from resilibench.core.registry import default_registry
+from resilibench.core.simulator import success_probability
+from resilibench.core.tasks.library import load_tasks
+from resilibench.envs.real_api.call_log import CallLogRow, read_rows, write_rows
+from resilibench.envs.real_api.failure_fit import PROCESS_OPTIONS, drawing_calls, fit_failures, log_likelihood
 from resilibench.errors import InputError
 from resilibench.policies.runner import episode_jobs, run_jobs
 
@@ -189,7 +189,7 @@ def test_the_likelihood_is_the_simulators_branches(tmp):
 
 
 def test_the_forward_backward_gradient_is_the_likelihoods_slope(tmp):
-    from resilibench.envs import failure_fit
+    from resilibench.envs.real_api import failure_fit
 
     rows = simulated_log(tmp, 30, 2, json.dumps(PROCESSES), "in_order")
     model = failure_fit._ProcessModel(drawing_calls(rows), default_registry(), True, 20, "log", PROCESS_OPTIONS,

@@ -5,11 +5,12 @@ from collections import Counter
 
 import pytest
 
-from resilibench.envs.registry import OPERATION_PHRASES, default_registry
-from resilibench.envs.tasks import load_tasks
-from resilibench.metrics.workflow import Node, Workflow
-from resilibench.policies.bounds import reference_workflow
-from resilibench.policies.flaws import (
+from resilibench.core.arguments import task_hints
+from resilibench.core.bounds.exact import reference_workflow
+from resilibench.core.plan_follower import workflow_success
+from resilibench.core.registry import OPERATION_PHRASES, default_registry
+from resilibench.core.tasks.library import load_tasks
+from resilibench.core.text.flaws import (
     FLAW_METHODS,
     FLAW_TYPES,
     UNNEEDED_OPERATIONS,
@@ -19,8 +20,8 @@ from resilibench.policies.flaws import (
     similar_tools,
     tool_similarity,
 )
-from resilibench.policies.plan_follower import workflow_success
-from resilibench.policies.prompts import task_hints, with_arguments
+from resilibench.core.text.prompts import with_arguments
+from resilibench.core.workflow import Node, Workflow
 
 REGISTRY = default_registry()
 # The task of the library with the longest reference workflow: every method applies to its plan.

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from resilibench.envs.tasks import load_tasks
-from resilibench.metrics.workflow import Node, Workflow
-from resilibench.policies.bounds import optimal_success, reference_workflow
-from resilibench.policies.plan_follower import workflow_success
+from resilibench.core.bounds.exact import optimal_success, reference_workflow
+from resilibench.core.plan_follower import workflow_success
+from resilibench.core.tasks.library import load_tasks
+from resilibench.core.workflow import Node, Workflow
 from resilibench.robust_train.generator import (
     GeneratorFormat,
     GeneratorOutputError,

@@ -1,4 +1,4 @@
-"""The GRPO adapter (agents.grpo_env): the text env's rules behind TRL's tool methods."""
+"""The GRPO adapter (envs.text.trl): the text env's rules behind TRL's tool methods."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from resilibench.agents.grpo_env import GRPOReward, grpo_environment_class, task_prompt, task_rows
-from resilibench.envs.evaluator import LEVELS
-from resilibench.envs.registry import default_registry
-from resilibench.envs.tasks import load_tasks
-from resilibench.envs.text_env import ResiliBenchTextEnv
+from resilibench.core.evaluator import LEVELS
+from resilibench.core.registry import default_registry
+from resilibench.core.tasks.library import load_tasks
+from resilibench.envs.text.env import ResiliBenchTextEnv
+from resilibench.envs.text.trl import GRPOReward, grpo_environment_class, task_prompt, task_rows
 
 pytest.importorskip("transformers")
 

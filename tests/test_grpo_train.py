@@ -12,10 +12,10 @@ from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401  (fixture)
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-from resilibench.cli import main  # noqa: E402
-from resilibench.envs.tasks import load_tasks  # noqa: E402
-from resilibench.envs.text_env import ResiliBenchTextEnv  # noqa: E402
-from resilibench.robust_train.grpo import GRPOSettings, locate_model  # noqa: E402
+from resilibench.cli import main
+from resilibench.core.tasks.library import load_tasks
+from resilibench.envs.text.env import ResiliBenchTextEnv
+from resilibench.robust_train.grpo import GRPOSettings, locate_model
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -37,7 +37,7 @@ def test_a_tool_call_made_through_the_trainer_changes_the_episode_and_its_reward
     """The trainer parses a (scripted) tool call, calls the env's method, and grades the episode with the
     evaluator: the same trace and level as the text env given the same call."""
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    from resilibench.agents.grpo_env import grpo_environment_class, task_rows
+    from resilibench.envs.text.trl import grpo_environment_class, task_rows
     from resilibench.robust_train.grpo import load_agent_model, make_grpo_trainer
 
     settings = GRPOSettings(model=str(tiny_model), num_generations=2, batch_size=2, max_completion_length=256)

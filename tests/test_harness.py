@@ -7,7 +7,6 @@ import json
 import pytest
 from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401 (fixture)
 
-from resilibench.agents.base import GenerationConfig
 from resilibench.agents.harness import EVAL_KEY, eval_jobs, run_eval
 from resilibench.agents.report import (
     format_tables,
@@ -19,7 +18,8 @@ from resilibench.agents.report import (
     wasted_calls,
 )
 from resilibench.agents.scripted import OptimalTextAgent, PlanFollowingTextAgent
-from resilibench.envs.tasks import TASK_TYPE_NAMES, load_tasks
+from resilibench.core.tasks.library import TASK_TYPE_NAMES, load_tasks
+from resilibench.llm import GenerationConfig
 from resilibench.results import read_jsonl
 
 LEVELS = ("full_success", "partial_success", "failure")

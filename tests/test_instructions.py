@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401  (fixture)
 
 from helpers import ScriptedBackend
-from resilibench.agents.base import GenerationConfig
-from resilibench.envs.registry import default_registry, named_tools
-from resilibench.envs.tasks import interleave_task_types, load_tasks
-from resilibench.policies.bounds import reference_workflow
+from resilibench.core.bounds.exact import reference_workflow
+from resilibench.core.registry import default_registry, named_tools
+from resilibench.core.tasks.library import interleave_task_types, load_tasks
+from resilibench.llm import GenerationConfig
 from resilibench.robust_train.instructions import (
     NOISE_RATES,
     PERTURBATION_TYPES,

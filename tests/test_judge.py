@@ -7,9 +7,9 @@ import json
 import pytest
 
 from helpers import ScriptedBackend
-from resilibench.agents.base import GenerationConfig, Message
+from resilibench.core.workflow import Workflow
+from resilibench.llm import GenerationConfig, Message
 from resilibench.metrics.judge import Judge, VerdictError, judge_messages, parse_verdict
-from resilibench.metrics.workflow import Workflow
 
 REF = Workflow.chain(["file_operations_reader", "data_processing_parser", "file_operations_writer"],
                      ["read the input file", "parse it", "write the result"])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from resilibench.core.workflow import Node, Workflow
 from resilibench.metrics.lexical import bleu, corpus_bleu, corpus_gleu, gleu, lexical_scores, workflow_text
 from resilibench.metrics.semantic import BertScore, BertScorer, bertscore
-from resilibench.metrics.workflow import Node, Workflow
 
 READ = "read and retrieve data from files"
 PARSE = "parse raw input into a structured format"

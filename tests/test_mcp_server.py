@@ -22,8 +22,12 @@ from mcp import Client, MCPError, StdioServerParameters
 
 import resilibench  # noqa: F401  (registers ResiliBench-v1)
 from resilibench.cli import main as cli_main
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.mcp_server import (
+from resilibench.core.config import WorldConfig
+from resilibench.core.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
+from resilibench.core.simulator import RETRY_LIMIT_ERROR, task_seed
+from resilibench.core.tasks.library import load_tasks
+from resilibench.core.text.toolbox import call_tool, describe_tool, search_tools
+from resilibench.envs.mcp.server import (
     BAD_ARGUMENTS,
     EPISODE_ENDED,
     OUT_OF_TURNS,
@@ -32,15 +36,10 @@ from resilibench.envs.mcp_server import (
     UNKNOWN_EPISODE,
     UNKNOWN_TASK,
     UNKNOWN_TOOL,
-    EpisodeTable,
     ResiliBenchMCP,
     build_server,
-    start_episode,
 )
-from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
-from resilibench.envs.simulator import RETRY_LIMIT_ERROR, task_seed
-from resilibench.envs.tasks import load_tasks
-from resilibench.envs.toolbox import call_tool, describe_tool, search_tools
+from resilibench.envs.real_api.serving import EpisodeTable, start_episode
 
 REGISTRY = default_registry()
 META_TOOLS = {"tool_search", "tool_info", "start_task", "finish", "episode_status"}

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from helpers import ScriptedBackend
-from resilibench.agents.base import GenerationConfig
-from resilibench.envs.tasks import load_tasks
+from resilibench.core.bounds.exact import reference_workflow
+from resilibench.core.tasks.library import load_tasks
+from resilibench.core.workflow import Node, Workflow
+from resilibench.llm import GenerationConfig
 from resilibench.metrics.perturb import (
     PERTURBATIONS,
     RATES,
@@ -27,8 +29,6 @@ from resilibench.metrics.perturb import (
     perturbation_rng,
     remove_steps,
 )
-from resilibench.metrics.workflow import Node, Workflow
-from resilibench.policies.bounds import reference_workflow
 
 TEXTS = ["read and retrieve data from files", "parse raw input into a structured format",
          "validate data against a schema and report violations", "transform data from one format or shape into another",

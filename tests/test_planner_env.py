@@ -6,8 +6,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import resilibench  # noqa: F401  (registers the env ids)
-from resilibench.envs.observation import ObservationLayout
-from resilibench.envs.tasks import load_tasks
+from resilibench.core.tasks.library import load_tasks
+from resilibench.envs.planner.observation import ObservationLayout
 
 
 def rollout(env, seed, policy_seed=0, options=None):

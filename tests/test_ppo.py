@@ -19,17 +19,14 @@ torch = pytest.importorskip("torch")
 
 from helpers import make_task  # noqa: E402
 from resilibench.cli import main  # noqa: E402
-from resilibench.envs.config import WorldConfig  # noqa: E402
-from resilibench.envs.planner_env import ResiliBenchEnv  # noqa: E402
-from resilibench.envs.registry import default_registry  # noqa: E402
-from resilibench.envs.tasks import load_tasks  # noqa: E402
+from resilibench.core.bounds.exact import exact_bound, exact_policy_success, optimal_success  # noqa: E402
+from resilibench.core.config import WorldConfig  # noqa: E402
+from resilibench.core.registry import default_registry  # noqa: E402
+from resilibench.core.tasks.library import load_tasks  # noqa: E402
+from resilibench.envs.planner.env import ResiliBenchEnv  # noqa: E402
 from resilibench.errors import ConfigChanged  # noqa: E402
-from resilibench.policies.bounds import (  # noqa: E402
-    OptimalPlanner,
-    exact_bound,
-    exact_policy_success,
-    optimal_success,
-)
+from resilibench.policies.optimal import OptimalPlanner  # noqa: E402
+from resilibench.policies.ppo import latest_checkpoint  # noqa: E402
 from resilibench.policies.ppo.curriculum import (  # noqa: E402
     STAGES,
     CurriculumConfig,
@@ -47,7 +44,6 @@ from resilibench.policies.ppo.evaluation import (  # noqa: E402
 from resilibench.policies.ppo.training import (  # noqa: E402
     PPOTrainConfig,
     build_ppo_config,
-    latest_checkpoint,
     read_state,
     restore_algorithm,
     train,
@@ -120,7 +116,7 @@ def test_observation_without_dependency_hints_keeps_the_task_and_drops_the_hints
     """The ablation's observation: the required order in place of the next-required one-hot (fixed for the
     episode), the dependency task features zero, everything else as the full observation; and
     ``episode_observation`` recomputes it step for step."""
-    from resilibench.envs.observation import DEPENDENCY_TASK_FEATURES
+    from resilibench.envs.planner.observation import DEPENDENCY_TASK_FEATURES
     from resilibench.policies.heuristics import DependencyAwarePlanner
 
     full, ablated = ResiliBenchEnv(split="test"), ResiliBenchEnv(split="test", features="no_dependency_hints")
@@ -286,7 +282,7 @@ def test_module_reads_the_failure_process_blocks(encoder):
     blocks (rate-limit waits, outages), and its greedy policy plays legal actions in that world."""
     from ray.rllib.core.columns import Columns
 
-    from resilibench.envs.config import WorldConfig
+    from resilibench.core.config import WorldConfig
     from resilibench.policies.ppo.module import PlannerModule
 
     config = WorldConfig().replace(processes={"rate_limit_probability": 0.3, "rate_limit_wait": 2,
@@ -456,7 +452,7 @@ def test_workflow_export_of_the_optimal_planner_matches_the_reference():
 def test_training_without_dependency_hints_builds_and_plays_the_ablated_policy(ray_session, tmp_path):
     """`train ppo --features no_dependency_hints`: the config, the envs and the network drop the hints, and
     the trained planner computes its own ablated observations when an env hands it full ones."""
-    from resilibench.envs.observation import N_STATUS
+    from resilibench.envs.planner.observation import N_STATUS
 
     out = tmp_path / "run"
     assert main(["train", "ppo", "--iterations", "1", "--features", "no_dependency_hints", "--output-dir",
@@ -524,7 +520,7 @@ def test_ppo_policy_plays_the_text_protocol(trained, tmp_path, capsys):
 def test_train_ppo_world_v0_trains_on_world_v0():
     """`train ppo --world v0` takes world v0's library and grading (not only with --config)."""
     from resilibench.cli import build_parser
-    from resilibench.cli_train import _train_config
+    from resilibench.cli.train import _train_config
 
     args = build_parser().parse_args(["train", "ppo", "--world", "v0", "--iterations", "1"])
     cfg = _train_config(args)

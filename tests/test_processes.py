@@ -7,9 +7,9 @@ import math
 import pytest
 
 from helpers import make_task
-from resilibench.envs import stream as rs
-from resilibench.envs.config import ConfigError, FailureModel, FailureProcesses, WorldConfig
-from resilibench.envs.processes import (
+from resilibench.core import stream as rs
+from resilibench.core.config import FailureModel, FailureProcesses, WorldConfig
+from resilibench.core.processes import (
     FRESH,
     RATE_LIMIT_ERROR,
     SERVICE_UNAVAILABLE,
@@ -24,8 +24,9 @@ from resilibench.envs.processes import (
     select,
     tool_bases,
 )
-from resilibench.envs.registry import default_registry
-from resilibench.envs.simulator import OUT_OF_TIME, OUT_OF_TURNS, Episode
+from resilibench.core.registry import default_registry
+from resilibench.core.simulator import OUT_OF_TIME, OUT_OF_TURNS, Episode
+from resilibench.errors import ConfigError
 
 REG = default_registry()
 READER, PARSER = "file_operations_reader", "data_processing_parser"
@@ -303,7 +304,7 @@ def test_unknown_tool_names_are_refused_when_an_episode_starts():
 
 
 def test_processes_load_from_yaml(tmp_path):
-    from resilibench.envs.config import load_config
+    from resilibench.core.config import load_config
 
     path = tmp_path / "world.yaml"
     path.write_text("processes:\n  outage_start: 0.05\n  outage_end: 0.5\n  latency_seconds: [0.2, 3]\n"
@@ -321,8 +322,8 @@ BURSTY = {"outage_start": 0.3, "outage_end": 0.5, "rate_limit_probability": 0.3,
 def test_planner_env_shows_the_process_state():
     import numpy as np
 
-    from resilibench.envs.observation import ObservationLayout
-    from resilibench.envs.planner_env import ResiliBenchEnv
+    from resilibench.envs.planner.env import ResiliBenchEnv
+    from resilibench.envs.planner.observation import ObservationLayout
 
     plain = ResiliBenchEnv(tasks=[make_task()])
     assert plain.observation_space.shape == (ObservationLayout(30).size,) == (204,)
@@ -357,7 +358,7 @@ def test_episode_observation_matches_the_env_with_processes():
     """PPO's from-scratch observation (``episode_observation``) equals the env's step for step."""
     import numpy as np
 
-    from resilibench.envs.planner_env import ResiliBenchEnv
+    from resilibench.envs.planner.env import ResiliBenchEnv
     from resilibench.policies.ppo.wrappers import episode_observation
 
     env = ResiliBenchEnv(tasks=[make_task(max_retries=5)], config=world(**BURSTY))
@@ -372,7 +373,7 @@ def test_episode_observation_matches_the_env_with_processes():
 
 
 def test_planner_env_truncates_once_the_time_budget_is_spent():
-    from resilibench.envs.planner_env import ResiliBenchEnv
+    from resilibench.envs.planner.env import ResiliBenchEnv
 
     config = world(latency_seconds=(4.0,), latency_weights=(1,), time_budget_seconds=8.0)
     env = ResiliBenchEnv(tasks=[make_task()], config=config)
@@ -386,7 +387,7 @@ def test_planner_env_truncates_once_the_time_budget_is_spent():
 
 
 def test_vector_env_refuses_processes_naming_the_section():
-    from resilibench.envs.planner_vector_env import ResiliBenchVectorEnv
+    from resilibench.envs.planner.vector import ResiliBenchVectorEnv
 
     with pytest.raises(ConfigError, match="^processes: .*the single env plays them") as error:
         ResiliBenchVectorEnv(num_envs=2, tasks=[make_task()], config=world(outage_start=0.1))
@@ -395,7 +396,7 @@ def test_vector_env_refuses_processes_naming_the_section():
 
 
 def test_feedback_says_what_the_process_did():
-    from resilibench.envs.toolbox import call_tool, feedback_text
+    from resilibench.core.text.toolbox import call_tool, feedback_text
 
     config = world(rate_limit_probability=1.0, rate_limit_wait=2, time_budget_seconds=10.0,
                    latency_seconds=(1.0,), latency_weights=(1,))
@@ -416,7 +417,7 @@ def test_feedback_says_what_the_process_did():
 
 
 def test_text_env_says_when_time_is_out():
-    from resilibench.envs.text_env import ResiliBenchTextEnv
+    from resilibench.envs.text.env import ResiliBenchTextEnv
 
     config = world(latency_seconds=(5.0,), latency_weights=(1,), time_budget_seconds=5.0)
     env = ResiliBenchTextEnv(tasks=[make_task()], config=config)
@@ -429,10 +430,10 @@ def test_text_env_says_when_time_is_out():
 
 def test_run_writes_a_call_log(tmp_path):
     from resilibench.cli import main
-    from resilibench.envs.call_log import read_rows
-    from resilibench.envs.config import load_config
-    from resilibench.envs.tasks import load_tasks
-    from resilibench.policies.bounds import optimal_success
+    from resilibench.core.bounds.exact import optimal_success
+    from resilibench.core.config import load_config
+    from resilibench.core.tasks.library import load_tasks
+    from resilibench.envs.real_api.call_log import read_rows
     from resilibench.results import METADATA_KEY
 
     config = tmp_path / "world.yaml"
@@ -474,8 +475,8 @@ def test_the_cli_names_an_unknown_tool_before_any_work(tmp_path, capsys):
 
 
 def test_run_call_log_of_the_v1_world_has_no_latency(tmp_path):
-    from resilibench.envs.call_log import read_rows
-    from resilibench.envs.tasks import load_tasks
+    from resilibench.core.tasks.library import load_tasks
+    from resilibench.envs.real_api.call_log import read_rows
     from resilibench.policies.runner import episode_jobs, run_jobs
 
     log = tmp_path / "calls.jsonl"

@@ -21,11 +21,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from resilibench.envs.registry import OPERATION_PHRASES, RETURN_VALUES, default_registry
-from resilibench.envs.tasks import load_tasks
-from resilibench.policies.flaws import FLAW_TYPES, FlawNotApplicable
-from resilibench.policies.plan_follower import valid_arguments
-from resilibench.policies.prompts import PLAN_HEADING, PLAN_STYLES, ROLE_STEPS, build_prompt, task_hints
+from resilibench.core.arguments import task_hints, valid_arguments
+from resilibench.core.registry import OPERATION_PHRASES, RETURN_VALUES, default_registry
+from resilibench.core.tasks.library import load_tasks
+from resilibench.core.text.flaws import FLAW_TYPES, FlawNotApplicable
+from resilibench.core.text.prompts import PLAN_HEADING, PLAN_STYLES, ROLE_STEPS, build_prompt
 
 REGISTRY = default_registry()
 N_TASKS = 150

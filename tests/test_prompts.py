@@ -4,14 +4,13 @@ import re
 
 import pytest
 
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.registry import default_registry
-from resilibench.envs.tasks import TASK_TYPE_NAMES, load_tasks
-from resilibench.metrics.workflow import Node, Workflow
-from resilibench.policies.bounds import reference_workflow
-from resilibench.policies.flaws import FLAW_TYPES
-from resilibench.policies.plan_follower import workflow_success
-from resilibench.policies.prompts import (
+from resilibench.core.bounds.exact import reference_workflow
+from resilibench.core.config import WorldConfig
+from resilibench.core.plan_follower import workflow_success
+from resilibench.core.registry import default_registry
+from resilibench.core.tasks.library import TASK_TYPE_NAMES, load_tasks
+from resilibench.core.text.flaws import FLAW_TYPES
+from resilibench.core.text.prompts import (
     PLAN_HEADING,
     PLAN_STYLES,
     PROMPT_VARIANTS,
@@ -20,6 +19,7 @@ from resilibench.policies.prompts import (
     render_plan,
     with_arguments,
 )
+from resilibench.core.workflow import Node, Workflow
 
 REGISTRY = default_registry()
 BY_SIGNATURE = {}

@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("ray.rllib")
 
-from resilibench.cli import main  # noqa: E402
+from resilibench.cli import main
 
 TYPE = "simple_data_transformation"
 TINY_FLAGS = ["--task-type", TYPE, "--num-env-runners", "0", "--num-envs-per-env-runner", "4",

@@ -14,9 +14,13 @@ from mcp import Client
 from resilibench.agents.harness import eval_jobs, run_eval
 from resilibench.agents.scripted import OptimalTextAgent, PlanFollowingTextAgent
 from resilibench.cli import main as cli_main
-from resilibench.envs.call_log import read_rows
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.live_apis import (
+from resilibench.core.config import WorldConfig
+from resilibench.core.registry import ToolRegistry, default_registry
+from resilibench.core.tasks.library import load_tasks
+from resilibench.core.text.toolbox import resolve_tool
+from resilibench.envs.mcp.server import build_server
+from resilibench.envs.real_api.call_log import read_rows
+from resilibench.envs.real_api.live_apis import (
     LIVE_TASK_TYPE,
     load_document,
     load_live_api,
@@ -25,12 +29,8 @@ from resilibench.envs.live_apis import (
     read_task_file,
     service_openapi_url,
 )
-from resilibench.envs.mcp_server import build_server
-from resilibench.envs.registry import ToolRegistry, default_registry
-from resilibench.envs.tasks import load_tasks
-from resilibench.envs.text_env import ResiliBenchTextEnv
-from resilibench.envs.tool_service import ToolService, running_service
-from resilibench.envs.toolbox import resolve_tool
+from resilibench.envs.real_api.service import ToolService, running_service
+from resilibench.envs.text.env import ResiliBenchTextEnv
 from resilibench.errors import InputError
 
 REGISTRY = default_registry()
@@ -309,7 +309,7 @@ def test_a_live_api_over_mcp_through_the_text_env(tmp_path):
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
-    from resilibench.envs.live_apis import McpToolClient, mcp_live_api
+    from resilibench.envs.real_api.live_apis import McpToolClient, mcp_live_api
 
     server, calls = MCPServer("facts"), {"joke": 0}
 
@@ -414,7 +414,7 @@ def test_serve_mcp_with_api_over_stdio(service_url, tmp_path, capsys):
 
     from mcp import StdioServerParameters
 
-    from resilibench.policies.plan_follower import valid_arguments
+    from resilibench.core.arguments import valid_arguments
 
     task, log = TASKS[2], tmp_path / "calls.jsonl"
     serve = ["-m", "resilibench", "serve-mcp", "--search", "lexical"]
@@ -443,8 +443,8 @@ def test_serve_mcp_with_api_over_stdio(service_url, tmp_path, capsys):
 def test_flawed_prompts_of_a_small_live_registry(tmp_path):
     """Flaws of a live task's plan use the live registry's own tools: each flaw type is injected or said
     not to apply (a three-tool API has no spare tool to drift to), never a crash."""
-    from resilibench.envs.live_apis import LiveApi, live_registry, live_tool
-    from resilibench.policies.flaws import FLAW_TYPES, FlawNotApplicable
+    from resilibench.core.text.flaws import FLAW_TYPES, FlawNotApplicable
+    from resilibench.envs.real_api.live_apis import LiveApi, live_registry, live_tool
 
     path = tmp_path / "tasks.yaml"
     path.write_text("tasks:\n  - id: t1\n    steps:\n      - {tool: getFact}\n      - {tool: getJoke}\n"

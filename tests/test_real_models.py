@@ -14,11 +14,11 @@ import pytest
 from tiny_lm import torch_one_thread  # noqa: F401 (fixture)
 
 from resilibench.agents import models
-from resilibench.agents.base import GenerationConfig
 from resilibench.agents.harness import eval_jobs, run_eval
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.simulator import END_REASONS
-from resilibench.envs.tasks import load_tasks
+from resilibench.core.config import WorldConfig
+from resilibench.core.simulator import END_REASONS
+from resilibench.core.tasks.library import load_tasks
+from resilibench.llm import GenerationConfig
 
 SMALL = "smollm2-135m"
 needs_small = pytest.mark.skipif(not models.installed(SMALL),

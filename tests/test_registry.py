@@ -3,7 +3,7 @@ import json
 import jsonschema
 import networkx as nx
 
-from resilibench.envs.registry import CATEGORIES, DEPENDENCY_ERROR, default_registry
+from resilibench.core.registry import CATEGORIES, DEPENDENCY_ERROR, default_registry
 
 
 def test_thirty_tools_six_by_five():

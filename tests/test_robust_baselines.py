@@ -8,7 +8,7 @@ from functools import cache
 
 import pytest
 
-from resilibench.envs.tasks import interleave_task_types, load_tasks
+from resilibench.core.tasks.library import interleave_task_types, load_tasks
 from resilibench.robust_train.clusters import build_clusters
 from resilibench.robust_train.evaluation import (
     baseline_tables,

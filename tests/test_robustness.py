@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from resilibench.core.workflow import Workflow
 from resilibench.metrics.robustness import Cluster, risk_from_similarities, robustness_risk
-from resilibench.metrics.workflow import Workflow
 
 A, B, C = "file_operations_reader", "data_processing_parser", "file_operations_writer"
 ABC = Workflow.chain([A, B, C])

@@ -8,16 +8,10 @@ import json
 import pytest
 from tiny_lm import torch_one_thread  # noqa: F401 (fixture)
 
+from resilibench.core.workflow import Workflow
 from resilibench.errors import ConfigChanged
-from resilibench.metrics.workflow import Workflow
 from resilibench.robust_train.generator import GeneratorFormat, canonical_form, parse_workflow, workflow_text
-from resilibench.robust_train.scpo import (
-    Candidate,
-    ScPOSettings,
-    pair_rows,
-    preference_pair,
-    rank_candidates,
-)
+from resilibench.robust_train.scpo import Candidate, ScPOSettings, pair_rows, preference_pair, rank_candidates
 
 A = canonical_form(Workflow.chain(["file_operations_reader", "data_processing_parser"]))
 B = canonical_form(Workflow.chain(["file_operations_reader", "data_processing_filter"]))
@@ -93,7 +87,7 @@ def test_pair_rows_use_the_prompts_that_produced_the_worse_answer(cluster_record
 
 @pytest.fixture(scope="module")
 def cluster_records():
-    from resilibench.envs.tasks import load_tasks
+    from resilibench.core.tasks.library import load_tasks
     from resilibench.robust_train.clusters import build_clusters
 
     tasks = [t for t in load_tasks(split="train") if t.task_type == "basic_file_processing"][:4]

@@ -19,13 +19,14 @@ from resilibench.agents.scripted import (
     PlanFollowingTextAgent,
     call_message,
 )
-from resilibench.envs.planner_env import ResiliBenchEnv, make_world_config
-from resilibench.envs.simulator import task_seed
-from resilibench.envs.tasks import TASK_TYPE_NAMES, get_task, load_tasks
-from resilibench.metrics.workflow import Workflow
-from resilibench.policies.bounds import OptimalPlanner
-from resilibench.policies.flaws import FLAW_TYPES
-from resilibench.policies.plan_follower import workflow_success
+from resilibench.core.frontend import make_world_config
+from resilibench.core.plan_follower import workflow_success
+from resilibench.core.simulator import task_seed
+from resilibench.core.tasks.library import TASK_TYPE_NAMES, get_task, load_tasks
+from resilibench.core.text.flaws import FLAW_TYPES
+from resilibench.core.workflow import Workflow
+from resilibench.envs.planner.env import ResiliBenchEnv
+from resilibench.policies.optimal import OptimalPlanner
 
 Z99 = 2.5758293035489004
 
@@ -119,7 +120,7 @@ def test_plan_follower_optimal_close_to_bound_and_flawed_plans_hurt(plan_rows):
 
 
 def test_messages_speak_the_protocol():
-    from resilibench.envs.toolbox import parse_message
+    from resilibench.core.text.toolbox import parse_message
 
     parsed = parse_message(call_message("data_processing_parser", {"source": "a.json"}))
     assert [(c.name, c.arguments, c.problem) for c in parsed.calls] == [

@@ -8,7 +8,8 @@ import pytest
 pytest.importorskip("ray.rllib")
 torch = pytest.importorskip("torch")
 
-from resilibench.envs.adversarial_v0 import ADVERSARY, EXECUTOR, NO_FLAW, parallel_env  # noqa: E402
+from resilibench.envs.adversarial.game import ADVERSARY, EXECUTOR, NO_FLAW  # noqa: E402
+from resilibench.envs.adversarial_v0 import parallel_env  # noqa: E402
 from resilibench.policies import selfplay  # noqa: E402
 from resilibench.policies.selfplay import SelfPlayConfig, evaluate, run_selfplay  # noqa: E402
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from helpers import make_task, scripted_episode
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
-from resilibench.envs.simulator import RETRY_LIMIT_ERROR, Episode
+from resilibench.core.config import WorldConfig
+from resilibench.core.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
+from resilibench.core.simulator import RETRY_LIMIT_ERROR, Episode
 
 REG = default_registry()
 N = 20000

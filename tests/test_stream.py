@@ -1,4 +1,4 @@
-"""The counter-based random source (``resilibench.envs.stream``): its documented test vectors, scalar
+"""The counter-based random source (``resilibench.core.stream``): its documented test vectors, scalar
 and array forms bit for bit, and the uses every front end shares (docs/envs.md, "The random stream")."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import resilibench  # noqa: F401  (registers the envs)
-from resilibench.envs import stream as rs
-from resilibench.envs.mcp_server import start_episode
-from resilibench.envs.simulator import EnvEpisodes, Episode, draw_stream, env_episode, task_seed
-from resilibench.envs.tasks import load_tasks
+from resilibench.core import stream as rs
+from resilibench.core.simulator import EnvEpisodes, Episode, draw_stream, env_episode, task_seed
+from resilibench.core.tasks.library import load_tasks
+from resilibench.envs.real_api.serving import start_episode
 
 
 def test_splitmix64_reference_outputs():

@@ -9,6 +9,7 @@ from bisect import bisect_left
 import networkx as nx
 import pytest
 
+from resilibench.core.workflow import Node, Workflow
 from resilibench.metrics.alignment import align, execution_order
 from resilibench.metrics.structural import (
     Score,
@@ -18,7 +19,6 @@ from resilibench.metrics.structural import (
     reachability_f1,
     structural_scores,
 )
-from resilibench.metrics.workflow import Node, Workflow
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 

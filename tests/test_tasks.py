@@ -10,12 +10,11 @@ import pytest
 
 from helpers import ScriptedBackend
 from resilibench.agents.task_enhancer import TaskEnhancer, description_literals, description_problem
-from resilibench.envs.registry import default_registry, named_tools
-from resilibench.envs.task_generator import generate_tasks
-from resilibench.envs.tasks import (
+from resilibench.core.matching import EmbeddingMatcher, LexicalMatcher
+from resilibench.core.registry import default_registry, named_tools
+from resilibench.core.tasks.generator_v1 import generate_tasks
+from resilibench.core.tasks.library import (
     WORLDS,
-    EmbeddingMatcher,
-    LexicalMatcher,
     default_library_path,
     get_task,
     library_stats,

@@ -12,11 +12,14 @@ from gymnasium.utils.env_checker import check_env
 
 import resilibench  # noqa: F401  (registers the env ids)
 from helpers import PIPELINE, make_task
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.planner_env import ResiliBenchEnv
-from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
-from resilibench.envs.simulator import RETRY_LIMIT_ERROR, env_episode
-from resilibench.envs.text_env import (
+from resilibench.core.bounds.exact import reference_workflow
+from resilibench.core.config import WorldConfig
+from resilibench.core.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
+from resilibench.core.simulator import RETRY_LIMIT_ERROR, env_episode
+from resilibench.core.text.prompts import PLAN_HEADING, build_prompt, parse_plan, with_arguments
+from resilibench.core.workflow import Workflow
+from resilibench.envs.planner.env import ResiliBenchEnv
+from resilibench.envs.text.env import (
     CHARSET,
     MAX_QUERY_CHARS,
     MAX_REQUESTS,
@@ -24,9 +27,6 @@ from resilibench.envs.text_env import (
     ResiliBenchTextEnv,
     flaw_seed,
 )
-from resilibench.metrics.workflow import Workflow
-from resilibench.policies.bounds import reference_workflow
-from resilibench.policies.prompts import PLAN_HEADING, build_prompt, parse_plan, with_arguments
 
 NAMES = default_registry().names
 
@@ -390,7 +390,7 @@ def test_the_work_per_message_is_capped():
 
 def test_wrong_typed_reset_options_name_the_option():
     env = make_env()
-    with pytest.raises(ValueError, match="reset option workflow must be a resilibench.metrics.workflow.Workflow"):
+    with pytest.raises(ValueError, match="reset option workflow must be a resilibench.core.workflow.Workflow"):
         env.reset(seed=0, options={"workflow": "str", "prompt": "optimal"})
     with pytest.raises(ValueError, match="reset option shown_prompt"):
         env.reset(seed=0, options={"shown_prompt": "hello"})

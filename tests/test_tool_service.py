@@ -24,14 +24,14 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from resilibench.cli import main
-from resilibench.envs import http_faults as hf
-from resilibench.envs.call_log import read_rows
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.registry import default_registry
-from resilibench.envs.simulator import Episode, run_episode_seed
-from resilibench.envs.tasks import load_tasks
-from resilibench.envs.tool_client import REPLAY_HEADER, Endpoint, HttpExecutor, ToolClient
-from resilibench.envs.tool_service import ToolService, running_service
+from resilibench.core.config import WorldConfig
+from resilibench.core.registry import default_registry
+from resilibench.core.simulator import Episode, run_episode_seed
+from resilibench.core.tasks.library import load_tasks
+from resilibench.envs.real_api import http_faults as hf
+from resilibench.envs.real_api.call_log import read_rows
+from resilibench.envs.real_api.client import REPLAY_HEADER, Endpoint, HttpExecutor, ToolClient
+from resilibench.envs.real_api.service import ToolService, running_service
 from resilibench.errors import InputError
 
 SLOW, TIMEOUT, RETRY_AFTER = 1.2, 0.5, 0.05  # a normal answer takes milliseconds: far below TIMEOUT
@@ -550,7 +550,7 @@ def test_calibration_reads_the_services_world_timing_from_http_rows(tmp_path):
     """Rows the client logs against our service under failure processes carry the world's wait and
     duration (X-Retry-After-Turns, X-Call-Duration), so calibration reads the rate-limit wait off them and
     its interval for the refusal probability holds the served value."""
-    from resilibench.envs.failure_fit import fit_failures
+    from resilibench.envs.real_api.failure_fit import fit_failures
 
     served = WorldConfig().replace(processes={"rate_limit_probability": 0.15, "rate_limit_wait": 2})
     log = tmp_path / "calls.jsonl"

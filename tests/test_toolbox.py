@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from helpers import PIPELINE, make_task, scripted_episode
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
-from resilibench.envs.simulator import RETRY_LIMIT_ERROR, Episode
-from resilibench.envs.toolbox import (
+from resilibench.core.config import WorldConfig
+from resilibench.core.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
+from resilibench.core.simulator import RETRY_LIMIT_ERROR, Episode
+from resilibench.core.text.toolbox import (
     ToolCall,
     UnknownToolError,
     call_tool,

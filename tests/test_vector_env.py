@@ -13,11 +13,11 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 import resilibench  # noqa: F401  (registers the envs)
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.evaluator import LEVELS
-from resilibench.envs.planner_vector_env import ResiliBenchVectorEnv
-from resilibench.envs.simulator import END_REASONS
-from resilibench.envs.tasks import load_tasks
+from resilibench.core.config import WorldConfig
+from resilibench.core.evaluator import LEVELS
+from resilibench.core.simulator import END_REASONS
+from resilibench.core.tasks.library import load_tasks
+from resilibench.envs.planner.vector import ResiliBenchVectorEnv
 
 FINISH = 30
 

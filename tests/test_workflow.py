@@ -3,7 +3,7 @@
 import networkx as nx
 import pytest
 
-from resilibench.metrics.workflow import Node, Workflow
+from resilibench.core.workflow import Node, Workflow
 
 
 def diamond():

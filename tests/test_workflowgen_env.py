@@ -7,12 +7,12 @@ from gymnasium.utils.env_checker import check_env
 from test_bounds import representative_tasks
 
 import resilibench  # noqa: F401  (registers the env ids)
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.workflowgen_env import WorkflowGenEnv
+from resilibench.core.bounds.exact import optimal_success, reference_workflow
+from resilibench.core.config import WorldConfig
+from resilibench.core.plan_follower import workflow_success
+from resilibench.core.workflow import Workflow
+from resilibench.envs.workflowgen.env import WorkflowGenEnv
 from resilibench.metrics.structural import chain_f1, reachability_f1
-from resilibench.metrics.workflow import Workflow
-from resilibench.policies.bounds import optimal_success, reference_workflow
-from resilibench.policies.plan_follower import workflow_success
 
 TASKS = representative_tasks()
 HAPPY = WorldConfig().replace(rules={"strict_dependencies": True, "max_same_tool_failures": 5})  # see test_plan_follower

@@ -27,11 +27,11 @@ PROTOCOL_TAGS = ("<tool_search>", "</tool_search>", "<tool_info>", "</tool_info>
 def default_corpus() -> list[str]:
     """Text the tokenizer learns from: every tool's name, schema and description as agents read it, the
     protocol and its reminder, completion phrases and a sample of task descriptions."""
-    from resilibench.envs.config import EvaluatorConfig
-    from resilibench.envs.registry import default_registry
-    from resilibench.envs.tasks import load_tasks
-    from resilibench.envs.text_env import REMINDER
-    from resilibench.envs.toolbox import describe_text, describe_tool
+    from resilibench.core.config import EvaluatorConfig
+    from resilibench.core.registry import default_registry
+    from resilibench.core.tasks.library import load_tasks
+    from resilibench.core.text.toolbox import describe_text, describe_tool
+    from resilibench.envs.text.env import REMINDER
 
     registry = default_registry()
     corpus = [" ".join(registry.names), REMINDER]

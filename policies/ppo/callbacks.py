@@ -14,7 +14,7 @@ from typing import Any
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-from resilibench.policies.ppo.curriculum import CurriculumConfig, CurriculumTracker, stage_success
+from .curriculum import CurriculumConfig, CurriculumTracker, stage_success
 
 METRICS = "resilibench"
 EPISODES, FULL_SUCCESS, OUTCOMES = "episodes", "full_success", "curriculum_outcomes"

@@ -17,8 +17,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from resilibench.envs.config import AT_LEAST_ONE, UNIT, Settings, setting
-from resilibench.envs.tasks import Task
+from resilibench.settings import AT_LEAST_ONE, UNIT, Settings, setting
+
+from ...core.tasks.library import Task
 
 
 @dataclass(frozen=True)

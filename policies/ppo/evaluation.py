@@ -2,7 +2,7 @@
 
 ``PPOPlanner(checkpoint)`` loads the RLModule of a training checkpoint (no Ray cluster needed) and acts
 greedily (argmax of the masked logits), so it runs through ``resilibench.policies.runner`` like every
-other planner and its exact full-success probability comes from ``policies.bounds.exact_policy_success``.
+other planner and its exact full-success probability comes from ``core.bounds.exact.exact_policy_success``.
 ``policy_workflow`` rolls the policy out on the happy path (every call succeeds) and returns the
 ``Workflow`` it follows; ``compare_workflows`` sets it beside ``reference_workflow`` (the bound-(iii)
 policy's) for a list of tasks.
@@ -18,14 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.observation import ObservationLayout
-from resilibench.envs.simulator import Episode
-from resilibench.envs.tasks import Task
-from resilibench.metrics.workflow import Workflow
-from resilibench.policies.bounds import path_workflow
-from resilibench.policies.ppo import CHECKPOINTS, latest_checkpoint, quiet_logs, require_rl
-from resilibench.policies.ppo.wrappers import episode_observation
+from ...core.bounds.exact import path_workflow
+from ...core.config import WorldConfig
+from ...core.simulator import Episode
+from ...core.tasks.library import Task
+from ...core.workflow import Workflow
+from ...envs.planner.observation import ObservationLayout
+from . import CHECKPOINTS, latest_checkpoint, quiet_logs, require_rl
+from .wrappers import episode_observation
 
 MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 CHECKPOINT_MARKER = "rllib_checkpoint.json"
@@ -127,8 +127,8 @@ def policy_workflow(planner: Any, task: Task, config: WorldConfig | None = None)
 def policy_key(task: Task) -> tuple:
     """What a policy that reads only observations sees of a task, plus what drives its episodes: tasks
     with equal keys get identical behaviour (same actions, same exact success)."""
-    from resilibench.envs.observation import initial_observation
-    from resilibench.envs.registry import default_registry
+    from ...core.registry import default_registry
+    from ...envs.planner.observation import initial_observation
 
     registry = default_registry()
     first = initial_observation(task, registry, ObservationLayout(len(registry)))
@@ -141,7 +141,7 @@ def compare_workflows(planner: Any, tasks: Sequence[Task], config: WorldConfig |
     coincide (equal canonical keys), bound (iii) and, with ``exact``, the policy's exact full-success
     probability and the gap; plus a summary (match rate, mean success gap) over ``tasks`` and per task
     type. ``on_task`` is called after each task (progress bars)."""
-    from resilibench.policies.bounds import exact_policy_success, optimal_success, reference_workflow
+    from ...core.bounds.exact import exact_policy_success, optimal_success, reference_workflow
 
     config = config or WorldConfig()
     rows = []
@@ -189,7 +189,7 @@ def _workflow_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def registered_planner(planner: Any) -> Iterator[None]:
     """Make ``policies.runner.make_planner(planner.name)`` return ``planner`` while the block runs, so the
     runner (and ``resilibench run``'s results machinery) can play a planner built from a checkpoint."""
-    from resilibench.policies import heuristics
+    from .. import heuristics
 
     table = heuristics.HEURISTICS
     missing = object()

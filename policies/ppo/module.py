@@ -28,10 +28,10 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch import nn
 from torch.nn import functional as F
 
-from resilibench.envs.observation import N_STATUS, ObservationLayout, check_features
-from resilibench.envs.simulator import NOT_ATTEMPTED, SUCCESS
-from resilibench.policies.ppo import DEFAULT_MODEL_CONFIG, ENCODERS, quiet_logs
-from resilibench.policies.ppo.wrappers import ACTION_MASK, OBSERVATIONS
+from ...core.simulator import NOT_ATTEMPTED, SUCCESS
+from ...envs.planner.observation import N_STATUS, ObservationLayout, check_features
+from . import DEFAULT_MODEL_CONFIG, ENCODERS, quiet_logs
+from .wrappers import ACTION_MASK, OBSERVATIONS
 
 quiet_logs()  # this module is imported by every Ray process that builds the policy
 
@@ -43,7 +43,7 @@ def mask_logits(logits: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor
 
 def dependency_matrix(n_tools: int) -> torch.Tensor:
     """[t, d] = 1 when tool t depends on tool d, from the default registry (the one the envs use)."""
-    from resilibench.envs.registry import default_registry
+    from ...core.registry import default_registry
 
     registry = default_registry()
     if len(registry) != n_tools:

@@ -26,11 +26,15 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from resilibench.envs.config import AT_LEAST_ONE, UNIT, ConfigError, Settings, WorldConfig, from_dict, setting
-from resilibench.envs.observation import OBSERVATION_FEATURES
-from resilibench.envs.tasks import SPLITS, TASK_TYPE_NAMES, Task, load_tasks
-from resilibench.errors import RunDirectoryError
-from resilibench.policies.ppo import (
+from resilibench.errors import ConfigError, RunDirectoryError
+from resilibench.results import run_metadata, write_json_atomic
+from resilibench.rundir import RunDirectory
+from resilibench.settings import AT_LEAST_ONE, UNIT, Settings, from_dict, setting
+
+from ...core.config import WorldConfig
+from ...core.tasks.library import SPLITS, TASK_TYPE_NAMES, Task, load_tasks
+from ...envs.planner.observation import OBSERVATION_FEATURES
+from . import (
     CHECKPOINTS,
     DEFAULT_MODEL_CONFIG,
     ENCODERS,
@@ -39,9 +43,7 @@ from resilibench.policies.ppo import (
     quiet_logs,
     require_rl,
 )
-from resilibench.policies.ppo.curriculum import CurriculumConfig, stage_pools
-from resilibench.results import run_metadata, write_json_atomic
-from resilibench.rundir import RunDirectory
+from .curriculum import CurriculumConfig, stage_pools
 
 REWARDS = ("sparse", "shaped")
 ENV_NAME = "ResiliBenchMasked-v0"  # MaskedPlannerEnv over ResiliBench-v0, registered with Ray Tune
@@ -56,7 +58,7 @@ RESUMABLE_CHANGES = frozenset({"iterations", "time_budget_min", "num_env_runners
 class PPOTrainConfig(Settings):
     """Everything a PPO training run depends on. Defaults: tuned for ResiliBench-v0 on 2 CPU cores.
 
-    Every field is checked when the config is built (``resilibench.envs.config.Settings``); ``train ppo``
+    Every field is checked when the config is built (``resilibench.core.config.Settings``); ``train ppo``
     builds its options from the fields' metadata."""
 
     # What to train on.
@@ -184,9 +186,9 @@ def build_ppo_config(cfg: PPOTrainConfig, stage: int = 0, cluster: bool = False)
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
     from ray.tune.registry import register_env
 
-    from resilibench.policies.ppo.callbacks import TrainingCallbacks
-    from resilibench.policies.ppo.module import PlannerModule
-    from resilibench.policies.ppo.wrappers import make_env
+    from .callbacks import TrainingCallbacks
+    from .module import PlannerModule
+    from .wrappers import make_env
 
     quiet_logs()
     register_env(ENV_NAME, make_env)
@@ -314,7 +316,7 @@ def init_ray(cfg: PPOTrainConfig, address: str | None = None) -> bool:
 
 @cache
 def _bound_mean(task_ids: tuple[str, ...], world: str, tasks_path: str | None) -> float:
-    from resilibench.policies.bounds import optimal_success
+    from ...core.bounds.exact import optimal_success
 
     # Bounds exist for the test failure profile, the one policies are measured on.
     config = WorldConfig().replace(**json.loads(world)).replace(rules={"profile": "test"})

@@ -7,7 +7,7 @@ a curriculum narrow the task pool (``set_stage``) and keeps ``info`` small, sinc
 step's info and ships episodes between processes.
 
 ``episode_observation`` recomputes the flat observation of any ``Episode`` from scratch, so a trained
-policy can act where only the episode is at hand (``policies.bounds.exact_policy_success`` passes no
+policy can act where only the episode is at hand (``core.bounds.exact.exact_policy_success`` passes no
 observation).
 """
 
@@ -20,17 +20,18 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from resilibench.envs.config import WorldConfig
-from resilibench.envs.observation import (
+from ...core.config import WorldConfig
+from ...core.frontend import TaskPool
+from ...core.simulator import Episode
+from ...core.tasks.library import Task
+from ...envs.planner.env import ResiliBenchEnv
+from ...envs.planner.observation import (
     N_STATUS,
     ObservationLayout,
     counter_features,
     initial_observation,
     process_features,
 )
-from resilibench.envs.planner_env import ResiliBenchEnv, TaskPool
-from resilibench.envs.simulator import Episode
-from resilibench.envs.tasks import Task
 
 OBSERVATIONS = "observations"
 ACTION_MASK = "action_mask"
@@ -39,7 +40,7 @@ ACTION_MASK = "action_mask"
 def episode_observation(episode: Episode, layout: ObservationLayout | None = None,
                         features: str = "full") -> np.ndarray:
     """The ``ResiliBench-v0`` observation of ``episode`` in its current state (while it is running), with
-    the ``features`` of ``resilibench.envs.observation``."""
+    the ``features`` of ``resilibench.envs.planner.observation``."""
     layout = layout or ObservationLayout(len(episode.registry), episode.processes_on)
     obs = initial_observation(episode.task, episode.registry, layout, features)
     status = np.asarray(episode.status)
@@ -172,8 +173,8 @@ def make_env(env_config: Mapping[str, Any]) -> MaskedPlannerEnv:
     ``resilibench.policies.ppo.curriculum``), ``stage`` (the stage to start in) and
     ``balance_task_types``. (``curriculum_config`` is read by the training callback.)
     """
-    from resilibench.envs.tasks import load_tasks
-    from resilibench.policies.ppo.curriculum import stage_pools
+    from ...core.tasks.library import load_tasks
+    from .curriculum import stage_pools
 
     world = WorldConfig().replace(**env_config["world"]) if env_config.get("world") else WorldConfig()
     tasks = load_tasks(env_config.get("tasks_path"), env_config.get("split", "train"), env_config.get("task_types"))

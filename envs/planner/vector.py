@@ -1,0 +1,606 @@
+"""``ResiliBench-v0`` natively batched: one compiled loop over N episodes (``gymnasium.make_vec(...,
+"vector_entry_point")``)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numba
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from resilibench.errors import ConfigError
+
+from ...core import stream as rs
+from ...core.config import WorldConfig
+from ...core.evaluator import FULL, LEVELS, grade, output_tool_ids
+from ...core.frontend import make_world_config, select_tasks, task_by_id
+from ...core.registry import ToolRegistry, default_registry
+from ...core.rewards import PHASES, REWARD_MODES
+from ...core.simulator import (
+    CONSECUTIVE_FAILURES_CODE,
+    DEPENDENCY_FAILED,
+    END_REASONS,
+    FAILED,
+    FINISHED_CODE,
+    NOT_ATTEMPTED,
+    OUT_OF_TURNS_CODE,
+    SUCCESS,
+    success_probability,
+    termination_code,
+)
+from ...core.tasks.library import DEFAULT_WORLD, SPLITS, Task
+from .observation import (
+    N_STATUS,
+    ObservationLayout,
+    check_features,
+    counter_tables,
+    initial_observation,
+)
+
+
+class ResiliBenchVectorEnv(gym.vector.VectorEnv):
+    """
+    ## Description
+
+    ``ResiliBench-v0`` for N episodes at once, stepped by one numba-compiled loop over the batch (no Python
+    loop over sub-envs). Sub-env ``i`` behaves exactly like a ``ResiliBenchEnv`` (see ``resilibench.envs.planner.env``)
+    reset with seed ``seed + i``: the same task sampling, the same episode random stream, and step for step
+    the same observations, rewards, terminations, truncations, action masks and final levels (a test
+    checks this against N single envs). No rule is written twice: at construction the env evaluates the
+    rule functions on arrays of every input an episode can reach, ``success_probability`` and
+    ``termination_code`` (``resilibench.core.simulator``), ``grade`` (``resilibench.core.evaluator``) and
+    ``counter_tables`` (``resilibench.envs.planner.observation``), and the compiled step (``_advance_rows``) looks
+    the results up. Randomness is the counter-based stream of ``resilibench.core.stream``, computed with
+    numpy on arrays: sub-env ``i`` keeps its env seed's key and draws its episodes' tasks and seeds as
+    ``EnvEpisodes`` does (a few dozen ahead, in one batch), and a step computes each sub-env's next success
+    draw from (episode seed, draw index). Throughput: see ``docs/benchmarks.md``.
+
+    ```python
+    import gymnasium as gym
+    import resilibench
+
+    envs = gym.make_vec("ResiliBench-v0", num_envs=1024, vectorization_mode="vector_entry_point")
+    obs, info = envs.reset(seed=0)
+    obs, reward, terminated, truncated, info = envs.step(envs.action_space.sample())
+    ```
+
+    ## Action Space
+
+    ``MultiDiscrete([31] * N)``: per sub-env, tool ``i < 30`` or ``30`` = FINISH, as in ``ResiliBench-v0``.
+    Every action must lie in ``[0, 31)`` (``ValueError`` otherwise), including those of sub-envs that are
+    being autoreset (their actions are ignored).
+
+    ## Observation Space
+
+    ``Box(0, 1, (N, 204), float32)``: row ``i`` is sub-env ``i``'s ``ResiliBench-v0`` observation (layout
+    in ``resilibench.envs.planner.observation``).
+
+    ## Rewards
+
+    ``reward="sparse"`` only: 1.0 when an episode ends in full success, else 0.0 (float64 array). The
+    shaped reward and the ``training`` dynamics profile keep per-env running state and are served by
+    ``gymnasium.make_vec("ResiliBench-v0", num_envs=N, vectorization_mode="sync", reward="shaped")``.
+
+    ## Episode End
+
+    As in ``ResiliBench-v0``: terminated on FINISH or a failure termination, truncated on a tool action
+    after the turn limit. Autoreset follows Gymnasium's ``NEXT_STEP`` mode (``metadata["autoreset_mode"]``):
+    the step after an episode ends resets that sub-env (its action is ignored) and returns the first
+    observation of the new episode with reward 0, ``terminated = truncated = False``.
+
+    ``info`` (arrays over sub-envs, with Gymnasium's ``_key`` masks):
+
+    * ``action_mask``: (N, 31) int8, the single env's ``info["action_mask"]`` row by row (only FINISH after
+      an episode's end);
+    * ``task_index``: (N,) int64, the row of ``env.known_tasks`` each sub-env is playing;
+    * ``level`` / ``_level``: (N,) int8 level codes, indices into ``resilibench.core.evaluator.LEVELS``
+      (0 failure, 1 partial_success, 2 full_success), set where an episode ended at this step (``_level``
+      True) and -1 elsewhere;
+    * ``end_reason`` / ``_end_reason``: (N,) int8 indices into ``resilibench.core.simulator.END_REASONS``
+      (1 finished, 2 out_of_turns, 3 consecutive_failures, 4 repetition_loop), 0 where none ended.
+
+    The per-call trace (tool names, error codes) is not kept; use ``ResiliBench-v0`` for traces.
+
+    ## Arguments
+
+    * ``num_envs``: the batch size N.
+    * ``split``, ``task_types``, ``tasks``, ``config``, ``turn_limit``, ``strict_dependencies``,
+      ``registry``, ``features``: as for ``ResiliBench-v0``.
+    * ``reward``: "sparse" (the default; "shaped" raises ``ValueError``); ``profile``: "test" (the default;
+      "training" raises ``ValueError``); ``reward_phase`` is accepted for symmetry and unused. A
+      ``config`` with failure processes on raises ``ConfigError`` naming ``processes`` (the single env
+      plays them).
+    * ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i`` (or per sub-env from a list of N ints/None);
+      ``reset(options={"task_id": id or [N ids/None]})`` pins tasks like the single env;
+      ``options={"reset_mask": bool array}`` resets only the masked sub-envs.
+
+    ## Version History
+
+    * v0: initial release, the rules of ``ResiliBench-v0`` v0.
+    """
+
+    metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        split: str | None = "train",
+        task_types: Sequence[str] | str | None = None,
+        tasks: Sequence[Task] | None = None,
+        reward: str = "sparse",
+        reward_phase: str = "adaptive",
+        config: WorldConfig | None = None,
+        turn_limit: int | None = None,
+        strict_dependencies: bool | None = None,
+        profile: str | None = None,
+        registry: ToolRegistry | None = None,
+        render_mode: str | None = None,
+        world: str = DEFAULT_WORLD,
+        features: str = "full",
+    ):
+        self.features = check_features(features)
+        if not isinstance(num_envs, int | np.integer) or isinstance(num_envs, bool) or num_envs < 1:
+            raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+        if reward not in REWARD_MODES:
+            raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
+        if reward != "sparse":
+            raise ValueError(
+                f"the batched ResiliBench-v0 supports reward='sparse' only, got {reward!r}; for the shaped reward "
+                "use gymnasium.make_vec('ResiliBench-v0', num_envs=N, vectorization_mode='sync', reward='shaped')"
+            )
+        if reward_phase not in PHASES:
+            raise ValueError(f"reward phase must be one of {PHASES}, got {reward_phase!r}")
+        if split is not None and split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
+        if render_mode is not None:
+            raise ValueError(
+                f"the batched ResiliBench-v0 does not render (render_mode={render_mode!r}); use "
+                "vectorization_mode='sync' with render_mode='ansi'"
+            )
+        self.world = world
+        self.config = make_world_config(config, turn_limit, strict_dependencies, profile, world)
+        rules = self.config.rules
+        if rules.profile != "test":
+            raise ValueError(
+                f"the batched ResiliBench-v0 supports profile='test' only, got {rules.profile!r}; for the training "
+                "profile use gymnasium.make_vec('ResiliBench-v0', num_envs=N, vectorization_mode='sync', "
+                "profile='training')"
+            )
+        if self.config.processes.active:
+            raise ConfigError("processes", "processes: the batched ResiliBench-v0 does not play failure processes "
+                              "(the single env plays them); use gymnasium.make_vec('ResiliBench-v0', num_envs=N, "
+                              "vectorization_mode='sync', config=...)")
+        self.registry = registry or default_registry()
+        self.tasks = select_tasks(tasks, split, task_types, world)
+        self.known_tasks: list[Task] = list(self.tasks)  # the pool, then tasks pinned by id from elsewhere
+        self.num_envs = int(num_envs)
+        self.render_mode = None
+        self.reward_mode = reward
+        self.n_tools = n = len(self.registry)
+        self.finish_action = n
+        self.layout = ObservationLayout(n)
+        self.single_action_space = spaces.Discrete(n + 1)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.single_observation_space = spaces.Box(0.0, 1.0, (self.layout.size,), np.float32)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+
+        self._turn_limit = rules.turn_limit
+        self._strict = rules.strict_dependencies
+        N, T = self.num_envs, self._turn_limit
+        # Per (sub-env, tool) one uint8: calls so far (bits 0-5), succeeded (64), last failure was a
+        # dependency problem (128). Columns: the n tools, then MET, a satisfied dependency that pads the
+        # dependency lists.
+        self._met, self._cols = n, n + 1
+        self._tc_init = np.zeros(self._cols, dtype=np.uint8)
+        self._tc_init[self._met] = _SUCCEEDED + 1
+        codes = np.arange(256)
+        calls_of, succeeded_of = codes & _CALLS, (codes & _SUCCEEDED) > 0
+        # Observation status of a code, and the kind of a dependency (0 uncalled, 1 failed so far, 2 met).
+        self._status_of = np.where(succeeded_of, SUCCESS, np.where(
+            calls_of == 0, NOT_ATTEMPTED, np.where(codes & _DEPENDENCY_PROBLEM, DEPENDENCY_FAILED, FAILED)))
+        kind = np.where(succeeded_of, 2, np.where(calls_of > 0, 1, 0))
+        deps = self.registry.dependency_ids
+        self._n_deps = max(max((len(d) for d in deps), default=0), 1)
+        dep_idx = np.full((n, self._n_deps), self._met, dtype=np.int64)
+        for t, d in enumerate(deps):
+            dep_idx[t, : len(d)] = d
+        self._dep_idx = dep_idx
+        # The success formula over every (kinds of the dependencies, failed calls so far) it can meet:
+        # index = sum_j kind_j * 3**j * (T + 1) + N_h, read through ``_kind_table[j, code]``.
+        self._kind_table = np.stack([(kind * 3**j * (T + 1)).astype(np.int64) for j in range(self._n_deps)])
+        combos = np.array(np.meshgrid(*[np.arange(3)] * self._n_deps, indexing="ij")).reshape(self._n_deps, -1)
+        combo = (combos * (3 ** np.arange(self._n_deps))[:, None]).sum(axis=0)
+        order = np.argsort(combo)
+        n_uncalled = (combos == 0).sum(axis=0)[order]
+        n_failed = (combos == 1).sum(axis=0)[order]
+        fm = self.config.failure
+        history = np.arange(T + 1)
+        self._p_table = np.ascontiguousarray(success_probability(
+            fm.base_success, np.repeat(n_uncalled, T + 1), np.repeat(n_failed, T + 1),
+            np.tile(history, len(order)), fm), dtype=np.float64)
+        self._unmet_table = np.repeat(n_uncalled + n_failed > 0, T + 1)
+        # Failure termination and the observation's counters for every count an episode can reach.
+        counts = np.arange(T + 1)
+        consecutive, streak = np.meshgrid(counts, counts, indexing="ij")
+        self._end_table = np.asarray(termination_code(consecutive, streak, rules), dtype=np.int64).reshape(-1)
+        self._step_table, self._failures_table, self._consecutive_table = (
+            np.asarray(x, dtype=np.float64) for x in counter_tables(rules))
+        self._finished_mask = np.zeros(n + 1, dtype=np.int8)
+        self._finished_mask[n] = 1
+        self._build_task_tables(self.known_tasks)
+        # The stream. Per sub-env: the key of its env seed; its next episodes (numbers ``_queue_start`` +
+        # column) computed ahead in one batch, as (task row, key of the episode seed), read at ``_cursor``;
+        # the key of the running episode. ``_draw_offset[d]`` turns an episode key into the input of draw
+        # 2d (the d-th success draw).
+        self._env_key = np.zeros(N, dtype=np.uint64)
+        self._seeded = np.zeros(N, dtype=bool)
+        self._queue_start = np.zeros(N, dtype=np.int64)
+        self._cursor = np.zeros(N, dtype=np.int64)
+        self._queue_task = np.zeros((N, _QUEUE), dtype=np.int64)
+        self._queue_key = np.zeros((N, _QUEUE), dtype=np.uint64)
+        self._episode_key = np.zeros(N, dtype=np.uint64)
+        self._draw_offset = rs.offsets(2 * np.arange(T + 1))
+
+        # Batched state.
+        self._obs_buf = np.zeros((N, self.layout.size), dtype=np.float32)
+        self._mask_buf = np.zeros((N, n + 1), dtype=np.int8)
+        self._tc = np.zeros((N, self._cols), dtype=np.uint8)
+        # Integer state, one row per sub-env (an episode start copies the task's row of ``_ints_start``);
+        # the last columns come from the task tables.
+        self._ints = np.zeros((N, _N_INTS), dtype=np.int64)
+        self._task, self._draws = self._ints[:, _TASK], self._ints[:, _DRAWS]
+        self._autoreset = np.zeros(N, dtype=bool)
+        self._started = False
+
+    # --- construction ----------------------------------------------------------------------------------
+
+    def _build_task_tables(self, tasks: Sequence[Task]) -> None:
+        """Per-task arrays, built once: required ids, positions, outputs, limits, first observations."""
+        n, reg, lay = self.n_tools, self.registry, self.layout
+        required = [task.required_ids(reg) for task in tasks]
+        width = max((len(r) for r in required), default=0) + 1  # one padding position: "all done"
+        if width > 21:
+            raise ValueError(f"the batched env supports tasks with at most 20 required tools, got {width - 1}; "
+                             "use vectorization_mode='sync'")
+        k = len(tasks)
+        pos_bit = np.zeros((k, n), dtype=np.int64)  # 1 << position of each required tool, 0 otherwise
+        out_mask = np.zeros((k, n), dtype=bool)
+        # Observation offset of "next required = j" (-1, i.e. no write, without the next-required one-hot).
+        next_obs = np.full((k, width), -1, dtype=np.int64)
+        fields = np.zeros((_N_INTS, k), dtype=np.int64)  # the integer state at the start of an episode
+        classes: dict[tuple[int, float], int] = {}  # (number of required tools, min coverage) -> grade class
+        self._min_cov = np.zeros(k, dtype=np.float64)
+        self._init_obs = np.zeros((k, lay.size), dtype=np.float32)
+        coverage = self.config.evaluator.min_coverage
+        for i, (task, req) in enumerate(zip(tasks, required, strict=True)):
+            pos_bit[i, list(req)] = 1 << np.arange(len(req))
+            if self.features == "full":
+                next_obs[i, : len(req)] = lay.next_required + np.asarray(req, dtype=np.int64)
+            outputs = output_tool_ids(req, reg)
+            out_mask[i, list(outputs)] = True
+            fields[_OUTPUT_DONE, i] = not outputs  # a task without outputs counts as having produced them
+            max_calls = 1 + task.max_retries
+            if not 1 <= max_calls <= _CALLS:
+                raise ValueError(f"task {task.instance_id!r}: the batched env needs 0 <= max_retries <= {_CALLS - 1}, "
+                                 f"got {task.max_retries}; use vectorization_mode='sync'")
+            fields[_TASK, i], fields[_MAX_CALLS, i], fields[_N_REQ, i] = i, max_calls, len(req)
+            fields[_TASK_TOOLS, i], fields[_TASK_REQ, i] = i * n, i * width
+            if task.task_type not in coverage:
+                raise ValueError(f"no min_coverage for task type {task.task_type!r}; configured: {sorted(coverage)}")
+            self._min_cov[i] = coverage[task.task_type]
+            grade_class = classes.setdefault((len(req), self._min_cov[i]), len(classes))
+            fields[_GRADE_BASE, i] = grade_class * width * 16
+            self._init_obs[i] = initial_observation(task, reg, lay, self.features)
+        self._pos_bit, self._out_mask, self._next_obs = pos_bit.reshape(-1), out_mask.reshape(-1), next_obs.reshape(-1)
+        fields[_LAST_TOOL] = -1
+        self._ints_start = np.ascontiguousarray(fields.T)
+        # The evaluator's ``grade`` over every (class, covered, order broken, output, completion, failure
+        # termination) an episode can end in: index = base + covered * 16 + broken * 8 + output * 4
+        # + completed * 2 + failed; the sequence holds when a required tool succeeded and none out of order.
+        grid = np.array(np.meshgrid(np.arange(len(classes)), np.arange(width), *[[0, 1]] * 4,
+                                    indexing="ij")).reshape(6, -1)
+        class_n_req = np.array([c[0] for c in classes], dtype=np.int64)
+        class_cov = np.array([c[1] for c in classes], dtype=np.float64)
+        flags = grid[2:].astype(bool)
+        sequence = (grid[1] > 0) & ~flags[0]
+        _, _, code = grade(grid[1], class_n_req[grid[0]], sequence, flags[1], flags[2], flags[3],
+                           class_cov[grid[0]], self.config.evaluator.partial_conditions_needed,
+                           self.config.evaluator.partial_rule)
+        self._grade_table = np.asarray(code, dtype=np.int8)
+        # Next required position from the bit set of required positions done: its lowest zero bit.
+        bits = np.arange(1 << width, dtype=np.int64)
+        self._next_of_bits = _lowest_zero_bit(bits)
+        self._task_row_of = {id(t): i for i, t in enumerate(tasks)}
+
+    def _task_row(self, task: Task) -> int:
+        """Row of ``task`` in the task tables, adding it (after the pool) when it is new."""
+        row = self._task_row_of.get(id(task))
+        if row is None or self.known_tasks[row] is not task:
+            self.known_tasks.append(task)
+            self._build_task_tables(self.known_tasks)
+            self._ints[:, _TASK_FIELDS] = self._ints_start[self._task][:, _TASK_FIELDS]  # a new layout
+            row = len(self.known_tasks) - 1
+        return row
+
+    # --- Gymnasium API ---------------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
+        N = self.num_envs
+        options = dict(options or {})
+        reset_mask = options.pop("reset_mask", None)
+        task_id = options.pop("task_id", None)
+        if options:
+            raise ValueError(f"unknown reset option(s) {sorted(options)}; accepted: ['reset_mask', 'task_id']")
+        if reset_mask is None:
+            rows = np.arange(N)
+        else:
+            if not isinstance(reset_mask, np.ndarray) or reset_mask.dtype != np.bool_ or reset_mask.shape != (N,):
+                raise ValueError(f"options['reset_mask'] must be a bool numpy array of shape ({N},), got {reset_mask!r}")
+            if not reset_mask.any():
+                raise ValueError("options['reset_mask'] must contain at least one True value")
+            rows = np.flatnonzero(reset_mask)
+        if seed is None:
+            seeds: list[int | None] = [None] * N
+        elif isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+            seeds = [int(seed) + i for i in range(N)]
+        elif isinstance(seed, Sequence | np.ndarray) and not isinstance(seed, str):
+            seeds = list(seed)
+            if len(seeds) != N:
+                raise ValueError(f"a list of seeds must have num_envs={N} entries, got {len(seeds)}")
+        else:
+            raise ValueError(f"seed must be a non-negative integer, a list of num_envs={N} of them (or None) "
+                             f"or None, got {seed!r}")
+        for s in seeds:
+            if s is not None and not (isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0):
+                raise ValueError(f"seeds must be non-negative integers or None, got {s!r}")
+        pinned = self._pinned_rows(task_id, rows)
+        self._seed_rows(rows, [seeds[i] for i in rows.tolist()])
+        start_task = np.full(N, _GO_ON, dtype=np.int64)
+        start_task[rows] = [pinned.get(r, _DRAWN) for r in rows.tolist()]
+        self._advance(None, start_task)
+        self._autoreset[rows] = False
+        self._started = True
+        return self._obs_buf.copy(), self._info_arrays()
+
+    def step(self, actions):
+        if not self._started:
+            raise RuntimeError("call reset() before step()")
+        N, n = self.num_envs, self.n_tools
+        a = np.asarray(actions)
+        if a.shape != (N,) or a.dtype.kind not in "iu":
+            raise ValueError(f"actions must be an integer array of shape ({N},), got {a.dtype} {a.shape}")
+        a = a.astype(np.int64, copy=False)
+        if (a.view(np.uint64) > n).any():  # negative actions wrap to huge values
+            raise ValueError(f"actions must be in [0, {n}] (FINISH = {n}), got {a[(a < 0) | (a > n)][:5]}")
+        reward, level, end_code, ended, truncated = self._advance(a, np.where(self._autoreset, _DRAWN, _GO_ON))
+        self._autoreset = ended
+        info = self._info_arrays()
+        info["level"], info["_level"] = level, ended.copy()
+        info["end_reason"], info["_end_reason"] = end_code, ended.copy()
+        return self._obs_buf.copy(), reward, ended ^ truncated, truncated, info
+
+    def _advance(self, actions: np.ndarray | None, start_task: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Start new episodes where ``start_task`` is a task row or ``_DRAWN``, and (given ``actions``) step
+        the other sub-envs: (reward, level, end code, ended, truncated) per sub-env (``_advance_rows``)."""
+        N = self.num_envs
+        if self._cursor.max() >= _QUEUE:
+            self._refill()
+        # Each sub-env's next success draw, uniform(episode seed, 2 * draws used); rows that do not draw
+        # (or start a new episode) ignore theirs.
+        u = rs.to_uniform(rs.bits_array(self._episode_key, self._draw_offset[self._draws]))
+        out = (np.zeros(N, dtype=np.float64), np.full(N, -1, dtype=np.int8), np.zeros(N, dtype=np.int8),
+               np.zeros(N, dtype=bool), np.zeros(N, dtype=bool))
+        lay = self.layout
+        _advance_rows(
+            start_task if actions is None else actions, start_task, actions is not None, u,
+            (self._queue_task, self._queue_key, self._cursor, self._episode_key, self._ints, self._ints_start,
+             self._tc, self._tc_init, self._mask_buf, self._obs_buf, self._init_obs),
+            (self._status_of, self._kind_table, self._dep_idx, self._p_table, self._unmet_table, self._end_table,
+             self._step_table, self._failures_table, self._consecutive_table, self._pos_bit, self._out_mask,
+             self._next_obs, self._next_of_bits, self._grade_table, self._finished_mask),
+            (self.n_tools, self._turn_limit, self._strict, lay.status, lay.progress, lay.step, lay.failures,
+             lay.consecutive),
+            *out)
+        return out
+
+    def close_extras(self, **kwargs: Any) -> None:
+        pass
+
+    def _info_arrays(self) -> dict[str, Any]:
+        N = self.num_envs
+        everywhere = np.ones(N, dtype=bool)
+        return {
+            "action_mask": self._mask_buf.copy(),
+            "_action_mask": everywhere,
+            "task_index": self._task.copy(),
+            "_task_index": everywhere.copy(),
+        }
+
+    def _pinned_rows(self, task_id, rows: np.ndarray) -> dict[int, int]:
+        """{row: task-table row} for ``options['task_id']`` (one id for all rows, or one per sub-env)."""
+        if task_id is None:
+            return {}
+        if isinstance(task_id, str):
+            ids = [task_id] * self.num_envs
+        else:
+            ids = list(task_id)
+            if len(ids) != self.num_envs:
+                raise ValueError(f"options['task_id'] must be one id or num_envs={self.num_envs} ids/None")
+        pinned = {}
+        for r in rows.tolist():
+            if ids[r] is not None:
+                pinned[r] = self._task_row(task_by_id(self.tasks, ids[r], self.world))
+        return pinned
+
+    def _seed_rows(self, rows: np.ndarray, seeds: list[int | None]) -> None:
+        """Restart the episode sequence of rows with a seed (as ``EnvEpisodes.next``); rows without one go
+        on, or start from OS entropy when they were never seeded."""
+        fresh = [(r, s) for r, s in zip(rows.tolist(), seeds, strict=True)
+                 if s is not None or not self._seeded[r]]
+        if fresh:
+            r = np.array([x[0] for x in fresh], dtype=np.int64)
+            values = [secrets.randbits(64) if s is None else int(s) & rs.M64 for _, s in fresh]
+            self._env_key[r] = rs.key_array(np.array(values, dtype=np.uint64))
+            self._seeded[r] = True
+            self._queue_start[r], self._cursor[r] = -_QUEUE, _QUEUE  # next: episode 0, after a refill
+
+    def _refill(self) -> None:
+        """Compute the next ``_QUEUE`` episodes of every sub-env from where its sequence stands: episode e
+        of env key k has task row ``below(bits(k, 2e), pool size)`` and episode key ``key(bits(k, 2e + 1))``."""
+        e = (self._queue_start + self._cursor)[:, None] + np.arange(_QUEUE)
+        env_key = self._env_key[:, None]
+        self._queue_task[:] = rs.below_array(rs.bits_array(env_key, rs.offsets(2 * e)), len(self.tasks))
+        self._queue_key[:] = rs.key_array(rs.bits_array(env_key, rs.offsets(2 * e + 1)))
+        self._queue_start += self._cursor
+        self._cursor[:] = 0
+
+    # --- helpers ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def level_names(codes: np.ndarray) -> np.ndarray:
+        """Level names ("failure", "partial_success", "full_success"; None for -1) of level codes."""
+        return np.array([*LEVELS, None], dtype=object)[np.asarray(codes, dtype=np.int64)]
+
+    @staticmethod
+    def end_reason_names(codes: np.ndarray) -> np.ndarray:
+        """End reasons (None for 0) of end-reason codes."""
+        return np.array(END_REASONS, dtype=object)[np.asarray(codes, dtype=np.int64)]
+
+
+# Bits of the per-(sub-env, tool) code.
+_CALLS, _SUCCEEDED, _DEPENDENCY_PROBLEM = 63, 64, 128
+# Rows of the integer state matrix; the task-derived ones come last.
+(_TASK, _TURNS, _DRAWS, _N_FAILURES, _CONSECUTIVE, _LAST_TOOL, _STREAK, _NEXT_REQ, _COVERED, _DONE_BITS,
+ _ORDER_BROKEN, _OUTPUT_DONE, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE) = range(17)
+_N_INTS = 17
+_QUEUE = 32  # episodes per sub-env computed ahead in one batch
+_DRAWN, _GO_ON = -1, -2  # ``start_task`` of ``_advance_rows``: start with the drawn task; no new episode
+_TASK_FIELDS = np.array([_TASK, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE])
+
+
+def _lowest_zero_bit(bits: np.ndarray) -> np.ndarray:
+    """Index of the lowest zero bit of each value (the number of trailing ones)."""
+    out = np.zeros(bits.shape, dtype=np.int64)
+    ones = bits.copy()
+    while True:
+        more = (ones & 1) == 1
+        if not more.any():
+            return out
+        out += more
+        ones = np.where(more, ones >> 1, 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _advance_rows(actions, start_task, act, u, state, tables, sizes, reward, level, end_code, ended, truncated):
+    """Advance every sub-env one step, row by row (compiled). A row with ``start_task[i] != _GO_ON`` starts
+    the next episode of its sequence (task row ``start_task[i]``, or the drawn one if ``_DRAWN``); when
+    ``act``, the other rows act under the tabulated rules of the single env (``Episode.call``), filling reward, level,
+    end_code, ended and truncated. The loop body makes no calls: this is the vector env's hot path."""
+    queue_task, queue_key, cursor, episode_key, ints, ints_start, tc, tc_init, mask, obs, init_obs = state
+    (status_of, kind_table, dep_idx, p_table, unmet_table, end_table, step_table, failures_table,
+     consecutive_table, pos_bit_table, out_mask, next_obs, next_of_bits, grade_table, finished_mask) = tables
+    n, T, strict, status_at, progress_at, step_at, failures_at, consecutive_at = sizes
+    for i in range(start_task.shape[0]):
+        task = start_task[i]
+        if task != _GO_ON:  # a new episode: the next of the row's sequence
+            c = cursor[i]
+            cursor[i] = c + 1
+            if task == _DRAWN:
+                task = queue_task[i, c]
+            episode_key[i] = queue_key[i, c]
+            for j in range(ints.shape[1]):  # element loops: faster than slice assignment here
+                ints[i, j] = ints_start[task, j]
+            for j in range(tc.shape[1]):
+                tc[i, j] = tc_init[j]
+            for j in range(mask.shape[1]):
+                mask[i, j] = 1
+            for j in range(obs.shape[1]):
+                obs[i, j] = init_obs[task, j]
+            continue
+        if not act:
+            continue
+        t = actions[i]
+        finish = t == n
+        code = 0
+        if finish:
+            code = FINISHED_CODE
+        elif ints[i, _TURNS] >= T:
+            code = OUT_OF_TURNS_CODE
+            truncated[i] = True
+        else:  # a tool call, as Episode.call
+            before = tc[i, t]
+            success = failed = False
+            new = before
+            if not before & _SUCCEEDED:  # else a replay: costs the turn, changes nothing else
+                calls = before & _CALLS
+                live = calls < ints[i, _MAX_CALLS]  # under the call cap
+                p_index = ints[i, _N_FAILURES]
+                for j in range(dep_idx.shape[1]):
+                    p_index += kind_table[j, tc[i, dep_idx[t, j]]]
+                unmet = unmet_table[p_index]
+                draw = live and not (strict and unmet)
+                success = draw and u[i] < p_table[p_index]
+                failed = not success
+                if draw:
+                    ints[i, _DRAWS] += 1
+                problem = failed and live and unmet  # a failure with unmet dependencies (not a capped call)
+                new = calls + live + _SUCCEEDED * success + _DEPENDENCY_PROBLEM * problem
+                tc[i, t] = new
+                if success or calls + live >= ints[i, _MAX_CALLS]:
+                    mask[i, t] = 0
+            block = status_at + N_STATUS * t
+            obs[i, block + status_of[before]] = 0.0
+            obs[i, block + status_of[new]] = 1.0
+            turns = ints[i, _TURNS] + 1
+            ints[i, _TURNS] = turns
+            if turns == T:
+                for j in range(n):
+                    mask[i, j] = 0
+            if failed:
+                ints[i, _N_FAILURES] += 1
+                consecutive = ints[i, _CONSECUTIVE] + 1
+                streak = ints[i, _STREAK] + 1 if t == ints[i, _LAST_TOOL] else 1
+                code = end_table[consecutive * (T + 1) + streak]
+                ints[i, _CONSECUTIVE], ints[i, _STREAK], ints[i, _LAST_TOOL] = consecutive, streak, t
+            elif success:
+                ints[i, _CONSECUTIVE], ints[i, _STREAK], ints[i, _LAST_TOOL] = 0, 0, t
+                cell = ints[i, _TASK_TOOLS] + t
+                if out_mask[cell]:
+                    ints[i, _OUTPUT_DONE] = 1
+                bit = pos_bit_table[cell]
+                if bit:  # first success of a required tool (1 << its position): order, coverage, next, progress
+                    bits = ints[i, _DONE_BITS]
+                    if bits > bit:  # an earlier success at a later position
+                        ints[i, _ORDER_BROKEN] = 1
+                    bits |= bit
+                    ints[i, _DONE_BITS] = bits
+                    covered = ints[i, _COVERED] + 1
+                    ints[i, _COVERED] = covered
+                    base = ints[i, _TASK_REQ]
+                    old_offset = next_obs[base + ints[i, _NEXT_REQ]]
+                    new_next = next_of_bits[bits]
+                    ints[i, _NEXT_REQ] = new_next
+                    new_offset = next_obs[base + new_next]
+                    if old_offset >= 0:
+                        obs[i, old_offset] = 0.0
+                    if new_offset >= 0:
+                        obs[i, new_offset] = 1.0
+                    obs[i, progress_at] = covered / ints[i, _N_REQ]
+            obs[i, step_at] = step_table[turns]
+            obs[i, failures_at] = failures_table[ints[i, _N_FAILURES]]
+            obs[i, consecutive_at] = consecutive_table[ints[i, _CONSECUTIVE]]
+        if code:
+            g = grade_table[ints[i, _GRADE_BASE] + ints[i, _COVERED] * 16 + ints[i, _ORDER_BROKEN] * 8
+                            + ints[i, _OUTPUT_DONE] * 4 + finish * 2 + (code >= CONSECUTIVE_FAILURES_CODE)]
+            level[i] = g
+            reward[i] = 1.0 if g == FULL else 0.0
+            end_code[i] = code
+            ended[i] = True
+            for j in range(mask.shape[1]):
+                mask[i, j] = finished_mask[j]

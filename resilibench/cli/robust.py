@@ -1,0 +1,389 @@
+"""`robust ...`: robust workflow generation (RobustFlow): `clusters` builds a cluster dataset, `scratch` a
+small generator from nothing, `sft` and `scpo` train a generator, `evaluate` prints the robustness table,
+`demo` runs it all on the built-in library.
+
+Each subcommand has its own ``_add_<name>(sub, parents)`` function called from ``add_commands``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from resilibench.cli import (
+    SPLIT_CHOICES,
+    CliError,
+    Parser,
+    check_bound_turn_limit,
+    dedupe,
+    error_text,
+    load_library,
+    load_world_config,
+    nonnegative_int,
+    positive_int,
+    select_tasks,
+)
+from resilibench.cli.options import add_options, option_values
+from resilibench.console import format_table, progress_bar
+from resilibench.rundir import check_directory
+
+# Settings fields with command-line options (built from the fields: resilibench.cli.options).
+TRAINER_OPTIONS = ("epochs", "learning_rate", "batch_size", "gradient_accumulation_steps", "max_steps", "max_length",
+                   "seed")
+LORA_OPTIONS = ("r", "alpha")
+PREFERENCE_OPTIONS = ("beta", "nll_alpha")
+SCPO_OPTIONS = ("iterations", "candidates", "temperature", "vote", "vote_weight", "max_new_tokens")
+DEMO_OPTIONS = ("train_clusters", "test_clusters", "pretrain_tasks", "seed")
+
+
+# --- clusters -----------------------------------------------------------------------------------------
+
+
+def _per_type(tasks: list[Any], n: int | None) -> list[Any]:
+    """The first ``n`` tasks of each task type (all when ``n`` is None), task types in turn."""
+    from resilibench.core.tasks.library import interleave_task_types
+
+    if n is None:
+        return tasks
+    seen: Counter[str] = Counter()
+    kept = []
+    for task in tasks:
+        if seen[task.task_type] < n:
+            kept.append(task)
+            seen[task.task_type] += 1
+    return interleave_task_types(kept)
+
+
+def cmd_clusters(args: argparse.Namespace) -> int:
+    from resilibench.core.tasks.library import interleave_task_types
+    from resilibench.llm import GenerationConfig
+    from resilibench.robust_train.clusters import parse_types, write_clusters
+    from resilibench.robust_train.instructions import InstructionPerturber
+
+    try:
+        types = parse_types(args.types)
+    except ValueError as exc:
+        raise CliError(f"--types: {exc}") from None
+    config = load_world_config(args.config, need_bounds=True, world=args.world)
+    tasks, source = load_library(args.tasks, args.world)
+    task_types = dedupe(args.task_type) if args.task_type else None
+    selected = _per_type(select_tasks(tasks, args.split, task_types), args.per_type)
+    check_bound_turn_limit(config, selected)
+    if args.limit is not None:
+        selected = interleave_task_types(selected)[:args.limit]
+    directory = check_directory(args.output_dir)
+    perturber = None
+    if args.backend:
+        from resilibench.agents.backends import make_backend
+
+        try:
+            backend = make_backend(args.backend)
+        except (ValueError, OSError, ImportError) as exc:
+            raise CliError(f"--backend {args.backend}: {exc}") from None
+        perturber = InstructionPerturber(backend, attempts=args.attempts,
+                                         generation=GenerationConfig(max_new_tokens=args.max_new_tokens, seed=0))
+    selection = {"split": args.split, "task_types": task_types, "per_type": args.per_type, "limit": args.limit,
+                 "task_count": len(selected)}
+    bars: list[Any] = []
+    try:
+        result = write_clusters(directory, selected, types=types, variants_per_type=args.variants_per_type,
+                                seed=args.seed, perturber=perturber, config=config, source=source,
+                                selection=selection, resume=args.resume, batch_size=args.batch_size,
+                                on_start=lambda n: bars.append(progress_bar(n, "clusters")),
+                                on_record=lambda _: bars[0].update(1))
+    finally:
+        for bar in bars:
+            bar.close()
+    _print_summary(result, types)
+    print(f"wrote {result.path} and {directory / 'meta.json'} ({result.built} clusters built now, {result.found} "
+          "already there)", file=sys.stderr)
+    return 0
+
+
+def _print_summary(result: Any, types: tuple[str, ...]) -> None:
+    """Clusters, and per perturbation type: variants, their sources and the mean noise rate."""
+    print(f"{len(result.records)} clusters ({result.found} already in {result.path}, {result.built} built now)")
+    rows = []
+    for kind in types:
+        variants = [v for r in result.records for v in r.variants_of(kind)]
+        sources = Counter(v.source for v in variants)
+        rates = [v.rate for v in variants if v.rate is not None]
+        fallbacks = sum(1 for v in variants if "fallback_reason" in v.notes)
+        rows.append((kind, len(variants), sources["rules"], sources["llm"], fallbacks,
+                     sum(rates) / len(rates) if rates else None))
+    print(format_table(("perturbation", "variants", "rules", "llm", "llm fallbacks", "mean rate"), rows))
+
+
+def _add_clusters(sub: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
+    from resilibench.core.tasks.library import TASK_TYPE_NAMES
+    from resilibench.robust_train.instructions import PERTURBATION_TYPES
+
+    clusters = sub.add_parser("clusters", parents=[parents["library"], parents["world"]],
+                              help="build a semantic cluster dataset: each task with its perturbed instructions")
+    clusters.add_argument("--output-dir", required=True, metavar="DIR",
+                          help="where clusters.jsonl and meta.json go (resumed when present)")
+    clusters.add_argument("--split", choices=SPLIT_CHOICES, default="train")
+    clusters.add_argument("--task-type", "--task-types", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE",
+                          help=f"repeatable (default all); one of {', '.join(TASK_TYPE_NAMES)}")
+    clusters.add_argument("--per-type", type=positive_int, metavar="N", help="use the first N tasks of each task type")
+    clusters.add_argument("--limit", type=positive_int, metavar="N",
+                          help="use only the first N selected tasks (task types in turn)")
+    clusters.add_argument("--types", default=",".join(PERTURBATION_TYPES), metavar="LIST",
+                          help=f"comma-separated perturbation types (default all: {','.join(PERTURBATION_TYPES)})")
+    clusters.add_argument("--variants-per-type", type=positive_int, default=1, metavar="N", help="default 1")
+    clusters.add_argument("--seed", type=nonnegative_int, default=0, help="perturbation seed (default 0)")
+    clusters.add_argument("--backend", metavar="SPEC",
+                          help="LLM for paraphrases and requirements: hf:PATH, vllm:PATH or openai:URL?model=NAME "
+                          "(default: offline rules)")
+    clusters.add_argument("--attempts", type=positive_int, default=3, metavar="N",
+                          help="LLM answers per variant before falling back to the rules (default 3)")
+    clusters.add_argument("--max-new-tokens", type=positive_int, default=512, metavar="N",
+                          help="longest LLM answer (default 512)")
+    clusters.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
+                          help="tasks whose LLM variants share one generate call (default 32)")
+    clusters.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                          help="skip clusters already in DIR/clusters.jsonl (default); --no-resume starts afresh")
+    clusters.set_defaults(func=cmd_clusters)
+
+
+# --- sft, scpo, evaluate, scratch, demo ---------------------------------------------------------------
+
+
+def _torch_threads_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--torch-threads", type=positive_int, default=1, metavar="N",
+                        help="torch threads of this process (default 1: more stall on a busy machine)")
+
+
+def _use_torch_threads(args: argparse.Namespace) -> None:
+    """Apply --torch-threads before any model is loaded."""
+    from resilibench.robust_train.training import set_torch_threads
+
+    set_torch_threads(args.torch_threads)
+
+
+def _model_dir(text: str) -> Path:
+    path = Path(text)
+    if not (path / "config.json").is_file():
+        raise CliError(f"MODEL {text}: not a directory holding a transformers model (config.json is missing)")
+    return path
+
+
+def _clusters(path: str) -> list[Any]:
+    from resilibench.robust_train.clusters import load_clusters
+
+    try:
+        records = load_clusters(path)
+    except (FileNotFoundError, ValueError) as exc:
+        raise CliError(f"--clusters: {exc}") from None
+    if not records:
+        raise CliError(f"--clusters {path}: no clusters in the dataset")
+    return records
+
+
+def _format(args: argparse.Namespace):
+    from resilibench.robust_train.generator import GeneratorFormat
+
+    return GeneratorFormat(tool_list=args.tool_list)
+
+
+def _lora(args: argparse.Namespace, default: Any) -> Any:
+    from dataclasses import replace
+
+    from resilibench.robust_train.training import LoraSettings
+
+    if getattr(args, "full", False):
+        return None
+    return replace(default, **option_values(args, LoraSettings, LORA_OPTIONS))
+
+
+def _trainer_settings(default: Any, args: argparse.Namespace) -> Any:
+    """``default`` (SFTSettings or PreferenceSettings) with the options that were given."""
+    from dataclasses import replace
+
+    from resilibench.robust_train.training import PreferenceSettings
+
+    names = TRAINER_OPTIONS + (PREFERENCE_OPTIONS if isinstance(default, PreferenceSettings) else ())
+    return replace(default, lora=_lora(args, default.lora), **option_values(args, type(default), names))
+
+
+def _train_flags(parser: argparse.ArgumentParser, defaults: Any) -> None:
+    """The optimiser and LoRA options shared by `robust sft` and `robust scpo` (defaults from ``defaults``)."""
+    from resilibench.robust_train.training import LoraSettings
+
+    add_options(parser, type(defaults), TRAINER_OPTIONS, defaults=defaults)
+    add_options(parser, LoraSettings, LORA_OPTIONS, defaults=defaults.lora)
+    parser.add_argument("--tool-list", action="store_true",
+                        help="put the 30 tools in the system message (models that have not learned them)")
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from resilibench.robust_train.pipeline import run_sft
+    from resilibench.robust_train.training import SFTSettings
+
+    _use_torch_threads(args)
+    model, records = _model_dir(args.model), _clusters(args.clusters)
+    settings = _trainer_settings(SFTSettings(), args)
+    rows = len(records) if args.originals_only else sum(len(r.variants) for r in records)
+    print(f"SFT on {rows} instructions of {len(records)} clusters "
+          f"({'full fine-tuning' if settings.lora is None else f'LoRA r {settings.lora.r}'})", file=sys.stderr)
+    try:
+        out = run_sft(model, records, args.output_dir, settings, _format(args), originals_only=args.originals_only)
+    except ValueError as exc:
+        raise CliError(f"robust sft: {error_text(exc)}") from None
+    print(f"model: {out}")
+    return 0
+
+
+def cmd_scpo(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from resilibench.robust_train.scpo import ScPOSettings, run_scpo
+
+    _use_torch_threads(args)
+    model, records = _model_dir(args.model), _clusters(args.clusters)
+    defaults = ScPOSettings()
+    changes = option_values(args, ScPOSettings, SCPO_OPTIONS)
+    try:
+        settings = replace(defaults, preference=_trainer_settings(defaults.preference, args),
+                           seed=args.seed or 0, **changes)
+        out = run_scpo(model, records, args.output_dir, settings, _format(args), log=_stderr)
+    except ValueError as exc:
+        raise CliError(f"robust scpo: {error_text(exc)}") from None
+    print(f"model: {out}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from resilibench.robust_train.evaluation import format_tables
+    from resilibench.robust_train.instructions import PERTURBATION_TYPES
+    from resilibench.robust_train.pipeline import evaluate_generator
+
+    _use_torch_threads(args)
+    models = [_model_dir(m) for m in args.models]
+    names = args.name or [m.name if m.name != "model" else m.parent.name for m in models]
+    if len(names) != len(models) or len(set(names)) != len(names):
+        raise CliError(f"--name: give one distinct name per MODEL ({len(models)}), got {names}")
+    records = _clusters(args.clusters)
+    try:
+        tables = {name: evaluate_generator(model, records, Path(args.output_dir) / name, _format(args),
+                                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+                  for name, model in zip(names, models, strict=True)}
+    except ValueError as exc:
+        raise CliError(f"robust evaluate: {error_text(exc)}") from None
+    print(format_tables(tables, ("original", *PERTURBATION_TYPES)))
+    print(f"tables and answers in {args.output_dir}/<name>/", file=sys.stderr)
+    return 0
+
+
+def cmd_scratch(args: argparse.Namespace) -> int:
+    from resilibench.robust_train.pipeline import build_generator
+
+    _use_torch_threads(args)
+    records = [r for path in args.clusters for r in _clusters(path)]
+    try:
+        out = build_generator(args.output_dir, records, _format(args), hidden_size=args.hidden_size,
+                              num_layers=args.num_layers, num_heads=args.num_heads, vocab_size=args.vocab_size,
+                              seed=args.seed)
+    except ValueError as exc:
+        raise CliError(f"robust scratch: {error_text(exc)}") from None
+    print(f"model: {out}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from resilibench.robust_train.pipeline import DemoSettings, run_demo
+
+    _use_torch_threads(args)
+    defaults = DemoSettings()
+    changes = option_values(args, DemoSettings, DEMO_OPTIONS)
+    settings = replace(defaults, **changes)
+    if args.scpo_iterations is not None:
+        settings = replace(settings, scpo=replace(settings.scpo, iterations=args.scpo_iterations))
+    check_directory(args.output_dir)
+    try:
+        run_demo(args.output_dir, settings, log=_stderr)
+    except ValueError as exc:
+        raise CliError(f"robust demo: {error_text(exc)}") from None
+    print((Path(args.output_dir) / "table.txt").read_text(), end="")
+    return 0
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _add_training(sub: Any) -> None:
+    from resilibench.robust_train.scpo import ScPOSettings
+    from resilibench.robust_train.training import PreferenceSettings, SFTSettings
+
+    sft = sub.add_parser("sft", help="instruction-augmented SFT of a generator (TRL SFTTrainer, PEFT LoRA)")
+    sft.add_argument("model", metavar="MODEL", help="a local transformers model directory")
+    sft.add_argument("--clusters", required=True, metavar="DIR", help="a `robust clusters` dataset")
+    sft.add_argument("--output-dir", required=True, metavar="DIR", help="checkpoints, adapter and DIR/model")
+    sft.add_argument("--originals-only", action="store_true", help="train on the original instructions only")
+    sft.add_argument("--full", action="store_true", help="full fine-tuning instead of a LoRA adapter")
+    _train_flags(sft, SFTSettings())
+    _torch_threads_flag(sft)
+    sft.set_defaults(func=cmd_sft)
+
+    defaults = ScPOSettings()
+    scpo = sub.add_parser("scpo", help="self-consistency preference optimisation iterations (weighted DPO + NLL)")
+    scpo.add_argument("model", metavar="MODEL", help="the generator M_0 (e.g. `robust sft`'s DIR/model)")
+    scpo.add_argument("--clusters", required=True, metavar="DIR", help="a `robust clusters` dataset")
+    scpo.add_argument("--output-dir", required=True, metavar="DIR", help="iter_NN/ per iteration; resumed")
+    add_options(scpo, ScPOSettings, SCPO_OPTIONS)
+    add_options(scpo, PreferenceSettings, PREFERENCE_OPTIONS)
+    _train_flags(scpo, defaults.preference)
+    _torch_threads_flag(scpo)
+    scpo.set_defaults(func=cmd_scpo)
+
+
+def _add_evaluation(sub: Any) -> None:
+    from resilibench.robust_train.pipeline import DemoSettings
+
+    evaluate = sub.add_parser("evaluate", help="robustness table of generators (RobustFlow Table 2 in shape)")
+    evaluate.add_argument("models", nargs="+", metavar="MODEL", help="generator model directories")
+    evaluate.add_argument("--name", action="append", metavar="NAME", help="column name per MODEL (repeatable)")
+    evaluate.add_argument("--clusters", required=True, metavar="DIR", help="a `robust clusters` dataset")
+    evaluate.add_argument("--output-dir", required=True, metavar="DIR", help="answers and tables; reused")
+    evaluate.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N", help="default 256")
+    evaluate.add_argument("--batch-size", type=positive_int, default=64, metavar="N", help="default 64")
+    evaluate.add_argument("--tool-list", action="store_true", help="as for `robust sft`")
+    _torch_threads_flag(evaluate)
+    evaluate.set_defaults(func=cmd_evaluate)
+
+    scratch = sub.add_parser("scratch", help="a small random generator with a tokenizer trained on cluster datasets")
+    scratch.add_argument("--clusters", required=True, nargs="+", metavar="DIR", help="datasets to train the tokenizer on")
+    scratch.add_argument("--output-dir", required=True, metavar="DIR")
+    scratch.add_argument("--hidden-size", type=positive_int, default=128, metavar="N", help="default 128")
+    scratch.add_argument("--num-layers", type=positive_int, default=4, metavar="N", help="default 4")
+    scratch.add_argument("--num-heads", type=positive_int, default=4, metavar="N", help="default 4")
+    scratch.add_argument("--vocab-size", type=positive_int, default=2048, metavar="N", help="default 2048")
+    scratch.add_argument("--seed", type=nonnegative_int, default=0, help="default 0")
+    scratch.add_argument("--tool-list", action="store_true", help="as for `robust sft`")
+    _torch_threads_flag(scratch)
+    scratch.set_defaults(func=cmd_scratch)
+
+    demo = sub.add_parser("demo", help="from scratch -> SFT -> ScPO on the built-in library, with the table")
+    demo.add_argument("--output-dir", default="runs/robust-demo", metavar="DIR", help="default runs/robust-demo")
+    add_options(demo, DemoSettings, DEMO_OPTIONS)
+    demo.add_argument("--scpo-iterations", type=positive_int, metavar="N")
+    _torch_threads_flag(demo)
+    demo.set_defaults(func=cmd_demo)
+
+
+# --- parser -------------------------------------------------------------------------------------------
+
+
+def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
+    """Add the `robust` command group (one ``_add_*`` function per subcommand) to the parser."""
+    robust = commands.add_parser("robust", help="robust workflow generation: clusters, SFT, ScPO, robustness")
+    sub = robust.add_subparsers(dest="robust_command", metavar="ACTION", required=True, parser_class=Parser)
+    _add_clusters(sub, parents)
+    _add_training(sub)
+    _add_evaluation(sub)
