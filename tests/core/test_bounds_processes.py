@@ -32,7 +32,7 @@ from resilibench.policies.optimal import OptimalPlanner
 from resilibench.policies.runner import episode_jobs, run_jobs
 
 REGISTRY = default_registry()
-EXAMPLES = Path(__file__).parent.parent / "examples" / "processes"
+EXAMPLES = Path(__file__).parents[2] / "examples" / "processes"
 # One setting per process (docs/bounds.md, "Failure processes"), and all of them at once.
 OPTIONS = {
     "bases": load_config(EXAMPLES / "bases.yaml").to_dict()["processes"],

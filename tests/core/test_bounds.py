@@ -158,7 +158,7 @@ def test_reference_workflow_is_the_optimal_happy_path():
 def test_bound_equals_the_full_state_dp_of_v0_on_its_problems(config):
     """Values (to 1e-12) and optimal happy paths recorded from the DP over the full episode state, before
     canonical subproblems and the pruned action set, on every distinct problem of the v0 library."""
-    reference = json.loads((Path(__file__).parent / "data" / "bound_iii_v0_reference.json").read_text())
+    reference = json.loads((Path(__file__).parents[1] / "data" / "bound_iii_v0_reference.json").read_text())
     field = "strict" if config.rules.strict_dependencies else "default"
     assert len(reference["problems"]) == 41
     for row in reference["problems"]:

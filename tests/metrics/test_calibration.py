@@ -86,7 +86,7 @@ def test_calibrate_interrupt_resume_and_outputs(tmp_path, capsys, monkeypatch):
     results = directory / "results.jsonl"
     write = RunDirectory.write
 
-    def write_then_interrupt(self, row):  # Ctrl-C after the third row (a real SIGINT: tests/test_rundir.py)
+    def write_then_interrupt(self, row):  # Ctrl-C after the third row (a real SIGINT: tests/foundation/test_rundir.py)
         write(self, row)
         if len(self.new_rows) == 3:
             raise KeyboardInterrupt

@@ -34,7 +34,7 @@ from resilibench.envs.text.env import ResiliBenchTextEnv
 from resilibench.errors import InputError
 
 REGISTRY = default_registry()
-EXAMPLE = Path(__file__).resolve().parents[1] / "envs" / "data" / "live_example" / "tasks.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "envs" / "real_api" / "data" / "live_example" / "tasks.yaml"
 # A TIMEOUT is a response slower than the client waits: the service sleeps SLOW, the client waits WAIT.
 SLOW, WAIT = 1.5, 0.75
 API_OPTIONS = {"timeout": WAIT}
