@@ -44,6 +44,7 @@ from resilibench.llm import Backend, GenerationConfig, Message, ValidatedAnswer,
 from resilibench.results import run_metadata
 from resilibench.rundir import RunDirectory
 
+from ..core.config import WorldConfig
 from ..envs.text.env import ResiliBenchTextEnv
 from ..metrics.judge import json_objects
 from . import breaker_prompts as bp
@@ -362,14 +363,13 @@ class FlawTaxonomy:
     def __init__(self, solver: Agent, tasks: Sequence[Any], config: Any = None,
                  generator: Backend | None = None, generation: GenerationConfig | None = None,
                  matcher: str = "auto", candidates: int = 12):
-        from ..core.frontend import make_world_config
         from ..core.matching import LexicalMatcher, make_matcher
 
         if not tasks:
             raise ValueError("the flaw taxonomy needs at least one task in its pool")
         self.solver, self.tasks, self.generator = solver, list(tasks), generator
         self.by_id = {t.instance_id: t for t in self.tasks}
-        self.config = make_world_config(config, None, True, None)
+        self.config = (config or WorldConfig()).replace(rules={"strict_dependencies": True})
         self.generation = generation or GenerationConfig(max_new_tokens=256, temperature=0.7)
         if matcher == "auto":  # pinned, so the record says which similarity the flaws used
             matcher = "lexical" if isinstance(make_matcher("auto"), LexicalMatcher) else "semantic"

@@ -16,7 +16,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from resilibench.core.tasks.library import load_tasks
+from resilibench.core.world import load_tasks
 from resilibench.metrics.alignment import NodeEmbedder, align, node_text
 from resilibench.metrics.calibration import plan_calibration
 from resilibench.metrics.lexical import bleu

@@ -38,8 +38,9 @@ from resilibench.agents.backends import make_backend
 from resilibench.agents.harness import EvalJob, eval_jobs, run_eval
 from resilibench.agents.report import format_tables, summarize_eval
 from resilibench.agents.specs import make_scripted_agent
-from resilibench.core.tasks.library import TASK_TYPE_NAMES, load_tasks
+from resilibench.core.tasks.library import TASK_TYPE_NAMES
 from resilibench.core.text.toolbox import PROTOCOLS, UnknownToolError, parse_message, resolve_tool
+from resilibench.core.world import load_tasks
 from resilibench.envs.text.env import read_tool_calls
 from resilibench.llm import GenerationConfig
 

@@ -48,8 +48,8 @@ from mcp.server.lowlevel import Server
 
 from resilibench.core.config import WorldConfig
 from resilibench.core.registry import default_registry
-from resilibench.core.tasks.library import load_tasks
 from resilibench.core.text.toolbox import call_tool
+from resilibench.core.world import load_tasks
 from resilibench.envs.mcp.server import ResiliBenchMCP, build_server
 from resilibench.envs.real_api.serving import start_episode
 

@@ -40,8 +40,8 @@ import numpy as np
 
 from resilibench.core.bounds.exact import reference_workflow
 from resilibench.core.registry import default_registry
-from resilibench.core.tasks.library import load_tasks
 from resilibench.core.workflow import Node, Workflow
+from resilibench.core.world import load_tasks
 from resilibench.metrics.alignment import NodeEmbedder, align, execution_order
 from resilibench.metrics.structural import DEFAULT_MCIS_BUDGET, chain_f1, mcis_f1, structural_scores
 

@@ -91,7 +91,8 @@ def cartpole_config(cfg, num_env_runners: int):
 
 def evaluate(checkpoint: Path) -> None:
     """Greedy policy on every test task: sampled (3 seeds, `resilibench run` episodes) and exact."""
-    from resilibench.core.tasks.library import TASK_TYPE_NAMES, load_tasks
+    from resilibench.core.tasks.library import TASK_TYPE_NAMES
+    from resilibench.core.world import load_tasks
     from resilibench.policies.ppo.evaluation import PPOPlanner, compare_workflows, registered_planner
     from resilibench.policies.runner import episode_jobs, run_jobs
 

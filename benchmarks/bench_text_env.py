@@ -30,7 +30,8 @@ from bench_env import SingleEnvLoop, compare, machine  # noqa: E402
 from resilibench.agents.harness import EvalJob, run_eval
 from resilibench.agents.scripted import OptimalTextAgent
 from resilibench.core.simulator import task_seed
-from resilibench.core.tasks.library import TASK_TYPE_NAMES, load_tasks
+from resilibench.core.tasks.library import TASK_TYPE_NAMES
+from resilibench.core.world import load_tasks
 from resilibench.envs.planner.env import ResiliBenchEnv
 from resilibench.envs.text.env import ResiliBenchTextEnv
 from resilibench.policies.optimal import OptimalPlanner

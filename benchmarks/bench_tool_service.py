@@ -28,8 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from resilibench.core.simulator import Episode, run_episode_seed
-from resilibench.core.tasks.library import load_tasks
 from resilibench.core.text.toolbox import call_tool
+from resilibench.core.world import load_tasks
 from resilibench.envs.real_api.client import HttpExecutor, ToolClient
 
 

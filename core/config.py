@@ -84,7 +84,8 @@ class EvaluatorConfig(Settings):
         bounds=UNIT, help="share of the required tools called, by task type, for partial success")
     partial_conditions_needed: int = setting(2, bounds=(1, 4), help="of the 4 conditions of partial success")
     partial_rule: str = setting("v1", choices=("v0", "v1"),
-                                help="v1: partial success needs real progress; v0: any two conditions")
+                                help="the world's grading rule, set by its World (resilibench.core.world); "
+                                     "v1: partial success needs real progress; v0: any two conditions")
     completion_phrases: tuple[str, ...] = setting(
         ("task completed", "task complete", "task is complete", "finished executing", "all steps completed",
          "workflow completed"),
@@ -162,9 +163,6 @@ class FailureProcesses(Settings):
                            or self.rate_limit_probability > 0 or bool(seconds))
 
 
-WORLD_PARTIAL_RULES = {"v0": "v0", "v1": "v1"}  # each world's evaluator rule for partial success
-
-
 @dataclass(frozen=True)
 class WorldConfig(Settings):
     """The whole world: failure model, episode rules, evaluator, rewards, failure processes."""
@@ -190,22 +188,16 @@ class WorldConfig(Settings):
             del data["processes"]
         return data
 
-    @classmethod
-    def for_world(cls, world: str = "v1") -> WorldConfig:
-        """The default configuration of a world: v1, or v0 (whose evaluator used the v0 partial rule)."""
-        if world not in WORLD_PARTIAL_RULES:
-            raise ConfigError("world", f"world must be one of {tuple(WORLD_PARTIAL_RULES)}, got {world!r}")
-        return cls(evaluator=EvaluatorConfig(partial_rule=WORLD_PARTIAL_RULES[world]))
-
     def replace(self, **sections: Any) -> WorldConfig:
         """A copy with whole sections or single fields replaced, e.g. ``rules={"turn_limit": 12}``."""
         return from_dict(WorldConfig, sections, base=self)
 
 
-def load_config(path: str | Path | None = None, world: str = "v1") -> WorldConfig:
-    """Load a WorldConfig from YAML (.yaml/.yml) or JSON (.json); missing fields keep the defaults of
-    ``world``. A missing file raises FileNotFoundError; a bad one, ConfigError naming the file or field."""
-    base = WorldConfig.for_world(world)
+def load_config(path: str | Path | None = None, base: WorldConfig | None = None) -> WorldConfig:
+    """Load a WorldConfig from YAML (.yaml/.yml) or JSON (.json); missing fields keep the values of ``base``
+    (default: the defaults). A missing file raises FileNotFoundError; a bad one, ConfigError naming the file
+    or field. A world's config is loaded through its ``World`` (``resilibench.core.world``)."""
+    base = base or WorldConfig()
     if path is None:
         return base
     path = Path(path)

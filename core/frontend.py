@@ -1,4 +1,4 @@
-"""What every front end shares: its task pool, the task and seed of a reset, its world config, action checks.
+"""What every front end shares: its world, its task pool, the task and seed of a reset, action checks.
 
 The planner env, its vector env, the text env and WorkflowGen draw their episodes the same way (so that
 seeds pair across them) and check actions the same way; the helpers live here once.
@@ -13,24 +13,15 @@ import numpy as np
 
 from .config import WorldConfig
 from .simulator import EnvEpisodes
-from .tasks.library import DEFAULT_WORLD, Task, get_task, load_tasks
+from .tasks.library import Task
+from .world import World, get_world
 
 
-def make_world_config(
-    config: WorldConfig | None,
-    turn_limit: int | None,
-    strict_dependencies: bool | None,
-    profile: str | None,
-    world: str = DEFAULT_WORLD,
-) -> WorldConfig:
-    """Apply the env's convenience keyword arguments on top of a WorldConfig (default: ``world``'s)."""
-    config = config or WorldConfig.for_world(world)
-    overrides = {
-        k: v
-        for k, v in {"turn_limit": turn_limit, "strict_dependencies": strict_dependencies, "profile": profile}.items()
-        if v is not None
-    }
-    return config.replace(rules=overrides) if overrides else config
+def front_end_world(world: str | World, config: WorldConfig | None, turn_limit: int | None = None,
+                    strict_dependencies: bool | None = None, profile: str | None = None) -> World:
+    """The world a front end runs: the chosen ``world`` under ``config`` (default: the world's own), with
+    the env's convenience arguments for the episode rules on top."""
+    return get_world(world, config).with_rules(turn_limit, strict_dependencies, profile)
 
 
 class TaskPool(tuple):
@@ -44,10 +35,10 @@ class TaskPool(tuple):
         return pool
 
 
-def task_by_id(tasks: TaskPool, task_id: str, world: str = DEFAULT_WORLD) -> Task:
+def task_by_id(tasks: TaskPool, task_id: str, world: World) -> Task:
     """A task of ``tasks`` by id (a dict look-up), else from ``world``'s shipped library (any split);
     KeyError naming the id."""
-    return tasks.by_id.get(task_id) or get_task(task_id, world=world)
+    return tasks.by_id.get(task_id) or world.task(task_id)
 
 
 def reset_task_id(options: dict[str, Any] | None) -> str | None:
@@ -62,7 +53,7 @@ def reset_task_id(options: dict[str, Any] | None) -> str | None:
 
 
 def choose_task(tasks: TaskPool, episodes: EnvEpisodes, seed: int | None, options: dict[str, Any] | None,
-                world: str = DEFAULT_WORLD) -> tuple[Task, int]:
+                world: World) -> tuple[Task, int]:
     """(task, episode seed) of a reset: the next episode of ``episodes`` (``EnvEpisodes.next``, the same
     in every front end, so seeds pair across them); ``options["task_id"]`` pins the task."""
     task_id = reset_task_id(options)
@@ -87,13 +78,12 @@ def discrete_action(action, n: int, name: str = "action", hint: str = "") -> int
     return action
 
 
-def select_tasks(tasks: Sequence[Task] | None, split: str | None, task_types, world: str = DEFAULT_WORLD
-                 ) -> TaskPool:
+def select_tasks(tasks: Sequence[Task] | None, split: str | None, task_types, world: World) -> TaskPool:
     """The env's task pool: given tasks, or ``world``'s shipped library filtered by split and task types."""
     if task_types is not None and not isinstance(task_types, str) and (
             not isinstance(task_types, Sequence) or not all(isinstance(t, str) for t in task_types)):
         raise ValueError(f"task_types must be a task type name or a list of them, got {task_types!r}")
-    pool = TaskPool(tasks if tasks is not None else load_tasks(split=split, task_types=task_types, world=world))
+    pool = TaskPool(tasks if tasks is not None else world.tasks(split, task_types))
     if not pool:
         raise ValueError(f"no tasks for split={split!r}, task_types={task_types!r}")
     return pool

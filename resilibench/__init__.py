@@ -12,9 +12,8 @@ _CHECKOUT = Path(__file__).parent.parent
 if not (Path(__file__).parent / "envs").is_dir() and (_CHECKOUT / "pyproject.toml").is_file():
     __path__.append(str(_CHECKOUT))
 
-from resilibench.registration import register_envs  # noqa: E402
-
-__version__ = "0.1.0"
+from resilibench.envs.registration import register_envs  # noqa: E402
+from resilibench.version import __version__  # noqa: E402
 
 register_envs()
 

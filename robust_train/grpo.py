@@ -32,7 +32,8 @@ from resilibench.settings import AT_LEAST_ONE, Settings, setting
 
 from ..agents.models import MODELS, gguf_path
 from ..core.evaluator import LEVELS
-from ..core.tasks.library import DEFAULT_WORLD, SPLITS, TASK_TYPE_NAMES, WORLDS, load_tasks
+from ..core.tasks.library import SPLITS, TASK_TYPE_NAMES
+from ..core.world import DEFAULT_WORLD, WORLDS, World, get_world
 from ..envs.text.trl import SURFACES
 from .training import (
     CHECKPOINT_DIR,
@@ -202,8 +203,8 @@ def load_agent_model(settings: GRPOSettings, output_dir: Path):
 # --- evaluation ----------------------------------------------------------------------------------------
 
 
-def _selected(settings: GRPOSettings, split: str, limit: int | None):
-    tasks = load_tasks(split=split, task_types=settings.task_types, world=settings.world)
+def _selected(world: World, settings: GRPOSettings, split: str, limit: int | None):
+    tasks = world.tasks(split, settings.task_types)
     return tasks[:limit] if limit else tasks
 
 
@@ -317,14 +318,15 @@ def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool =
             log(f"{output_dir} holds a finished run")
             return json.loads((output_dir / SUMMARY_FILE).read_text())
         set_torch_threads(settings.torch_threads)
-        train = _selected(settings, settings.split, settings.train_tasks)
-        held_out = _selected(settings, settings.eval_split, settings.eval_tasks) if settings.eval_tasks else []
+        world = get_world(settings.world)
+        train = _selected(world, settings, settings.split, settings.train_tasks)
+        held_out = _selected(world, settings, settings.eval_split, settings.eval_tasks) if settings.eval_tasks else []
         if not train:
             raise ValueError(f"no {settings.split} tasks of types {settings.task_types} in world {settings.world}")
         outcomes: list[dict[str, Any]] = []
         env_class = grpo_environment_class(
             surface=settings.tools, reward=GRPOReward(settings.reward_levels, settings.progress_weight),
-            outcomes=outcomes, world=settings.world, search_k=settings.search_k)
+            outcomes=outcomes, world=world, search_k=settings.search_k)
         train_rows, eval_rows = task_rows(train, settings.seeds), task_rows(held_out, settings.eval_seeds)
         log(f"training on {len(train)} {settings.split} tasks x {len(settings.seeds)} seeds, evaluating on "
             f"{len(held_out)} {settings.eval_split} tasks x {len(settings.eval_seeds)} seeds")

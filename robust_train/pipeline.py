@@ -197,7 +197,8 @@ def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[list[Cluste
                                                                      list[ClusterRecord]]:
     """The demo's cluster datasets (built once, offline): train clusters for SFT and ScPO, test clusters
     for the table, and original-only records of more train tasks for the base generator."""
-    from ..core.tasks.library import interleave_task_types, load_tasks
+    from ..core.tasks.library import interleave_task_types
+    from ..core.world import load_tasks
     from .clusters import write_clusters
     from .instructions import PERTURBATION_TYPES
 

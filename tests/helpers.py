@@ -6,9 +6,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from resilibench.core.bounds.exact import exact_bound
 from resilibench.core.config import WorldConfig
 from resilibench.core.simulator import Episode
-from resilibench.core.tasks.library import Task
+from resilibench.core.tasks.library import TASK_TYPE_NAMES, Task
+from resilibench.core.world import load_tasks
 from resilibench.llm import GenerationConfig, Message
 
 PIPELINE = (
@@ -58,3 +60,20 @@ class ScriptedBackend:
     def generate(self, conversations: Sequence[Sequence[Message]], config: GenerationConfig) -> list[str]:
         self.calls.append(len(conversations))
         return [self.answer(list(c)) for c in conversations]
+
+
+STRICT = WorldConfig().replace(rules={"strict_dependencies": True})  # the text protocol's rule
+
+
+def one_task_per_signature():
+    seen = {}
+    for task in load_tasks(split=None):
+        seen.setdefault(task.required_tools, task)
+    return list(seen.values())
+
+
+def representative_tasks():
+    """The longest-signature task of every type."""
+    tasks = one_task_per_signature()
+    return [max((t for t in tasks if t.task_type == ty), key=lambda t: len(exact_bound(t).tools))
+            for ty in TASK_TYPE_NAMES]

@@ -29,8 +29,8 @@ def default_corpus() -> list[str]:
     protocol and its reminder, completion phrases and a sample of task descriptions."""
     from resilibench.core.config import EvaluatorConfig
     from resilibench.core.registry import default_registry
-    from resilibench.core.tasks.library import load_tasks
     from resilibench.core.text.toolbox import describe_text, describe_tool
+    from resilibench.core.world import load_tasks
     from resilibench.envs.text.env import REMINDER
 
     registry = default_registry()

@@ -26,15 +26,12 @@ import numpy as np
 from ..matching import make_matcher, tool_text
 from ..registry import ToolRegistry, default_registry
 from . import phrases as phrases
-from .generator_v0 import generate_tasks_v0
 from .library import (
     DEFAULT_SEED,
-    DEFAULT_WORLD,
     SPLIT_FRACTIONS,
     TASK_TYPES,
     Task,
     TaskType,
-    check_world,
     dependency_sort,
 )
 
@@ -289,10 +286,3 @@ def _task(task_type: TaskType, tools: tuple[str, ...], split: str, index: int, s
         original_description=description,
         split=split,
     )
-
-
-def generate_tasks(seed: int = DEFAULT_SEED, matcher=None, registry: ToolRegistry | None = None,
-                   world: str = DEFAULT_WORLD) -> list[Task]:
-    """The task library of ``world`` ("v1", the default, or "v0"), deterministically from seed and matcher."""
-    generate = {"v0": generate_tasks_v0, "v1": generate_tasks_v1}[check_world(world)]
-    return generate(seed=seed, matcher=matcher, registry=registry)

@@ -37,6 +37,7 @@ from ...core.text.flaws import (
 )
 from ...core.text.prompts import with_arguments
 from ...core.workflow import Workflow
+from ...core.world import DEFAULT_WORLD, World
 from ..planner.env import ResiliBenchEnv
 
 ADVERSARY, EXECUTOR = "adversary", "executor"
@@ -240,7 +241,7 @@ class raw_env(AECEnv):
         strict_dependencies: bool | None = None,
         profile: str | None = None,
         render_mode: str | None = None,
-        world: str = "v0",
+        world: str | World = DEFAULT_WORLD,
     ):
         super().__init__()
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:

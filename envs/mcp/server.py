@@ -33,14 +33,14 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
-from resilibench import __version__
 from resilibench.errors import InputError
+from resilibench.version import __version__
 
 from ...core.config import WorldConfig
 from ...core.evaluator import evaluate
 from ...core.registry import ToolRegistry, default_registry, schema_problem
 from ...core.simulator import FINISHED, Episode, env_episode
-from ...core.tasks.library import SPLITS, Task, load_tasks
+from ...core.tasks.library import SPLITS, Task
 from ...core.text.toolbox import (
     SEARCH_METHODS,
     UnknownToolError,
@@ -54,6 +54,7 @@ from ...core.text.toolbox import (
     search_text,
     search_tools,
 )
+from ...core.world import load_tasks
 from ..real_api.client import HttpExecutor
 from ..real_api.live_apis import LiveApi, api_client
 from ..real_api.serving import (
@@ -185,7 +186,7 @@ class ResiliBenchMCP:
         if search not in SEARCH_METHODS:
             raise ValueError(f"search must be one of {SEARCH_METHODS}, got {search!r}")
         if isinstance(api, LiveApi):  # its tools, tasks and task types unless given
-            config, registry = api.world(config), registry or api.registry
+            config, registry = api.world_config(config), registry or api.registry
             tasks = api.tasks if tasks is None else tasks
         self.tasks = list(tasks) if tasks is not None else load_tasks()
         if not self.tasks:

@@ -10,11 +10,12 @@ import numpy as np
 from gymnasium import spaces
 
 from ...core.config import WorldConfig
-from ...core.frontend import choose_task, discrete_action, make_world_config, select_tasks
+from ...core.frontend import choose_task, discrete_action, front_end_world, select_tasks
 from ...core.registry import ToolRegistry, default_registry
 from ...core.rewards import REWARD_MODES, ShapedRewarder
 from ...core.simulator import SUCCESS, EnvEpisodes, Episode
-from ...core.tasks.library import DEFAULT_WORLD, SPLITS, Task
+from ...core.tasks.library import SPLITS, Task
+from ...core.world import DEFAULT_WORLD, World
 from .observation import (
     N_STATUS,
     ObservationLayout,
@@ -124,7 +125,7 @@ class ResiliBenchEnv(gym.Env):
         profile: str | None = None,
         registry: ToolRegistry | None = None,
         render_mode: str | None = None,
-        world: str = DEFAULT_WORLD,
+        world: str | World = DEFAULT_WORLD,
         features: str = "full",
         api: Any = None,
         api_options: dict[str, Any] | None = None,
@@ -136,10 +137,10 @@ class ResiliBenchEnv(gym.Env):
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
-        self.world = world
-        self.config = make_world_config(config, turn_limit, strict_dependencies, profile, world)
+        self.world = front_end_world(world, config, turn_limit, strict_dependencies, profile)
+        self.config = self.world.config
         self.registry = registry or default_registry()
-        self.tasks = select_tasks(tasks, split, task_types, world)
+        self.tasks = select_tasks(tasks, split, task_types, self.world)
         self.reward_mode = reward
         self.rewarder = ShapedRewarder(self.config.reward, reward_phase)
         self.render_mode = render_mode

@@ -19,7 +19,7 @@ from resilibench.errors import ConfigError
 from ...core import stream as rs
 from ...core.config import WorldConfig
 from ...core.evaluator import FULL, LEVELS, grade, output_tool_ids
-from ...core.frontend import make_world_config, select_tasks, task_by_id
+from ...core.frontend import front_end_world, select_tasks, task_by_id
 from ...core.registry import ToolRegistry, default_registry
 from ...core.rewards import PHASES, REWARD_MODES
 from ...core.simulator import (
@@ -34,7 +34,8 @@ from ...core.simulator import (
     success_probability,
     termination_code,
 )
-from ...core.tasks.library import DEFAULT_WORLD, SPLITS, Task
+from ...core.tasks.library import SPLITS, Task
+from ...core.world import DEFAULT_WORLD, World
 from .observation import (
     N_STATUS,
     ObservationLayout,
@@ -141,7 +142,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         profile: str | None = None,
         registry: ToolRegistry | None = None,
         render_mode: str | None = None,
-        world: str = DEFAULT_WORLD,
+        world: str | World = DEFAULT_WORLD,
         features: str = "full",
     ):
         self.features = check_features(features)
@@ -163,8 +164,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
                 f"the batched ResiliBench-v0 does not render (render_mode={render_mode!r}); use "
                 "vectorization_mode='sync' with render_mode='ansi'"
             )
-        self.world = world
-        self.config = make_world_config(config, turn_limit, strict_dependencies, profile, world)
+        self.world = front_end_world(world, config, turn_limit, strict_dependencies, profile)
+        self.config = self.world.config
         rules = self.config.rules
         if rules.profile != "test":
             raise ValueError(
@@ -177,7 +178,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
                               "(the single env plays them); use gymnasium.make_vec('ResiliBench-v0', num_envs=N, "
                               "vectorization_mode='sync', config=...)")
         self.registry = registry or default_registry()
-        self.tasks = select_tasks(tasks, split, task_types, world)
+        self.tasks = select_tasks(tasks, split, task_types, self.world)
         self.known_tasks: list[Task] = list(self.tasks)  # the pool, then tasks pinned by id from elsewhere
         self.num_envs = int(num_envs)
         self.render_mode = None

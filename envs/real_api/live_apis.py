@@ -538,7 +538,7 @@ class LiveApi:
     source: str  # where the tools came from (the OpenAPI document or URL, the MCP server)
     mcp: Any = None  # the MCP server (URL or command) whose session the calls go through; None: HTTP endpoints
 
-    def world(self, config: WorldConfig | None = None) -> WorldConfig:
+    def world_config(self, config: WorldConfig | None = None) -> WorldConfig:
         """``config`` (default: the paper's world) with the task file's task types graded: their minimum
         coverage added to the evaluator's table (types it already has keep their value)."""
         config = config or WorldConfig()

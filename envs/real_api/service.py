@@ -43,15 +43,16 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from resilibench import __version__
 from resilibench.errors import ConfigError, InputError
 from resilibench.settings import from_dict
+from resilibench.version import __version__
 
 from ...core.config import WorldConfig
 from ...core.registry import INVALID_INPUT, ToolRegistry, default_registry
 from ...core.simulator import EnvEpisodes, Episode, task_seed
-from ...core.tasks.library import Task, load_tasks
+from ...core.tasks.library import Task
 from ...core.text.toolbox import UnknownToolError, call_tool, resolve_tool
+from ...core.world import load_tasks
 from . import http_faults as hf
 from .client import DURATION_HEADER, EPISODE_HEADER, REPLAY_HEADER, WAIT_TURNS_HEADER
 from .serving import (

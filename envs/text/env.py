@@ -13,11 +13,11 @@ import numpy as np
 from gymnasium import spaces
 
 from ...core.config import WorldConfig
-from ...core.frontend import choose_task, make_world_config, select_tasks
+from ...core.frontend import choose_task, select_tasks
 from ...core.registry import ToolRegistry, default_registry
 from ...core.rewards import ShapedRewarder
 from ...core.simulator import EnvEpisodes, Episode
-from ...core.tasks.library import DEFAULT_WORLD, SPLITS, Task
+from ...core.tasks.library import SPLITS, Task
 from ...core.text.toolbox import (
     FUNCTION_SEARCH_HINT,
     INFO_FUNCTION,
@@ -44,6 +44,7 @@ from ...core.text.toolbox import (
     search_tools,
 )
 from ...core.workflow import Workflow
+from ...core.world import DEFAULT_WORLD, World, get_world
 from ..real_api.client import HttpExecutor
 from ..real_api.live_apis import LiveApi, api_client, task_workflow
 
@@ -211,7 +212,7 @@ class ResiliBenchTextEnv(gym.Env):
         search_k: int = 5,
         search: str = "auto",
         matcher: str = "auto",
-        world: str = DEFAULT_WORLD,
+        world: str | World = DEFAULT_WORLD,
         protocol: str = "tags",
         wording: str = "plain",
         api: Any = None,
@@ -233,12 +234,13 @@ class ResiliBenchTextEnv(gym.Env):
             raise ValueError(f"search must be one of {SEARCH_METHODS}, got {search!r}")
         if matcher not in SEARCH_METHODS:
             raise ValueError(f"matcher must be one of {SEARCH_METHODS}, got {matcher!r}")
-        self.world = world
+        chosen = get_world(world, config)
         live = api if isinstance(api, LiveApi) else None
         if live is not None:  # its tools, tasks and task types unless given
-            config, registry = live.world(config or WorldConfig.for_world(world)), registry or live.registry
+            chosen, registry = chosen.configured(live.world_config(chosen.config)), registry or live.registry
             tasks = live.tasks if tasks is None else tasks
-        self.config = make_world_config(config, turn_limit, strict_dependencies, None, world)
+        self.world = chosen.with_rules(turn_limit, strict_dependencies)
+        self.config = self.world.config
         self.registry = registry or default_registry()
         # Real-API mode: tool calls go through this client (None: the simulator draws).
         self.client = None if api is None else api_client(api, self.registry, **(api_options or {}))
@@ -248,7 +250,7 @@ class ResiliBenchTextEnv(gym.Env):
         self._search_hint = TAG_SEARCH_HINT if protocol == "tags" else FUNCTION_SEARCH_HINT
         # The function schemas offered to a model of the tools protocol (None with tags).
         self.tools = function_schemas(self.registry) if protocol == "tools" else None
-        self.tasks = select_tasks(tasks, split, task_types, world)
+        self.tasks = select_tasks(tasks, split, task_types, self.world)
         self.prompt_defaults = {"prompt": prompt, "flaw_type": flaw_type, "severity": severity,
                                 "plan_style": plan_style, "workflow": None}
         self.render_mode = render_mode

@@ -32,7 +32,7 @@ from typing import Any
 
 from ...core.evaluator import LEVELS
 from ...core.registry import Tool, ToolRegistry, default_registry
-from ...core.tasks.library import DEFAULT_WORLD, Task
+from ...core.tasks.library import Task
 from ...core.text.prompts import task_statement
 from ...core.text.toolbox import (
     UnknownToolError,
@@ -42,6 +42,7 @@ from ...core.text.toolbox import (
     no_calls_left,
     progress_text,
 )
+from ...core.world import DEFAULT_WORLD, World
 from .env import ResiliBenchTextEnv
 
 # JSON Schema types as the Python hints transformers turns back into the same schema types.
@@ -222,7 +223,7 @@ def tool_method(tool: Tool) -> Callable:
 
 def grpo_environment_class(registry: ToolRegistry | None = None, *, surface: str = "all",
                            reward: GRPOReward = GRPOReward(), outcomes: list[dict[str, Any]] | None = None,
-                           split: str | None = None, world: str = DEFAULT_WORLD,
+                           split: str | None = None, world: str | World = DEFAULT_WORLD,
                            **env_kwargs: Any) -> type[GRPOEnvironmentBase]:
     """A class for ``GRPOTrainer(environment_factory=cls)``. ``surface``: "all" offers every tool of
     ``registry`` as a method, plus ``tool_search`` and ``tool_info``; "search" offers ``tool_search``,

@@ -16,9 +16,10 @@ from ...core.frontend import choose_task, discrete_action, select_tasks
 from ...core.plan_follower import workflow_success
 from ...core.registry import OPERATION_PHRASES, ToolRegistry, default_registry
 from ...core.simulator import EnvEpisodes
-from ...core.tasks.library import DEFAULT_WORLD, SPLITS, Task
+from ...core.tasks.library import SPLITS, Task
 from ...core.text.prompts import render_plan
 from ...core.workflow import Node, Workflow
+from ...core.world import DEFAULT_WORLD, World, get_world
 from ...metrics.structural import chain_f1, reachability_f1
 from ..planner.observation import N_TASK_FEATURES, task_features
 
@@ -119,7 +120,7 @@ class WorkflowGenEnv(gym.Env):
         max_steps: int | None = None,
         registry: ToolRegistry | None = None,
         render_mode: str | None = None,
-        world: str = DEFAULT_WORLD,
+        world: str | World = DEFAULT_WORLD,
     ):
         if split is not None and split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
@@ -135,10 +136,10 @@ class WorkflowGenEnv(gym.Env):
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.metric = STRUCTURAL_METRICS[structural_metric]
         self.structural_metric = structural_metric
-        self.world = world
-        self.config = config or WorldConfig.for_world(world)
+        self.world = get_world(world, config)
+        self.config = self.world.config
         self.registry = registry or default_registry()
-        self.tasks = select_tasks(tasks, split, task_types, world)
+        self.tasks = select_tasks(tasks, split, task_types, self.world)
         self._episodes = EnvEpisodes()
         self.w_exec, self.w_struct = float(w_exec), float(w_struct)
         self.max_nodes, self.max_copies = max_nodes, max_copies

@@ -32,7 +32,8 @@ from resilibench.rundir import RunDirectory
 from resilibench.settings import AT_LEAST_ONE, UNIT, Settings, from_dict, setting
 
 from ...core.config import WorldConfig
-from ...core.tasks.library import SPLITS, TASK_TYPE_NAMES, Task, load_tasks
+from ...core.tasks.library import SPLITS, TASK_TYPE_NAMES, Task
+from ...core.world import load_tasks
 from ...envs.planner.observation import OBSERVATION_FEATURES
 from . import (
     CHECKPOINTS,

@@ -173,7 +173,7 @@ def make_env(env_config: Mapping[str, Any]) -> MaskedPlannerEnv:
     ``resilibench.policies.ppo.curriculum``), ``stage`` (the stage to start in) and
     ``balance_task_types``. (``curriculum_config`` is read by the training callback.)
     """
-    from ...core.tasks.library import load_tasks
+    from ...core.world import load_tasks
     from .curriculum import stage_pools
 
     world = WorldConfig().replace(**env_config["world"]) if env_config.get("world") else WorldConfig()

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilibench import __version__
 from resilibench.console import format_table, progress_bar
 from resilibench.errors import InputError, RunInterrupted
 from resilibench.rundir import RunDirectory, blocking_ancestor
+from resilibench.version import __version__
 
 PROG = "resilibench"
 SPLIT_CHOICES = ("train", "validation", "test", "all")
@@ -110,21 +110,23 @@ def output_file(path: str | None, option: str = "--output") -> Path | None:
     return file
 
 
-def load_world_config(path: str | None, need_bounds: bool = False, world: str = "v1"):
-    """The WorldConfig of ``--config`` on top of ``world``'s defaults; CliError on any problem with the file."""
-    from resilibench.core.config import load_config
+def choose_world(args: argparse.Namespace, need_bounds: bool = False):
+    """The ``World`` of ``--world`` under ``--config`` (the world's own config when none is given), chosen
+    once per command; CliError on any problem with the file."""
     from resilibench.core.processes import tool_bases
     from resilibench.core.registry import default_registry
+    from resilibench.core.world import get_world
 
     try:
-        config = load_config(path, world)
+        world = get_world(args.world).load_config(getattr(args, "config", None))
+        config = world.config
         tool_bases(config.processes, config.failure, default_registry())  # tool names known, before any work
     except (OSError, ValueError, TypeError) as exc:
         raise CliError(f"--config: {exc}") from None
     if need_bounds and config.rules.profile != "test":
-        raise CliError(f"--config {path}: rules.profile must be 'test' here (bounds exist only for the test "
-                       f"failure profile), got {config.rules.profile!r}")
-    return config
+        raise CliError(f"--config {args.config}: rules.profile must be 'test' here (bounds exist only for the "
+                       f"test failure profile), got {config.rules.profile!r}")
+    return world
 
 
 def check_bound_turn_limit(config, tasks) -> None:
@@ -143,13 +145,13 @@ def check_bound_turn_limit(config, tasks) -> None:
                        f"for these tasks is {largest}")
 
 
-def load_library(path: str | None, world: str = "v1"):
+def load_library(path: str | None, world):
     """(all tasks, description of their source with its sha256) for ``--tasks`` or ``world``'s library."""
-    from resilibench.core.tasks.library import default_library_path, load_tasks, read_tasks
+    from resilibench.core.tasks.library import read_tasks
 
     if path is None:
-        file = default_library_path(world)
-        tasks = load_tasks(world=world)
+        file = world.library_path
+        tasks = world.tasks()
     else:
         file = Path(path)
         if not file.is_file():
@@ -267,8 +269,8 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 def cmd_tasks_generate(args: argparse.Namespace) -> int:
     from resilibench.core.matching import make_matcher
-    from resilibench.core.tasks.generator_v1 import generate_tasks
     from resilibench.core.tasks.library import write_tasks
+    from resilibench.core.world import get_world
 
     output = output_file(args.output)
     try:
@@ -276,7 +278,7 @@ def cmd_tasks_generate(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise CliError(f"--matcher {args.matcher}: {exc}") from None
     started = time.perf_counter()
-    tasks = generate_tasks(seed=args.seed, matcher=matcher, world=args.world)
+    tasks = get_world(args.world).generate(seed=args.seed, matcher=matcher)
     if args.enhance:
         tasks = _enhance(tasks, args)
     path = write_tasks(tasks, output)
@@ -328,7 +330,7 @@ def _print_library_stats(tasks: Sequence[Any]) -> None:
 
 
 def cmd_tasks_stats(args: argparse.Namespace) -> int:
-    tasks, source = load_library(args.tasks, args.world)
+    tasks, source = load_library(args.tasks, choose_world(args))
     if args.format == "json":
         from resilibench.core.tasks.library import library_stats
 
@@ -342,8 +344,9 @@ def cmd_tasks_stats(args: argparse.Namespace) -> int:
 def cmd_tasks_show(args: argparse.Namespace) -> int:
     from resilibench.core.bounds.exact import optimal_success, reference_workflow
 
-    config = load_world_config(args.config, need_bounds=True, world=args.world)
-    tasks, _ = load_library(args.tasks, args.world)
+    world = choose_world(args, need_bounds=True)
+    config = world.config
+    tasks, _ = load_library(args.tasks, choose_world(args))
     (task,) = select_tasks(tasks, None, None, [args.task_id])
     check_bound_turn_limit(config, [task])
     print(json.dumps(task.to_dict(), indent=2, sort_keys=True))
@@ -356,7 +359,7 @@ def cmd_tasks_show(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_list(args: argparse.Namespace) -> int:
-    tasks, _ = load_library(args.tasks, args.world)
+    tasks, _ = load_library(args.tasks, choose_world(args))
     selected = select_tasks(tasks, args.split, args.task_type, limit=args.limit)
     rows = [(t.instance_id, t.task_type, t.complexity, t.split, " > ".join(t.required_tools)) for t in selected]
     print(format_table(("instance_id", "task_type", "complexity", "split", "required_tools"), rows))
@@ -378,8 +381,9 @@ def cmd_bounds(args: argparse.Namespace) -> int:
     from resilibench.results import run_metadata, write_json_atomic
 
     output_file(args.output)
-    config = load_world_config(args.config, need_bounds=True, world=args.world)
-    tasks, source = load_library(args.tasks, args.world)
+    world = choose_world(args, need_bounds=True)
+    config = world.config
+    tasks, source = load_library(args.tasks, world)
     split = args.split or ("all" if args.task_id else "test")
     selected = select_tasks(tasks, split, args.task_type, args.task_id)
     check_bound_turn_limit(config, selected)
@@ -479,11 +483,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from resilibench.core.tasks.library import TASK_TYPE_NAMES
     from resilibench.policies.runner import episode_jobs
 
-    config = load_world_config(args.config, need_bounds=True, world=args.world)
+    world = choose_world(args, need_bounds=True)
+    config = world.config
     if args.api_tasks is not None:
         raise CliError("--api-tasks: not for run (the planners play the world's own tools); use --api URL")
     api = load_api(args, simulator_log=True)
-    tasks, source = load_library(args.tasks, args.world)
+    tasks, source = load_library(args.tasks, world)
     planners, seeds = dedupe(args.planners), dedupe(args.seeds)
     task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
     selected = select_tasks(tasks, args.split, task_types, limit=args.limit)
@@ -541,7 +546,8 @@ def _execute_run(plan: _RunPlan, resume: bool, split: str, call_log: Path | None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from resilibench.core.tasks.library import DEFAULT_SEED, DEFAULT_WORLD, TASK_TYPE_NAMES, WORLDS
+    from resilibench.core.tasks.library import DEFAULT_SEED, TASK_TYPE_NAMES
+    from resilibench.core.world import DEFAULT_WORLD, WORLDS
     from resilibench.policies.runner import PLANNER_NAMES
 
     parser = Parser(prog=PROG, description="ResiliBench: tools, task library, exact bounds, quick benchmark.")

@@ -18,10 +18,10 @@ from resilibench.cli import (
     SPLIT_CHOICES,
     CliError,
     check_bound_turn_limit,
+    choose_world,
     dedupe,
     load_api,
     load_library,
-    load_world_config,
     nonnegative_int,
     positive_int,
     select_tasks,
@@ -69,7 +69,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from resilibench.agents.backends import RequestSettings
     from resilibench.agents.harness import eval_directory, eval_jobs, run_eval, settled_rows
     from resilibench.agents.report import format_tables, plot_summary, summarize_eval
-    from resilibench.core.frontend import make_world_config
     from resilibench.core.tasks.library import TASK_TYPE_NAMES
     from resilibench.core.text.flaws import FLAW_TYPES
     from resilibench.core.text.prompts import PROMPT_VARIANTS
@@ -78,17 +77,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     check_agent(args.agent)
     # The text env's world: the config's rules with strict dependencies (the text protocol's rule).
-    config = make_world_config(load_world_config(args.config, need_bounds=True, world=args.world), None, True, None)
+    world = choose_world(args, need_bounds=True).with_rules(strict_dependencies=True)
+    config = world.config
     api = load_api(args)
     if api is not None and api.live is not None:  # a live API's own tasks, graded with its task types
         if args.tasks is not None:
             raise CliError("--tasks: not with --api-tasks (the task file holds the tasks)")
         tasks, source = list(api.live.tasks), {"path": args.api_tasks, "sha256": api.identity["tasks_sha256"],
                                                 "count": len(api.live.tasks)}
-        config = api.live.world(config)
+        config = api.live.world_config(config)
         task_types = dedupe(args.task_type) if args.task_type else sorted({t.task_type for t in tasks})
     else:
-        tasks, source = load_library(args.tasks, args.world)
+        tasks, source = load_library(args.tasks, world)
         task_types = dedupe(args.task_type) if args.task_type else list(TASK_TYPE_NAMES)
     prompts, seeds = dedupe(args.prompts or PROMPT_VARIANTS), dedupe(args.seeds)
     flaw_types = dedupe(args.flaw_types or FLAW_TYPES) if "flawed" in prompts else []

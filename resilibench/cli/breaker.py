@@ -20,8 +20,8 @@ from resilibench.cli import (
     SPLIT_CHOICES,
     CliError,
     check_bound_turn_limit,
+    choose_world,
     load_library,
-    load_world_config,
     nonnegative_float,
     nonnegative_int,
     positive_int,
@@ -133,7 +133,6 @@ def cmd_breaker(args: argparse.Namespace) -> int:
         parse_runs,
         run_breaker,
     )
-    from resilibench.core.frontend import make_world_config
     from resilibench.llm import BackendError
     from resilibench.results import to_jsonable
 
@@ -141,8 +140,9 @@ def cmd_breaker(args: argparse.Namespace) -> int:
     caps = parse_max_iterations(args.max_iterations, runs)
     roles = _roles(args, runs)
     _check_specs(roles)
-    config = make_world_config(load_world_config(args.config, need_bounds=True, world=args.world), None, True, None)
-    library, source = load_library(args.tasks, args.world)
+    world = choose_world(args, need_bounds=True).with_rules(strict_dependencies=True)
+    config = world.config
+    library, source = load_library(args.tasks, world)
     tasks = select_tasks(library, args.split, args.task_type, limit=args.limit) if "flaw" in runs else []
     check_bound_turn_limit(config, tasks)
     generation = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}

@@ -7,7 +7,7 @@ import math
 import sys
 from typing import Any
 
-from resilibench.cli import CliError, load_api, load_library, load_world_config, positive_float, positive_int
+from resilibench.cli import CliError, choose_world, load_api, load_library, positive_float, positive_int
 
 
 def _port(text: str) -> int:
@@ -51,8 +51,9 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
     api = load_api(args)
     if api is not None and api.live is not None and args.tasks is not None:
         raise CliError("--tasks: not with --api-tasks (the task file holds the tasks)")
-    tasks = None if api is not None and api.live is not None else load_library(args.tasks, args.world)[0]
-    server = build_server(tasks, load_world_config(args.config, world=args.world), max_episodes=args.max_episodes or
+    world = choose_world(args)
+    tasks = None if api is not None and api.live is not None else load_library(args.tasks, world)[0]
+    server = build_server(tasks, world.config, max_episodes=args.max_episodes or
                           DEFAULT_MAX_EPISODES, search=args.search, api=api and api.api,
                           api_options=api and api.options)
     if args.transport == "stdio":

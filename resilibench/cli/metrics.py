@@ -16,9 +16,9 @@ from resilibench.cli import (
     CliError,
     Parser,
     check_bound_turn_limit,
+    choose_world,
     dedupe,
     load_library,
-    load_world_config,
     output_file,
     positive_int,
     select_tasks,
@@ -269,8 +269,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from resilibench.metrics.calibration import plan_calibration
     from resilibench.metrics.perturb import golden_workflows
 
-    config = load_world_config(args.config, need_bounds=True, world=args.world)
-    tasks, source = load_library(args.tasks, args.world)
+    world = choose_world(args, need_bounds=True)
+    config = world.config
+    tasks, source = load_library(args.tasks, world)
     task_types = dedupe(args.task_type) if args.task_type else None
     selected = select_tasks(tasks, args.split, task_types)
     check_bound_turn_limit(config, selected)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from resilibench.cli import CliError, load_library, load_world_config, nonnegative_float, nonnegative_int
+from resilibench.cli import CliError, choose_world, load_library, nonnegative_float, nonnegative_int
 from resilibench.cli.mcp import _port
 
 
@@ -17,10 +17,11 @@ def cmd_serve_tools(args: argparse.Namespace) -> int:
     if not is_loopback(args.host) and not args.allow_remote:
         raise CliError(f"--host {args.host} is not a loopback address; the service has no authentication, so "
                        "serving beyond this machine needs --allow-remote")
-    tasks, _ = load_library(args.tasks, args.world)
+    world = choose_world(args)
+    tasks, _ = load_library(args.tasks, world)
     if args.task is not None and args.task not in {t.instance_id for t in tasks}:
         raise CliError(f"--task: no task {args.task!r} in the library (see `resilibench tasks list` for ids)")
-    service = ToolService(tasks, load_world_config(args.config, world=args.world), task_id=args.task,
+    service = ToolService(tasks, world.config, task_id=args.task,
                           seed=args.seed, slow_seconds=args.slow_seconds, retry_after=args.retry_after,
                           host=args.host, time_scale=args.time_scale)
     try:

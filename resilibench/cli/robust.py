@@ -18,10 +18,10 @@ from resilibench.cli import (
     CliError,
     Parser,
     check_bound_turn_limit,
+    choose_world,
     dedupe,
     error_text,
     load_library,
-    load_world_config,
     nonnegative_int,
     positive_int,
     select_tasks,
@@ -67,8 +67,9 @@ def cmd_clusters(args: argparse.Namespace) -> int:
         types = parse_types(args.types)
     except ValueError as exc:
         raise CliError(f"--types: {exc}") from None
-    config = load_world_config(args.config, need_bounds=True, world=args.world)
-    tasks, source = load_library(args.tasks, args.world)
+    world = choose_world(args, need_bounds=True)
+    config = world.config
+    tasks, source = load_library(args.tasks, world)
     task_types = dedupe(args.task_type) if args.task_type else None
     selected = _per_type(select_tasks(tasks, args.split, task_types), args.per_type)
     check_bound_turn_limit(config, selected)

@@ -28,9 +28,9 @@ from resilibench.cli import (
     _execute_run,
     _RunPlan,
     check_bound_turn_limit,
+    choose_world,
     dedupe,
     load_library,
-    load_world_config,
     nonnegative_int,
     positive_int,
     run_directory,
@@ -77,12 +77,13 @@ def _train_config(args: argparse.Namespace):
     values.update(flags)
     if values.get("iterations") is None and values.get("time_budget_min") is None:
         values["time_budget_min"] = DEFAULT_TIME_BUDGET_MIN
-    from resilibench.core.tasks.library import DEFAULT_WORLD, default_library_path
+    from resilibench.core.world import DEFAULT_WORLD
 
-    if args.config or args.world != DEFAULT_WORLD:
-        values["world"] = load_world_config(args.config, world=args.world).to_dict()
-    if args.tasks is None and args.world != DEFAULT_WORLD:  # that world's shipped library
-        values["tasks_path"] = str(default_library_path(args.world))
+    world = choose_world(args)
+    if args.config or world.name != DEFAULT_WORLD:
+        values["world"] = world.config.to_dict()
+    if args.tasks is None and world.name != DEFAULT_WORLD:  # that world's shipped library
+        values["tasks_path"] = str(world.library_path)
     if args.tasks is not None and not Path(args.tasks).is_file():
         raise CliError(f"--tasks: {args.tasks} does not exist (generate one with `resilibench tasks generate`)")
     try:
@@ -186,8 +187,9 @@ def cmd_eval_policy(args: argparse.Namespace) -> int:
     from resilibench.core.tasks.library import TASK_TYPE_NAMES
     from resilibench.policies.runner import episode_jobs
 
-    config = load_world_config(args.config, need_bounds=True, world=args.world)
-    tasks, source = load_library(args.tasks, args.world)
+    world = choose_world(args, need_bounds=True)
+    config = world.config
+    tasks, source = load_library(args.tasks, world)
     from resilibench.policies.ppo.evaluation import PPOPlanner, checkpoint_digest, registered_planner
 
     try:

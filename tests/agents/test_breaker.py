@@ -29,9 +29,9 @@ from resilibench.agents.breaker import (
 from resilibench.agents.specs import make_text_agent
 from resilibench.cli import main
 from resilibench.core.plan_follower import workflow_success
-from resilibench.core.tasks.library import load_tasks
 from resilibench.core.text.flaws import FLAW_TYPES
 from resilibench.core.text.prompts import parse_plan
+from resilibench.core.world import load_tasks
 from resilibench.results import read_jsonl
 
 POOL = load_tasks(split="test")[:12]

@@ -18,7 +18,8 @@ from resilibench.agents.report import (
     wasted_calls,
 )
 from resilibench.agents.scripted import OptimalTextAgent, PlanFollowingTextAgent
-from resilibench.core.tasks.library import TASK_TYPE_NAMES, load_tasks
+from resilibench.core.tasks.library import TASK_TYPE_NAMES
+from resilibench.core.world import load_tasks
 from resilibench.llm import GenerationConfig
 from resilibench.results import read_jsonl
 

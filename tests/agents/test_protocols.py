@@ -15,7 +15,8 @@ from resilibench.agents.harness import eval_jobs, run_eval
 from resilibench.agents.scripted import tag_view, tool_message
 from resilibench.agents.specs import make_scripted_agent
 from resilibench.cli import main
-from resilibench.core.tasks.library import TASK_TYPE_NAMES, load_tasks
+from resilibench.core.tasks.library import TASK_TYPE_NAMES
+from resilibench.core.world import load_tasks
 from resilibench.results import read_jsonl
 
 ENV = {"search": "lexical"}

@@ -15,9 +15,8 @@ from tiny_lm import torch_one_thread  # noqa: F401 (fixture)
 
 from resilibench.agents import models
 from resilibench.agents.harness import eval_jobs, run_eval
-from resilibench.core.config import WorldConfig
 from resilibench.core.simulator import END_REASONS
-from resilibench.core.tasks.library import load_tasks
+from resilibench.core.world import get_world, load_tasks
 from resilibench.llm import GenerationConfig
 
 SMALL = "smollm2-135m"
@@ -40,7 +39,7 @@ def one_episode(agent, **kwargs):
     """One v1 test task, baseline prompt, seed 0, with the conversation kept; three turns, not ten (a
     135M model on CPU takes seconds a turn, and CI's budget is shared)."""
     jobs = eval_jobs(load_tasks(split="test")[:1], ["baseline"], seeds=[0])
-    config = WorldConfig.for_world("v1").replace(rules={"turn_limit": 3})
+    config = get_world("v1").config.replace(rules={"turn_limit": 3})
     (row,) = run_eval(agent, jobs, generation=GenerationConfig(max_new_tokens=32), config=config,
                       keep_messages=True, progress=False, **kwargs)
     return row

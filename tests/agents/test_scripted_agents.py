@@ -19,12 +19,12 @@ from resilibench.agents.scripted import (
     PlanFollowingTextAgent,
     call_message,
 )
-from resilibench.core.frontend import make_world_config
 from resilibench.core.plan_follower import workflow_success
 from resilibench.core.simulator import task_seed
-from resilibench.core.tasks.library import TASK_TYPE_NAMES, get_task, load_tasks
+from resilibench.core.tasks.library import TASK_TYPE_NAMES
 from resilibench.core.text.flaws import FLAW_TYPES
 from resilibench.core.workflow import Workflow
+from resilibench.core.world import get_task, get_world, load_tasks
 from resilibench.envs.planner.env import ResiliBenchEnv
 from resilibench.policies.optimal import OptimalPlanner
 
@@ -89,7 +89,7 @@ def plan_rows():
     return run_eval(PlanFollowingTextAgent(), jobs, batch_size=64, progress=False)
 
 
-TEXT_CONFIG = make_world_config(None, None, True, None)  # the text env's rules: strict dependencies
+TEXT_CONFIG = get_world().with_rules(strict_dependencies=True).config  # the text env's rules: strict dependencies
 
 
 def plan_value(row) -> float:
@@ -141,7 +141,7 @@ def test_plan_follower_without_a_plan_signals_completion():
 def baseline_rows(agent, world: str, count: int = 4, seeds=range(3)):
     tasks = load_tasks(split="test", world=world)
     tasks = [t for name in TASK_TYPE_NAMES for t in [t for t in tasks if t.task_type == name][:count]]
-    config = make_world_config(None, None, True, None, world)
+    config = get_world(world).with_rules(strict_dependencies=True).config
     return run_eval(agent, eval_jobs(tasks, ["baseline"], seeds=seeds, config=config), config=config,
                     progress=False, env_kwargs={"search": "lexical", "matcher": "lexical", "world": world})
 

@@ -13,7 +13,8 @@ from filelock import FileLock
 from resilibench.cli import main
 from resilibench.core.bounds.exact import largest_turn_limit, optimal_success
 from resilibench.core.registry import default_registry
-from resilibench.core.tasks.library import TASK_TYPES, get_task, load_tasks, read_tasks
+from resilibench.core.tasks.library import TASK_TYPES, read_tasks
+from resilibench.core.world import get_task, load_tasks
 from resilibench.policies.runner import PLANNER_NAMES
 from resilibench.results import METADATA_KEY, read_jsonl
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import make_task
+from helpers import STRICT, make_task, one_task_per_signature, representative_tasks
 from resilibench.core.bounds.exact import (
     ExactBound,
     Problem,
@@ -21,12 +21,11 @@ from resilibench.core.bounds.exact import (
 )
 from resilibench.core.config import WorldConfig
 from resilibench.core.simulator import Episode
-from resilibench.core.tasks.library import TASK_TYPE_NAMES, dependency_sort, load_tasks
+from resilibench.core.tasks.library import dependency_sort
 from resilibench.policies.heuristics import DependencyAwarePlanner, InOrderPlanner, RandomLegalPlanner
 from resilibench.policies.optimal import OptimalPlanner
 from resilibench.policies.runner import episode_jobs, run_jobs
 
-STRICT = WorldConfig().replace(rules={"strict_dependencies": True})
 CONFIGS = pytest.mark.parametrize("config", [WorldConfig(), STRICT], ids=["default", "strict"])
 
 # Problems unlike the v0 library's: every category, dependencies that are not required (helpers), a
@@ -49,20 +48,6 @@ def all_actions_bound(task, config):
     helpers nothing needs any more included): the reference for the pruned action set."""
     problem = Problem(task.required_ids(), 1 + task.max_retries, config.rules, config.failure)
     return ExactBound(problem, all_actions=True)
-
-
-def one_task_per_signature():
-    seen = {}
-    for task in load_tasks(split=None):
-        seen.setdefault(task.required_tools, task)
-    return list(seen.values())
-
-
-def representative_tasks():
-    """The longest-signature task of every type."""
-    tasks = one_task_per_signature()
-    return [max((t for t in tasks if t.task_type == ty), key=lambda t: len(exact_bound(t).tools))
-            for ty in TASK_TYPE_NAMES]
 
 
 @CONFIGS

@@ -25,7 +25,7 @@ from resilibench.core.bounds.processes import ProcessBound, process_problem
 from resilibench.core.config import WorldConfig, load_config
 from resilibench.core.registry import ToolRegistry, default_registry
 from resilibench.core.simulator import Episode
-from resilibench.core.tasks.library import load_tasks
+from resilibench.core.world import load_tasks
 from resilibench.errors import ConfigError
 from resilibench.policies.heuristics import DependencyAwarePlanner, InOrderPlanner
 from resilibench.policies.optimal import OptimalPlanner

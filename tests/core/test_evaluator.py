@@ -78,7 +78,7 @@ def test_v1_rule_one_tool_then_completed_is_failure():
 
 def test_v1_rule_on_every_shipped_task_one_non_output_tool_then_completed_fails():
     from resilibench.core.registry import default_registry
-    from resilibench.core.tasks.library import load_tasks
+    from resilibench.core.world import load_tasks
 
     registry = default_registry()
     checked = 0

@@ -9,7 +9,6 @@ from resilibench.core.arguments import task_hints
 from resilibench.core.bounds.exact import reference_workflow
 from resilibench.core.plan_follower import workflow_success
 from resilibench.core.registry import OPERATION_PHRASES, default_registry
-from resilibench.core.tasks.library import load_tasks
 from resilibench.core.text.flaws import (
     FLAW_METHODS,
     FLAW_TYPES,
@@ -22,6 +21,7 @@ from resilibench.core.text.flaws import (
 )
 from resilibench.core.text.prompts import with_arguments
 from resilibench.core.workflow import Node, Workflow
+from resilibench.core.world import load_tasks
 
 REGISTRY = default_registry()
 # The task of the library with the longest reference workflow: every method applies to its plan.

@@ -432,7 +432,7 @@ def test_run_writes_a_call_log(tmp_path):
     from resilibench.cli import main
     from resilibench.core.bounds.exact import optimal_success
     from resilibench.core.config import load_config
-    from resilibench.core.tasks.library import load_tasks
+    from resilibench.core.world import load_tasks
     from resilibench.envs.real_api.call_log import read_rows
     from resilibench.results import METADATA_KEY
 
@@ -475,7 +475,7 @@ def test_the_cli_names_an_unknown_tool_before_any_work(tmp_path, capsys):
 
 
 def test_run_call_log_of_the_v1_world_has_no_latency(tmp_path):
-    from resilibench.core.tasks.library import load_tasks
+    from resilibench.core.world import load_tasks
     from resilibench.envs.real_api.call_log import read_rows
     from resilibench.policies.runner import episode_jobs, run_jobs
 

@@ -23,9 +23,9 @@ import pytest
 
 from resilibench.core.arguments import task_hints, valid_arguments
 from resilibench.core.registry import OPERATION_PHRASES, RETURN_VALUES, default_registry
-from resilibench.core.tasks.library import load_tasks
 from resilibench.core.text.flaws import FLAW_TYPES, FlawNotApplicable
 from resilibench.core.text.prompts import PLAN_HEADING, PLAN_STYLES, ROLE_STEPS, build_prompt
+from resilibench.core.world import load_tasks
 
 REGISTRY = default_registry()
 N_TASKS = 150

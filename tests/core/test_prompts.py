@@ -8,7 +8,7 @@ from resilibench.core.bounds.exact import reference_workflow
 from resilibench.core.config import WorldConfig
 from resilibench.core.plan_follower import workflow_success
 from resilibench.core.registry import default_registry
-from resilibench.core.tasks.library import TASK_TYPE_NAMES, load_tasks
+from resilibench.core.tasks.library import TASK_TYPE_NAMES
 from resilibench.core.text.flaws import FLAW_TYPES
 from resilibench.core.text.prompts import (
     PLAN_HEADING,
@@ -20,6 +20,7 @@ from resilibench.core.text.prompts import (
     with_arguments,
 )
 from resilibench.core.workflow import Node, Workflow
+from resilibench.core.world import load_tasks
 
 REGISTRY = default_registry()
 BY_SIGNATURE = {}

@@ -10,7 +10,7 @@ import pytest
 import resilibench  # noqa: F401  (registers the envs)
 from resilibench.core import stream as rs
 from resilibench.core.simulator import EnvEpisodes, Episode, draw_stream, env_episode, task_seed
-from resilibench.core.tasks.library import load_tasks
+from resilibench.core.world import load_tasks
 from resilibench.envs.real_api.serving import start_episode
 
 

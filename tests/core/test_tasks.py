@@ -12,16 +12,8 @@ from helpers import ScriptedBackend
 from resilibench.agents.task_enhancer import TaskEnhancer, description_literals, description_problem
 from resilibench.core.matching import EmbeddingMatcher, LexicalMatcher
 from resilibench.core.registry import default_registry, named_tools
-from resilibench.core.tasks.generator_v1 import generate_tasks
-from resilibench.core.tasks.library import (
-    WORLDS,
-    default_library_path,
-    get_task,
-    library_stats,
-    load_tasks,
-    read_tasks,
-    write_tasks,
-)
+from resilibench.core.tasks.library import library_stats, read_tasks, write_tasks
+from resilibench.core.world import WORLDS, get_task, get_world, load_tasks
 
 EXPECTED_TYPES = {
     "basic_file_processing": 1200,
@@ -108,9 +100,10 @@ def test_named_tools_finds_every_spelling():
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_lexical_generation_is_byte_identical(tmp_path, world):
-    a = write_tasks(generate_tasks(seed=11, matcher=LexicalMatcher(), world=world), tmp_path / "a.jsonl")
-    b = write_tasks(generate_tasks(seed=11, matcher=LexicalMatcher(), world=world), tmp_path / "b.jsonl")
-    c = write_tasks(generate_tasks(seed=12, matcher=LexicalMatcher(), world=world), tmp_path / "c.jsonl")
+    generate = get_world(world).generate
+    a = write_tasks(generate(seed=11, matcher=LexicalMatcher()), tmp_path / "a.jsonl")
+    b = write_tasks(generate(seed=11, matcher=LexicalMatcher()), tmp_path / "b.jsonl")
+    c = write_tasks(generate(seed=12, matcher=LexicalMatcher()), tmp_path / "c.jsonl")
     assert a.read_bytes() == b.read_bytes()
     assert a.read_bytes() != c.read_bytes()
     tasks = read_tasks(a)
@@ -120,8 +113,8 @@ def test_lexical_generation_is_byte_identical(tmp_path, world):
 @pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None, reason="needs the embed extra")
 @pytest.mark.parametrize("world", WORLDS)
 def test_shipped_library_regenerates_byte_identically(tmp_path, world):
-    path = write_tasks(generate_tasks(matcher=EmbeddingMatcher(), world=world), tmp_path / "tasks.jsonl.gz")
-    with gzip.open(path) as new, gzip.open(default_library_path(world)) as shipped:
+    path = write_tasks(get_world(world).generate(matcher=EmbeddingMatcher()), tmp_path / "tasks.jsonl.gz")
+    with gzip.open(path) as new, gzip.open(get_world(world).library_path) as shipped:
         assert new.read() == shipped.read()
 
 
@@ -155,7 +148,7 @@ def test_filters_and_lookup():
 
 def test_library_loads_with_datasets():
     datasets = pytest.importorskip("datasets")
-    ds = datasets.load_dataset("json", data_files=str(default_library_path()), split="train")
+    ds = datasets.load_dataset("json", data_files=str(get_world().library_path), split="train")
     assert ds.num_rows == 5040
     assert ds[0]["required_tools"] == list(load_tasks(split=None)[0].required_tools)
 
@@ -205,7 +198,10 @@ def test_description_problem_rules():
     assert "empty" in description_problem(original, "  ")
 
 
-def test_registration_knows_every_world():
-    from resilibench import registration
+def test_every_world_is_registered():
+    import gymnasium as gym
 
-    assert registration.WORLDS == WORLDS
+    import resilibench  # noqa: F401  (registers the env ids)
+
+    for world in WORLDS:
+        assert {f"ResiliBench-{world}", f"ResiliBenchText-{world}", f"WorkflowGen-{world}"} <= set(gym.registry)

@@ -7,8 +7,8 @@ import pytest
 from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test, seed_test
 
 from resilibench.core.plan_follower import PlanFollower
-from resilibench.core.tasks.library import get_task
 from resilibench.core.text.flaws import applicable_positions
+from resilibench.core.world import get_task
 from resilibench.envs import adversarial_v0
 from resilibench.envs.adversarial.game import ADVERSARY, EXECUTOR, FLAW_CHOICES, NO_FLAW
 from resilibench.envs.planner.env import ResiliBenchEnv
@@ -357,14 +357,14 @@ def test_workflow_option_and_render(tasks):
 
 
 def test_adversarial_v1_is_the_same_game_in_world_v1():
-    from resilibench.core.tasks.library import load_tasks
+    from resilibench.core.world import load_tasks
     from resilibench.envs import adversarial_v1
 
     tasks = load_tasks(split="test")[:4]
     api_test(adversarial_v1.env(tasks=tasks, matcher="lexical"), num_cycles=50)
     parallel_api_test(adversarial_v1.parallel_env(tasks=tasks, matcher="lexical"), num_cycles=50)
     game = adversarial_v1.parallel_env(split="test", matcher="lexical")
-    assert game.game.planner.world == "v1" and game.game.config.evaluator.partial_rule == "v1"
+    assert game.game.planner.world.name == "v1" and game.game.config.evaluator.partial_rule == "v1"
     assert adversarial_v0.parallel_env(matcher="lexical").game.config.evaluator.partial_rule == "v0"
     _, infos = game.reset(seed=0)
     assert game.game.planner.tasks[0].metadata["world"] == "v1"

@@ -19,7 +19,7 @@ import resilibench  # noqa: F401  (registers the envs)
 from resilibench.core import stream as rs
 from resilibench.core.config import WorldConfig
 from resilibench.core.simulator import Episode, draw_stream, env_episode
-from resilibench.core.tasks.library import load_tasks
+from resilibench.core.world import get_world, load_tasks
 
 
 def _choose(rng: np.random.Generator, mask: np.ndarray) -> int:
@@ -145,7 +145,7 @@ def test_env_digest_pinned(name):
     assert env_digest(7, 600, **kwargs) == expected
 
 
-V0 = WorldConfig.for_world("v0")  # the pins are world v0's: its library and grading
+V0 = get_world("v0").config  # the pins are world v0's: its library and grading
 EPISODE_PINS = {
     "test": (V0, "584dd409d86d7e0de3f9208e88825a7977decdb0e18d79f2dcb7a12e5dd31e32"),
     "strict": (V0.replace(rules={"strict_dependencies": True}), "1a427844e3429a2530542f1e31d01a9e82c1728af4008edacb8c348106945c24"),

@@ -18,7 +18,7 @@ from resilibench.core.config import WorldConfig, load_config
 from resilibench.core.processes import ToolState, call_outcomes, tool_bases
 from resilibench.core.registry import default_registry
 from resilibench.core.simulator import success_probability
-from resilibench.core.tasks.library import load_tasks
+from resilibench.core.world import load_tasks
 from resilibench.envs.real_api.call_log import CallLogRow, read_rows, write_rows
 from resilibench.envs.real_api.failure_fit import PROCESS_OPTIONS, drawing_calls, fit_failures, log_likelihood
 from resilibench.errors import InputError
@@ -261,6 +261,6 @@ def test_bad_input_is_named(tmp_path, capsys):
 
 
 def test_the_commands_process_choices_are_the_libraries():
-    from resilibench import cli_calibrate
+    from resilibench.cli import calibrate as cli_calibrate
 
     assert cli_calibrate.PROCESS_OPTIONS == PROCESS_OPTIONS

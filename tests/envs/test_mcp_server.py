@@ -25,8 +25,8 @@ from resilibench.cli import main as cli_main
 from resilibench.core.config import WorldConfig
 from resilibench.core.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
 from resilibench.core.simulator import RETRY_LIMIT_ERROR, task_seed
-from resilibench.core.tasks.library import load_tasks
 from resilibench.core.text.toolbox import call_tool, describe_tool, search_tools
+from resilibench.core.world import load_tasks
 from resilibench.envs.mcp.server import (
     BAD_ARGUMENTS,
     EPISODE_ENDED,

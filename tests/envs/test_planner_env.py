@@ -6,7 +6,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import resilibench  # noqa: F401  (registers the env ids)
-from resilibench.core.tasks.library import load_tasks
+from resilibench.core.world import load_tasks
 from resilibench.envs.planner.observation import ObservationLayout
 
 

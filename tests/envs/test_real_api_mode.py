@@ -16,8 +16,8 @@ from resilibench.agents.scripted import OptimalTextAgent, PlanFollowingTextAgent
 from resilibench.cli import main as cli_main
 from resilibench.core.config import WorldConfig
 from resilibench.core.registry import ToolRegistry, default_registry
-from resilibench.core.tasks.library import load_tasks
 from resilibench.core.text.toolbox import resolve_tool
+from resilibench.core.world import load_tasks
 from resilibench.envs.mcp.server import build_server
 from resilibench.envs.real_api.call_log import read_rows
 from resilibench.envs.real_api.live_apis import (
@@ -289,7 +289,7 @@ def test_the_example_task_set_runs_end_to_end(tmp_path):
         live = load_live_api("live_example", base_url=url)  # the shipped set, by name
         assert len(live.tasks) == 8 and set(live.registry.names) == {t for task in live.tasks
                                                                      for t in task.required_tools}
-        jobs = eval_jobs(live.tasks, ["optimal"], [0], config=live.world())
+        jobs = eval_jobs(live.tasks, ["optimal"], [0], config=live.world_config())
         log = tmp_path / "calls.jsonl"
         rows = run_eval(PlanFollowingTextAgent(), jobs, config=WorldConfig(), api=live,
                         api_options={**API_OPTIONS, "log": log}, progress=False, env_kwargs={"search": "lexical"})
@@ -340,7 +340,7 @@ def test_a_live_api_over_mcp_through_the_text_env(tmp_path):
         live = mcp_live_api(path, client)
         assert live.registry.names == ("random_fact", "random_joke", "compile_post")
         assert live.registry["compile_post"].dependencies == ("random_fact", "random_joke")
-        env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=live.registry, config=live.world(),
+        env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=live.registry, config=live.world_config(),
                                  api=client, search="lexical")
         env.reset(seed=0)
         feedback = [env.step(f"<tool_call>{tool}</tool_call>")[0]
@@ -357,7 +357,7 @@ def test_a_live_api_over_mcp_through_the_text_env(tmp_path):
         ("random_fact", True), ("random_joke", False), ("random_joke", True), ("compile_post", True)]
     # The optimal prompt of a live task shows its own steps as the plan; the plan follower completes it.
     with McpToolClient(server, timeout=5.0) as client:
-        env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=live.registry, config=live.world(),
+        env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=live.registry, config=live.world_config(),
                                  api=client, search="lexical", prompt="optimal")
         trace, level, messages = play(env, live.tasks[0], 1, PlanFollowingTextAgent())
         env.close()
@@ -454,7 +454,7 @@ def test_flawed_prompts_of_a_small_live_registry(tmp_path):
     live = LiveApi("small", registry, spec.tasks, {}, spec.min_coverage, "test")
     injected = set()
     for flaw in FLAW_TYPES:
-        env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=registry, config=live.world(),
+        env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=registry, config=live.world_config(),
                                  prompt="flawed", flaw_type=flaw, search="lexical", matcher="lexical")
         try:
             _, info = env.reset(seed=0)

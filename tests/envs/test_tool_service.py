@@ -27,7 +27,7 @@ from resilibench.cli import main
 from resilibench.core.config import WorldConfig
 from resilibench.core.registry import default_registry
 from resilibench.core.simulator import Episode, run_episode_seed
-from resilibench.core.tasks.library import load_tasks
+from resilibench.core.world import load_tasks
 from resilibench.envs.real_api import http_faults as hf
 from resilibench.envs.real_api.call_log import read_rows
 from resilibench.envs.real_api.client import REPLAY_HEADER, Endpoint, HttpExecutor, ToolClient

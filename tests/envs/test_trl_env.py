@@ -9,7 +9,7 @@ import pytest
 
 from resilibench.core.evaluator import LEVELS
 from resilibench.core.registry import default_registry
-from resilibench.core.tasks.library import load_tasks
+from resilibench.core.world import load_tasks
 from resilibench.envs.text.env import ResiliBenchTextEnv
 from resilibench.envs.text.trl import GRPOReward, grpo_environment_class, task_prompt, task_rows
 

@@ -16,7 +16,7 @@ import resilibench  # noqa: F401  (registers the envs)
 from resilibench.core.config import WorldConfig
 from resilibench.core.evaluator import LEVELS
 from resilibench.core.simulator import END_REASONS
-from resilibench.core.tasks.library import load_tasks
+from resilibench.core.world import load_tasks
 from resilibench.envs.planner.vector import ResiliBenchVectorEnv
 
 FINISH = 30

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from resilibench.cli import main
-from resilibench.core.tasks.library import load_tasks
+from resilibench.core.world import load_tasks
 from resilibench.metrics.calibration import (
     WorkflowScorer,
     plan_calibration,

@@ -11,8 +11,8 @@ import pytest
 
 from helpers import ScriptedBackend
 from resilibench.core.bounds.exact import reference_workflow
-from resilibench.core.tasks.library import load_tasks
 from resilibench.core.workflow import Node, Workflow
+from resilibench.core.world import load_tasks
 from resilibench.llm import GenerationConfig
 from resilibench.metrics.perturb import (
     PERTURBATIONS,

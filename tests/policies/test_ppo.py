@@ -22,7 +22,7 @@ from resilibench.cli import main  # noqa: E402
 from resilibench.core.bounds.exact import exact_bound, exact_policy_success, optimal_success  # noqa: E402
 from resilibench.core.config import WorldConfig  # noqa: E402
 from resilibench.core.registry import default_registry  # noqa: E402
-from resilibench.core.tasks.library import load_tasks  # noqa: E402
+from resilibench.core.world import load_tasks  # noqa: E402
 from resilibench.envs.planner.env import ResiliBenchEnv  # noqa: E402
 from resilibench.errors import ConfigChanged  # noqa: E402
 from resilibench.policies.optimal import OptimalPlanner  # noqa: E402

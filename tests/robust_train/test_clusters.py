@@ -11,7 +11,8 @@ import pytest
 
 from helpers import ScriptedBackend
 from resilibench.cli import main
-from resilibench.core.tasks.library import interleave_task_types, load_tasks, write_tasks
+from resilibench.core.tasks.library import interleave_task_types, write_tasks
+from resilibench.core.world import load_tasks
 from resilibench.errors import ConfigChanged, RunDirectoryError
 from resilibench.robust_train.clusters import (
     CLUSTERS_FILE,

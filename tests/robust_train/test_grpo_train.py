@@ -13,7 +13,7 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 from resilibench.cli import main
-from resilibench.core.tasks.library import load_tasks
+from resilibench.core.world import load_tasks
 from resilibench.envs.text.env import ResiliBenchTextEnv
 from resilibench.robust_train.grpo import GRPOSettings, locate_model
 

@@ -16,7 +16,8 @@ from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401  (fixture)
 from helpers import ScriptedBackend
 from resilibench.core.bounds.exact import reference_workflow
 from resilibench.core.registry import default_registry, named_tools
-from resilibench.core.tasks.library import interleave_task_types, load_tasks
+from resilibench.core.tasks.library import interleave_task_types
+from resilibench.core.world import load_tasks
 from resilibench.llm import GenerationConfig
 from resilibench.robust_train.instructions import (
     NOISE_RATES,

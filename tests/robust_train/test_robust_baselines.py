@@ -8,7 +8,8 @@ from functools import cache
 
 import pytest
 
-from resilibench.core.tasks.library import interleave_task_types, load_tasks
+from resilibench.core.tasks.library import interleave_task_types
+from resilibench.core.world import load_tasks
 from resilibench.robust_train.clusters import build_clusters
 from resilibench.robust_train.evaluation import (
     baseline_tables,

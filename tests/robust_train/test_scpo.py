@@ -87,7 +87,7 @@ def test_pair_rows_use_the_prompts_that_produced_the_worse_answer(cluster_record
 
 @pytest.fixture(scope="module")
 def cluster_records():
-    from resilibench.core.tasks.library import load_tasks
+    from resilibench.core.world import load_tasks
     from resilibench.robust_train.clusters import build_clusters
 
     tasks = [t for t in load_tasks(split="train") if t.task_type == "basic_file_processing"][:4]

@@ -8,8 +8,8 @@ import pytest
 
 from resilibench.core.bounds.exact import optimal_success, reference_workflow
 from resilibench.core.plan_follower import workflow_success
-from resilibench.core.tasks.library import load_tasks
 from resilibench.core.workflow import Node, Workflow
+from resilibench.core.world import load_tasks
 from resilibench.robust_train.generator import (
     GeneratorFormat,
     GeneratorOutputError,

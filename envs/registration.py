@@ -6,7 +6,7 @@ Each id's version suffix is its world: ``-v1`` (the default world: the v1 task l
 
 import gymnasium as gym
 
-WORLDS = ("v0", "v1")  # as resilibench.core.tasks.library.WORLDS (not imported: registration stays light)
+from ..core.world import WORLDS
 
 
 def register_envs() -> None:
