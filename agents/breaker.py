@@ -388,11 +388,11 @@ class FlawTaxonomy:
     # The plan of a task and the prompt around it.
     def base_prompt(self, task: Any) -> Any:
         """The task's optimal prompt; its plan (reference workflow with arguments) is what flaws change."""
-        from ..core.text.prompts import build_prompt
+        from ..core.text.prompts import PromptSettings, build_prompt
 
         if task.instance_id not in self._plans:
-            self._plans[task.instance_id] = build_prompt(task, "optimal", config=self.config,
-                                                         matcher=self.matcher)
+            settings = PromptSettings(variant="optimal", matcher=self.matcher)
+            self._plans[task.instance_id] = build_prompt(task, settings, config=self.config)
         return self._plans[task.instance_id]
 
     def inject(self, proposal: Mapping[str, Any], seed: int) -> Any:

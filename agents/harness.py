@@ -11,8 +11,8 @@ Episodes are paired: the env of (task, seed) is reset with ``task_seed(task_id, 
 and every prompt variant meets the same failure stream on the same task and seed, and the scripted
 optimal agent plays exactly the episode ``ResiliBench-v0`` would give ``OptimalPlanner``.
 
-``protocol`` picks how the agent uses tools: "tags" (the paper's text protocol) or "tools" (native
-function calls); tags-only agents play the tools protocol through ``scripted.for_protocol``. An episode
+The prompt settings' ``protocol`` picks how the agent uses tools: "tags" (the paper's text protocol) or
+"tools" (native function calls); tags-only agents play the tools protocol through ``scripted.for_protocol``. An episode
 whose reply the infrastructure could not produce (``InfraError``: a request that timed out, a prompt
 longer than the model's context) ends at once as an infrastructure error: its row has level
 ``infra_error`` (counted apart from the agent's levels) and the run goes on. Such a row is a finished
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +37,7 @@ from ..core.config import WorldConfig
 from ..core.registry import default_registry
 from ..core.simulator import task_seed
 from ..core.tasks.library import Task
-from ..core.text.toolbox import PROTOCOLS
+from ..core.text.prompts import PromptSettings
 from .scripted import Agent, LLMAgent, for_protocol
 
 EVAL_KEY = ("model", "task_id", "prompt", "flaw_type", "seed")
@@ -60,12 +60,12 @@ class EvalJob:
 
 def eval_jobs(tasks: Sequence[Task], prompts: Sequence[str], seeds: Sequence[int],
               flaw_types: Sequence[str] = (), config: WorldConfig | None = None,
-              strict_dependencies: bool = True) -> list[EvalJob]:
+              rules: Mapping[str, Any] | None = None) -> list[EvalJob]:
     """Every (task, prompt variant, seed) episode in a fixed order; the flawed variant once per flaw type.
 
     A flaw type that cannot be injected into a task's plan (say, removing a middle step of a two-step
-    plan) is left out for that task: ``config``/``strict_dependencies`` are the text env's world, which
-    decides the plan. ValueError for an unknown prompt variant or flaw type, or flawed prompts without
+    plan) is left out for that task: ``config`` and ``rules`` are the text env's world, which decides the
+    plan. ValueError for an unknown prompt variant or flaw type, or flawed prompts without
     flaw types."""
     from ..core.text.flaws import FLAW_TYPES, FlawNotApplicable
     from ..core.text.prompts import PROMPT_VARIANTS
@@ -87,8 +87,7 @@ def eval_jobs(tasks: Sequence[Task], prompts: Sequence[str], seeds: Sequence[int
             if prompt != "flawed":
                 variants.append((prompt, None))
                 continue
-            probe = probe or ResiliBenchTextEnv(split=None, tasks=tasks, config=config,
-                                                strict_dependencies=strict_dependencies)
+            probe = probe or ResiliBenchTextEnv(split=None, tasks=tasks, config=config, rules=rules)
             for flaw in flaw_types:
                 try:  # whether a flaw applies depends on the plan only, not on the seed or the severity
                     probe.reset(seed=0, options={"task_id": task.instance_id, "prompt": prompt, "flaw_type": flaw})
@@ -108,8 +107,8 @@ def as_agent(agent_or_backend: Any, generation: GenerationConfig | None = None) 
     raise TypeError(f"expected an agent (respond) or a backend (generate), got {type(agent_or_backend).__name__}")
 
 
-def episode_row(model: str, job: EvalJob, env: Any, info: dict[str, Any], severity: float,
-                keep_messages: bool, infra_error: InfraError | None = None) -> dict[str, Any]:
+def episode_row(model: str, job: EvalJob, env: Any, info: dict[str, Any], keep_messages: bool,
+                infra_error: InfraError | None = None) -> dict[str, Any]:
     """The result row of a finished episode, or of one the infrastructure stopped (``infra_error``: its
     level and end reason are ``INFRA_ERROR``, its message is kept)."""
     from ..core.bounds.exact import optimal_success
@@ -122,7 +121,7 @@ def episode_row(model: str, job: EvalJob, env: Any, info: dict[str, Any], severi
         "task_type": job.task.task_type,
         "prompt": job.prompt,
         "flaw_type": job.flaw_type,
-        "severity": severity if job.prompt == "flawed" else None,
+        "severity": env.unwrapped.prompt_settings.severity if job.prompt == "flawed" else None,
         "seed": job.seed,
         "protocol": env.unwrapped.protocol,
         "level": INFRA_ERROR if infra_error is not None else info["level"],
@@ -161,11 +160,8 @@ def run_eval(
     agent_or_backend: Any,
     jobs: Sequence[EvalJob],
     *,
+    env: Mapping[str, Any] | None = None,
     generation: GenerationConfig | None = None,
-    config: WorldConfig | None = None,
-    strict_dependencies: bool = True,
-    severity: float = 0.5,
-    plan_style: str = "numbered",
     batch_size: int = 32,
     output_dir: str | Path | RunDirectory | None = None,
     resume: bool = True,
@@ -173,31 +169,25 @@ def run_eval(
     keep_messages: bool = False,
     on_result: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
-    registry: Any = None,
-    env_kwargs: dict[str, Any] | None = None,
-    protocol: str = "tags",
     retry_infra_errors: bool = False,
-    api: Any = None,
-    api_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Play ``jobs`` with an agent (or a backend, wrapped in ``LLMAgent`` with ``generation``) and return
     one row per job, in job order.
 
-    ``batch_size`` episodes run at once (one agent call per round for all of them). With ``output_dir``
-    (a directory, or a ``RunDirectory`` whose session the caller holds: ``eval_directory``) each row is
-    appended to its ``results.jsonl`` as its episode ends (after a ``metadata`` record); with ``resume``
-    the jobs whose key is already there are not played again and their stored rows are returned.
-    ``config``/``strict_dependencies`` are the text env's world rules (strict dependencies by default, as in
-    the paper); ``env_kwargs`` go to every ``ResiliBenchTextEnv`` (e.g. ``{"search": "lexical"}``).
-    ``on_result`` sees each new row. ``protocol``: "tags" or "tools" (module docstring);
-    ``retry_infra_errors`` plays again the jobs whose stored row is an infrastructure error. ``api`` and
-    ``api_options``: real-API mode, the text env's options of that name (a tool service URL or a
-    ``LiveApi``; the client's settings, e.g. ``{"log": "calls.jsonl"}``).
+    ``env``: the keyword arguments of every ``ResiliBenchTextEnv`` (``config``, ``rules``, ``prompt``: a
+    ``PromptSettings`` whose ``protocol``, "tags" or "tools", the agent plays and whose ``severity`` and
+    ``plan_style`` every flawed or planned prompt takes; ``search``, ``registry``, ``api``: real-API mode,
+    ...); the env's own defaults otherwise (strict dependencies, as in the paper). ``batch_size``
+    episodes run at once (one agent call per round for all of them). With ``output_dir`` (a directory, or
+    a ``RunDirectory`` whose session the caller holds: ``eval_directory``) each row is appended to its
+    ``results.jsonl`` as its episode ends (after a ``metadata`` record); with ``resume`` the jobs whose key
+    is already there are not played again and their stored rows are returned. ``on_result`` sees each new
+    row; ``retry_infra_errors`` plays again the jobs whose stored row is an infrastructure error.
     """
+    env = dict(env or {})
+    protocol = (env.get("prompt") or PromptSettings()).protocol
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     agent = for_protocol(as_agent(agent_or_backend, generation), protocol)
     jobs = list(jobs)
     keys = [job.key(agent.name) for job in jobs]
@@ -214,10 +204,7 @@ def run_eval(
         todo = [job for job, key in zip(jobs, keys, strict=True) if key not in done]
         if run is not None and todo:
             run.open_results(metadata or run_metadata({}, None))
-        new_rows = _play(agent, todo, run, on_result, progress, dict(
-            config=config, strict_dependencies=strict_dependencies, plan_style=plan_style, severity=severity,
-            registry=registry, protocol=protocol, api=api, api_options=api_options, **(env_kwargs or {})),
-            batch_size, severity, keep_messages)
+        new_rows = _play(agent, todo, run, on_result, progress, env, batch_size, keep_messages)
     return [done[key] if key in done else new_rows[key] for key in keys]
 
 
@@ -241,7 +228,7 @@ def settled_rows(rows: Sequence[dict[str, Any]]) -> dict[tuple[Any, ...], dict[s
 
 def _play(agent: Agent, jobs: Sequence[EvalJob], run: RunDirectory | None,
           on_result: Callable[[dict[str, Any]], None] | None, progress: bool, env_kwargs: dict[str, Any],
-          batch_size: int, severity: float, keep_messages: bool) -> dict[tuple[Any, ...], dict[str, Any]]:
+          batch_size: int, keep_messages: bool) -> dict[tuple[Any, ...], dict[str, Any]]:
     """Play ``jobs`` in a pool of ``batch_size`` text envs; the new rows by key, each written to ``run``."""
     from ..envs.text.env import ResiliBenchTextEnv
 
@@ -277,7 +264,7 @@ def _play(agent: Agent, jobs: Sequence[EvalJob], run: RunDirectory | None,
                             continue
                     else:
                         info = slot.env.unwrapped.info()
-                    row = episode_row(model, slot.job, slot.env, info, severity, keep_messages, failure)
+                    row = episode_row(model, slot.job, slot.env, info, keep_messages, failure)
                     slot.job = None
                     new_rows[tuple(row[f] for f in EVAL_KEY)] = row
                     if run is not None:

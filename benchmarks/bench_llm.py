@@ -39,6 +39,7 @@ from resilibench.agents.harness import EvalJob, eval_jobs, run_eval
 from resilibench.agents.report import format_tables, summarize_eval
 from resilibench.agents.specs import make_scripted_agent
 from resilibench.core.tasks.library import TASK_TYPE_NAMES
+from resilibench.core.text.prompts import PromptSettings
 from resilibench.core.text.toolbox import PROTOCOLS, UnknownToolError, parse_message, resolve_tool
 from resilibench.core.world import load_tasks
 from resilibench.envs.text.env import read_tool_calls
@@ -118,8 +119,9 @@ def play(backend: Any, protocol: str, jobs: list[EvalJob], generation: Generatio
               f"{last[0] - start:.0f} s", flush=True)
 
     try:
-        run_eval(backend, jobs, generation=generation, batch_size=1, protocol=protocol, output_dir=run_dir,
-                 resume=False, keep_messages=True, progress=False, on_result=finished)
+        run_eval(backend, jobs, generation=generation, batch_size=1, output_dir=run_dir, resume=False,
+                 keep_messages=True, progress=False, on_result=finished,
+                 env={"prompt": PromptSettings(protocol=protocol)})
     except KeyboardInterrupt:
         return done, last[0] - start, True
     return done, last[0] - start, False

@@ -31,6 +31,7 @@ from resilibench.agents.harness import EvalJob, run_eval
 from resilibench.agents.scripted import OptimalTextAgent
 from resilibench.core.simulator import task_seed
 from resilibench.core.tasks.library import TASK_TYPE_NAMES
+from resilibench.core.text.prompts import PromptSettings
 from resilibench.core.world import load_tasks
 from resilibench.envs.planner.env import ResiliBenchEnv
 from resilibench.envs.text.env import ResiliBenchTextEnv
@@ -41,7 +42,7 @@ class PlannerLoop:
     """``OptimalPlanner`` in ``ResiliBench-v1`` (strict dependencies) over a list of (task, seed) episodes."""
 
     def __init__(self, tasks, episodes):
-        self.env = ResiliBenchEnv(tasks=tasks, split=None, strict_dependencies=True)
+        self.env = ResiliBenchEnv(tasks=tasks, split=None, rules={"strict_dependencies": True})
         self.planner = OptimalPlanner(self.env.config)
         self.actions = episodes
         self.steps = 0
@@ -66,7 +67,7 @@ class TextLoop:
     """``OptimalTextAgent`` in one ``ResiliBenchText-v1`` over the same episodes; turns/s."""
 
     def __init__(self, tasks, episodes, prompt: str):
-        self.env = ResiliBenchTextEnv(tasks=tasks, split=None, prompt=prompt)
+        self.env = ResiliBenchTextEnv(tasks=tasks, split=None, prompt=PromptSettings(variant=prompt))
         self.agent = OptimalTextAgent()
         self.actions = episodes
         self.turns = 0

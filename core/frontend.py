@@ -6,7 +6,7 @@ seeds pair across them) and check actions the same way; the helpers live here on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,11 +17,10 @@ from .tasks.library import Task
 from .world import World, get_world
 
 
-def front_end_world(world: str | World, config: WorldConfig | None, turn_limit: int | None = None,
-                    strict_dependencies: bool | None = None, profile: str | None = None) -> World:
+def front_end_world(world: str | World, config: WorldConfig | None, rules: Mapping[str, Any] | None) -> World:
     """The world a front end runs: the chosen ``world`` under ``config`` (default: the world's own), with
-    the env's convenience arguments for the episode rules on top."""
-    return get_world(world, config).with_rules(turn_limit, strict_dependencies, profile)
+    the episode ``rules`` a front end was given on top (``{"turn_limit": 12}``)."""
+    return get_world(world, config).with_rules(**(rules or {}))
 
 
 class TaskPool(tuple):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from resilibench.errors import ConfigError
 
@@ -76,11 +77,9 @@ class World:
         """This world under ``config`` (with the world's grading rule); itself when ``config`` is None."""
         return self if config is None else dataclasses.replace(self, config=config)
 
-    def with_rules(self, turn_limit: int | None = None, strict_dependencies: bool | None = None,
-                   profile: str | None = None) -> World:
-        """This world with the given episode rules changed (None: kept), as envs take them as arguments."""
-        rules = {k: v for k, v in {"turn_limit": turn_limit, "strict_dependencies": strict_dependencies,
-                                   "profile": profile}.items() if v is not None}
+    def with_rules(self, **rules: Any) -> World:
+        """This world with the given episode rules changed (``turn_limit=12``; ``ConfigError`` naming an
+        unknown or bad one)."""
         return self.configured(self.config.replace(rules=rules)) if rules else self
 
     def load_config(self, path: str | Path | None) -> World:

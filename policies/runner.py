@@ -21,6 +21,7 @@ from ..core.simulator import CallRecord, Episode, task_seed
 from ..core.tasks.library import Task
 from ..envs.planner.env import ResiliBenchEnv
 from ..envs.real_api.call_log import CallLogRow, write_rows
+from ..envs.real_api.live_apis import RealApi
 from .heuristics import HEURISTICS
 from .optimal import OptimalPlanner
 
@@ -97,8 +98,7 @@ def run_jobs(
     on_result: Callable[[dict[str, Any]], None] | None = None,
     clairvoyant: bool = True,
     call_log: str | Path | None = None,
-    api: Any = None,
-    api_options: dict[str, Any] | None = None,
+    api: RealApi | None = None,
     bounds: bool = True,
 ) -> list[dict[str, Any]]:
     """Run (planner, task, seed) jobs in one env; ``on_result`` sees each row as it is produced.
@@ -106,13 +106,13 @@ def run_jobs(
     failure processes the exact bound takes seconds per task).
     Rows carry bound (iii) of the task and, with ``clairvoyant``, bound (ii) of the episode's stream (not
     defined under failure processes: their draws come from streams of their own). ``call_log``: a file that
-    receives every episode's call-log rows (appended, one flushed line each). ``api``, ``api_options``:
-    real-API mode (``ResiliBenchEnv``'s options of that name; the client writes its own log there)."""
+    receives every episode's call-log rows (appended, one flushed line each). ``api``: real-API mode
+    (``ResiliBenchEnv``'s ``RealApi``; its client writes its own log there)."""
     config = config or WorldConfig()
     clairvoyant = clairvoyant and not config.processes.active
     jobs = list(jobs)
     env = ResiliBenchEnv(tasks=sorted({t.instance_id: t for _, t, _ in jobs}.values(), key=lambda t: t.instance_id),
-                         config=config, split=None, api=api, api_options=api_options)
+                         config=config, split=None, api=api)
     try:
         return _run_in(env, jobs, config, on_result, clairvoyant and bounds, call_log, bounds)
     finally:

@@ -33,6 +33,7 @@ from resilibench.settings import AT_LEAST_ONE, Settings, setting
 from ..agents.models import MODELS, gguf_path
 from ..core.evaluator import LEVELS
 from ..core.tasks.library import SPLITS, TASK_TYPE_NAMES
+from ..core.text.toolbox import SearchSettings
 from ..core.world import DEFAULT_WORLD, WORLDS, World, get_world
 from ..envs.text.trl import SURFACES
 from .training import (
@@ -326,7 +327,7 @@ def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool =
         outcomes: list[dict[str, Any]] = []
         env_class = grpo_environment_class(
             surface=settings.tools, reward=GRPOReward(settings.reward_levels, settings.progress_weight),
-            outcomes=outcomes, world=world, search_k=settings.search_k)
+            outcomes=outcomes, world=world, search=SearchSettings(k=settings.search_k))
         train_rows, eval_rows = task_rows(train, settings.seeds), task_rows(held_out, settings.eval_seeds)
         log(f"training on {len(train)} {settings.split} tasks x {len(settings.seeds)} seeds, evaluating on "
             f"{len(held_out)} {settings.eval_split} tasks x {len(settings.eval_seeds)} seeds")

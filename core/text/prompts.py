@@ -16,6 +16,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from resilibench.errors import ConfigError
+from resilibench.settings import Settings, setting
+
 from ..arguments import task_hints, valid_arguments
 from ..bounds.exact import reference_workflow
 from ..config import WorldConfig
@@ -23,7 +26,7 @@ from ..plan_follower import workflow_success
 from ..registry import RETURN_VALUES, ToolRegistry, default_registry
 from ..tasks.library import Task
 from ..workflow import Node, Workflow
-from .flaws import FlawInjection, inject_flaw, similar_tools
+from .flaws import FLAW_TYPES, MATCHERS, FlawInjection, inject_flaw, similar_tools
 from .toolbox import PROTOCOLS, WORDINGS
 
 PROMPT_VARIANTS = ("baseline", "cot", "optimal", "flawed")
@@ -300,47 +303,56 @@ def _baseline(task: Task, config: WorldConfig, registry: ToolRegistry, protocol:
     )
 
 
-def build_prompt(
-    task: Task,
-    variant: str,
-    *,
-    flaw_type: str | None = None,
-    severity: float = 0.5,
-    seed: int = 0,
-    plan_style: str = "numbered",
-    workflow: Workflow | None = None,
-    config: WorldConfig | None = None,
-    registry: ToolRegistry | None = None,
-    matcher: str = "auto",
-    protocol: str = "tags",
-    wording: str = "plain",
-) -> Prompt:
-    """The prompt of ``variant`` for ``task``. The plan source is ``workflow`` (default: the optimal
-    policy's ``reference_workflow``), with arguments filled in; ``flawed`` injects ``flaw_type`` into it
-    (``severity``, ``seed``) and shows the result as if it were optimal, with the predicted success
-    probability of the unflawed plan. ``matcher``: the tool similarity of flaws and alternatives.
-    ``protocol``: how tools are used ("tags" in the text, or native "tools" calls); ``wording`` of the
-    tag protocol: "plain" (no live example tag) or the "paper"'s."""
-    _check_choice("variant", variant, PROMPT_VARIANTS)
-    _check_choice("protocol", protocol, PROTOCOLS)
-    _check_choice("wording", wording, WORDINGS)
-    _check_choice("plan_style", plan_style, PLAN_STYLES)
-    if variant == "flawed" and flaw_type is None:
-        raise ValueError("variant 'flawed' needs a flaw_type (one of core.text.flaws.FLAW_TYPES)")
-    if variant != "flawed" and flaw_type is not None:
-        raise ValueError(f"flaw_type is only accepted with variant 'flawed', got variant {variant!r}")
+@dataclass(frozen=True)
+class PromptSettings(Settings):
+    """How a task is put to an agent: the prompt variant, the flaw of a flawed plan, how a plan is written,
+    and how the agent uses tools. Checked when built (``ConfigError`` naming the field)."""
+
+    variant: str = setting("baseline", choices=PROMPT_VARIANTS, help="the prompt variant (paper B.2)")
+    flaw_type: str | None = setting(None, choices=FLAW_TYPES, help="the flaw a flawed prompt's plan carries "
+                                    "(the 'flawed' variant only)")
+    severity: float = setting(0.5, above=0, bounds=(None, 1), help="share of the plan's eligible steps a flaw "
+                              "changes")
+    plan_style: str = setting("numbered", choices=PLAN_STYLES, help="how a plan is written")
+    protocol: str = setting("tags", choices=PROTOCOLS, help="how tools are used: tags in the text or native "
+                            "function calls")
+    wording: str = setting("plain", choices=WORDINGS, help="how the tag protocol is worded: plain (no live "
+                           "example tag) or the paper's")
+    matcher: str = setting("auto", choices=MATCHERS, help="tool similarity of flaws and plan alternatives "
+                           "(pin it to reproduce flaws on any install)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.variant == "flawed" and self.flaw_type is None:
+            raise ConfigError("flaw_type", "variant 'flawed' needs a flaw_type (one of "
+                                           "core.text.flaws.FLAW_TYPES)")
+        if self.variant != "flawed" and self.flaw_type is not None:
+            raise ConfigError("flaw_type", f"flaw_type is only accepted with variant 'flawed', got variant "
+                              f"{self.variant!r}")
+
+
+def build_prompt(task: Task, settings: PromptSettings | None = None, *, seed: int = 0,
+                 workflow: Workflow | None = None, config: WorldConfig | None = None,
+                 registry: ToolRegistry | None = None) -> Prompt:
+    """The prompt for ``task`` under ``settings`` (default: the baseline prompt). The plan source is
+    ``workflow`` (default: the optimal policy's ``reference_workflow``), with arguments filled in; a
+    flawed prompt injects its flaw into it (``seed``) and shows the result as if it were optimal, with the
+    predicted success probability of the unflawed plan."""
+    settings = settings or PromptSettings()
+    variant, plan_style, matcher = settings.variant, settings.plan_style, settings.matcher
     config = config or WorldConfig()
     registry = registry or default_registry()
-    parts = [_baseline(task, config, registry, protocol, wording)]
+    parts = [_baseline(task, config, registry, settings.protocol, settings.wording)]
     plan = injection = None
     if variant == "cot":
-        parts.append(_COT.format(format=_COT_FORMAT["tools" if protocol == "tools" else wording]))
+        wording = "tools" if settings.protocol == "tools" else settings.wording
+        parts.append(_COT.format(format=_COT_FORMAT[wording]))
     elif variant in ("optimal", "flawed"):
         source = with_arguments(task, workflow if workflow is not None else reference_workflow(task, config), registry)
         plan = source
         if variant == "flawed":
-            injection = inject_flaw(source, flaw_type, severity=severity, seed=seed, registry=registry,
-                                    matcher=matcher, hints=task_hints(task))
+            injection = inject_flaw(source, settings.flaw_type, severity=settings.severity, seed=seed,
+                                    registry=registry, matcher=matcher, hints=task_hints(task))
             plan = injection.workflow
         probability = workflow_success(task, source, config) if plan_style == "mcp_task" else None
         parts.append(render_plan(plan, plan_style, task=task, registry=registry, success_probability=probability,

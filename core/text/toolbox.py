@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from resilibench.settings import Settings, setting
+
 from ..config import EvaluatorConfig
 from ..evaluator import signals_completion
 from ..matching import LexicalMatcher, load_embedding_model, tool_text
@@ -44,6 +46,15 @@ class UnknownToolError(KeyError):
 
 
 # --- search -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SearchSettings(Settings):
+    """How an agent's tool searches are answered: the ``method``, and ``k``: how many tools a search shows."""
+
+    method: str = setting("auto", choices=SEARCH_METHODS, help="semantic (MiniLM embeddings), lexical, or auto "
+                          "(semantic when the embed extra is installed)")
+    k: int = setting(5, bounds=(1, None), help="tools a search shows")
 
 
 @dataclass(frozen=True)

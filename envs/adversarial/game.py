@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -195,13 +195,14 @@ class raw_env(AECEnv):
     ```python
     from resilibench.envs import adversarial_v0
 
-    env = adversarial_v0.env(split="test", task_types=["simple_data_transformation"], budget=1, severity=0.5,
-                             max_plan_length=12, hide_required=False, matcher="lexical", turn_limit=10)
+    env = adversarial_v1.env(split="test", task_types=["simple_data_transformation"], budget=1, severity=0.5,
+                             max_plan_length=12, hide_required=False, matcher="lexical",
+                             rules={"turn_limit": 10})
     env.reset(seed=0, options={"task_id": "task_1a2b3c4d"})
     ```
 
-    * ``split``, ``task_types``, ``tasks``, ``config``, ``turn_limit``, ``strict_dependencies``, ``profile``:
-      as for ``ResiliBench-v0`` (the task pool and the world's rules).
+    * ``split``, ``task_types``, ``tasks``, ``config``, ``rules``, ``world``: as for ``ResiliBench-v1`` (the
+      task pool and the world's rules).
     * ``budget``: injections the adversary may make (>= 1, default 1).
     * ``severity``: the severity of every injection, in (0, 1] (default 0.5): the share of the method's
       eligible positions changed, starting at the chosen one (``inject_flaw``).
@@ -237,9 +238,7 @@ class raw_env(AECEnv):
         hide_required: bool = False,
         matcher: str = "auto",
         config: WorldConfig | None = None,
-        turn_limit: int | None = None,
-        strict_dependencies: bool | None = None,
-        profile: str | None = None,
+        rules: Mapping[str, Any] | None = None,
         render_mode: str | None = None,
         world: str | World = DEFAULT_WORLD,
     ):
@@ -255,8 +254,7 @@ class raw_env(AECEnv):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.planner = ResiliBenchEnv(split=split, task_types=task_types, tasks=tasks, config=config,
-                                      turn_limit=turn_limit, strict_dependencies=strict_dependencies,
-                                      profile=profile, world=world)
+                                      rules=rules, world=world)
         self.config = self.planner.config
         # Reference plans come from bound (iii), which is defined for the test profile.
         self._plan_config = self.config.replace(rules={"profile": "test"})

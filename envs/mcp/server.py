@@ -56,7 +56,7 @@ from ...core.text.toolbox import (
 )
 from ...core.world import load_tasks
 from ..real_api.client import HttpExecutor
-from ..real_api.live_apis import LiveApi, api_client
+from ..real_api.live_apis import RealApi
 from ..real_api.serving import (
     DEFAULT_MAX_EPISODES,
     EpisodeTable,
@@ -176,18 +176,19 @@ class ResiliBenchMCP:
       values; ``start_task`` sets strict dependencies and may set the turn limit); ``registry``: the tools.
     * ``max_episodes``: size of the handle table; ``search``: the tool search method ("auto",
       "semantic", "lexical"; auto = semantic when the embed extra is installed).
-    * ``api``, ``api_options``: real-API mode, as the text env's options of that name: each episode's
-      calls go over HTTP (to our tool service, whose episode mirrors it, or to a ``LiveApi``).
+    * ``api``: real-API mode, a ``RealApi`` as the text env takes it: each episode's calls go over HTTP
+      (to our tool service, whose episode mirrors it, or to a live API, whose tools and tasks it serves).
     """
 
     def __init__(self, tasks: Sequence[Task] | None = None, config: WorldConfig | None = None,
                  registry: ToolRegistry | None = None, max_episodes: int = DEFAULT_MAX_EPISODES,
-                 search: str = "auto", api: Any = None, api_options: dict[str, Any] | None = None):
+                 search: str = "auto", api: RealApi | None = None):
         if search not in SEARCH_METHODS:
             raise ValueError(f"search must be one of {SEARCH_METHODS}, got {search!r}")
-        if isinstance(api, LiveApi):  # its tools, tasks and task types unless given
-            config, registry = api.world_config(config), registry or api.registry
-            tasks = api.tasks if tasks is None else tasks
+        live = api and api.live
+        if live is not None:  # its tools, tasks and task types unless given
+            config, registry = live.world_config(config), registry or live.registry
+            tasks = live.tasks if tasks is None else tasks
         self.tasks = list(tasks) if tasks is not None else load_tasks()
         if not self.tasks:
             raise ValueError("the task library is empty")
@@ -196,7 +197,7 @@ class ResiliBenchMCP:
         self.registry = registry or default_registry()
         self.search = search
         # Real-API mode: calls go over HTTP through one client shared by every episode (None: simulated).
-        self.client = None if api is None else api_client(api, self.registry, **(api_options or {}))
+        self.client = None if api is None else api.client(self.registry)
         self.episodes = EpisodeTable(max_episodes)
         self._configs: dict[tuple[bool, int], WorldConfig] = {}
         self._meta = self._meta_tools()
@@ -471,10 +472,10 @@ class ResiliBenchMCP:
 
 def build_server(tasks: Sequence[Task] | None = None, config: WorldConfig | None = None,
                  registry: ToolRegistry | None = None, max_episodes: int = DEFAULT_MAX_EPISODES,
-                 search: str = "auto", api: Any = None, api_options: dict[str, Any] | None = None) -> Server:
+                 search: str = "auto", api: RealApi | None = None) -> Server:
     """The MCP server of the tool simulator (see ``ResiliBenchMCP`` for the arguments). Connect a client
     in memory with ``mcp.Client(build_server())``, or serve it with ``serve_stdio`` / ``serve_http``."""
-    return ResiliBenchMCP(tasks, config, registry, max_episodes, search, api, api_options).server
+    return ResiliBenchMCP(tasks, config, registry, max_episodes, search, api).server
 
 
 # --- transports ---------------------------------------------------------------------------------------

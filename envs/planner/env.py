@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -16,6 +16,7 @@ from ...core.rewards import REWARD_MODES, ShapedRewarder
 from ...core.simulator import SUCCESS, EnvEpisodes, Episode
 from ...core.tasks.library import SPLITS, Task
 from ...core.world import DEFAULT_WORLD, World
+from ..real_api.live_apis import RealApi
 from .observation import (
     N_STATUS,
     ObservationLayout,
@@ -89,7 +90,7 @@ class ResiliBenchEnv(gym.Env):
     import resilibench
 
     env = gym.make("ResiliBench-v0", split="test", task_types=["complex_network_integration"],
-                   reward="shaped", strict_dependencies=False, turn_limit=10)
+                   reward="shaped", rules={"strict_dependencies": False, "turn_limit": 10})
     obs, info = env.reset(seed=0, options={"task_id": "task_1a2b3c4d"})
     ```
 
@@ -97,13 +98,14 @@ class ResiliBenchEnv(gym.Env):
     * ``task_types``: a task type name or list of them (default: all five).
     * ``tasks``: an explicit list of ``Task`` objects instead of the shipped library.
     * ``reward``: "sparse" (default) or "shaped"; ``reward_phase``: "adaptive", "coverage", "sequence".
-    * ``config``: a ``WorldConfig``; ``turn_limit``, ``strict_dependencies`` and ``profile``
-      ("test" or "training") override its rules.
+    * ``config``: a ``WorldConfig`` (default: the world's); ``rules``: episode rules changed on top of it
+      (``turn_limit``, ``strict_dependencies``, ``profile``: "test" or "training"). ``world``: "v1" (the
+      env id's) or a ``World`` (``resilibench.core.world``).
     * ``features``: "full" (default) or "no_dependency_hints": the observation without the next-required
       one-hot and the dependency task features (the ablation of docs/ppo.md; see
       ``resilibench.envs.planner.observation``).
-    * ``api``, ``api_options``: real-API mode, as in ``ResiliBenchText-v0``: where the simulator would
-      draw, the tool is called over HTTP (a tool service URL, whose episode mirrors this one, or a client).
+    * ``api``: real-API mode, a ``RealApi`` as in ``ResiliBenchText-v1``: where the simulator would draw,
+      the tool is called over HTTP (our tool service, whose episode mirrors this one, or a client).
 
     ## Version History
 
@@ -120,15 +122,12 @@ class ResiliBenchEnv(gym.Env):
         reward: str = "sparse",
         reward_phase: str = "adaptive",
         config: WorldConfig | None = None,
-        turn_limit: int | None = None,
-        strict_dependencies: bool | None = None,
-        profile: str | None = None,
+        rules: Mapping[str, Any] | None = None,
         registry: ToolRegistry | None = None,
         render_mode: str | None = None,
         world: str | World = DEFAULT_WORLD,
         features: str = "full",
-        api: Any = None,
-        api_options: dict[str, Any] | None = None,
+        api: RealApi | None = None,
     ):
         if reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
@@ -137,7 +136,7 @@ class ResiliBenchEnv(gym.Env):
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
-        self.world = front_end_world(world, config, turn_limit, strict_dependencies, profile)
+        self.world = front_end_world(world, config, rules)
         self.config = self.world.config
         self.registry = registry or default_registry()
         self.tasks = select_tasks(tasks, split, task_types, self.world)
@@ -162,10 +161,8 @@ class ResiliBenchEnv(gym.Env):
         self._trace: list[dict] = []  # ``info["trace"]``: the episode's calls as dicts, one per record
         self.client = None  # real-API mode: calls go over HTTP through it (the text env's ``api``)
         if api is not None:
-            from ..real_api.live_apis import api_client
-
-            self.client = api_client(api, self.registry, **(api_options or {}))
-        self._owns_client = self.client is not api
+            self.client = api.client(self.registry)
+        self._owns_client = api is None or self.client is not api.target
         self._call: Any = None  # the episode's call, or its HttpExecutor's in real-API mode
 
     # --- Gymnasium API -------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -111,10 +111,10 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     ## Arguments
 
     * ``num_envs``: the batch size N.
-    * ``split``, ``task_types``, ``tasks``, ``config``, ``turn_limit``, ``strict_dependencies``,
-      ``registry``, ``features``: as for ``ResiliBench-v0``.
-    * ``reward``: "sparse" (the default; "shaped" raises ``ValueError``); ``profile``: "test" (the default;
-      "training" raises ``ValueError``); ``reward_phase`` is accepted for symmetry and unused. A
+    * ``split``, ``task_types``, ``tasks``, ``config``, ``rules``, ``world``, ``registry``, ``features``:
+      as for ``ResiliBench-v1``.
+    * ``reward``: "sparse" (the default; "shaped" raises ``ValueError``); the rules' ``profile``: "test"
+      (the default; "training" raises ``ValueError``); ``reward_phase`` is accepted for symmetry and unused. A
       ``config`` with failure processes on raises ``ConfigError`` naming ``processes`` (the single env
       plays them).
     * ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i`` (or per sub-env from a list of N ints/None);
@@ -137,9 +137,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         reward: str = "sparse",
         reward_phase: str = "adaptive",
         config: WorldConfig | None = None,
-        turn_limit: int | None = None,
-        strict_dependencies: bool | None = None,
-        profile: str | None = None,
+        rules: Mapping[str, Any] | None = None,
         registry: ToolRegistry | None = None,
         render_mode: str | None = None,
         world: str | World = DEFAULT_WORLD,
@@ -164,14 +162,14 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
                 f"the batched ResiliBench-v0 does not render (render_mode={render_mode!r}); use "
                 "vectorization_mode='sync' with render_mode='ansi'"
             )
-        self.world = front_end_world(world, config, turn_limit, strict_dependencies, profile)
+        self.world = front_end_world(world, config, rules)
         self.config = self.world.config
         rules = self.config.rules
         if rules.profile != "test":
             raise ValueError(
                 f"the batched ResiliBench-v0 supports profile='test' only, got {rules.profile!r}; for the training "
                 "profile use gymnasium.make_vec('ResiliBench-v0', num_envs=N, vectorization_mode='sync', "
-                "profile='training')"
+                "rules={'profile': 'training'})"
             )
         if self.config.processes.active:
             raise ConfigError("processes", "processes: the batched ResiliBench-v0 does not play failure processes "

@@ -546,21 +546,44 @@ class LiveApi:
         return config if table == config.evaluator.min_coverage else config.replace(evaluator={"min_coverage": table})
 
 
-def api_client(api: Any, registry: ToolRegistry | None = None, **settings: Any) -> Any:
-    """The client of a front end's ``api`` option, for ``HttpExecutor``: a client (``ToolClient``,
-    ``McpToolClient``) as it is; a ``LiveApi``'s endpoints or MCP server; a URL: our tool service
-    (``resilibench serve-tools``) at that base URL. ``settings`` go to the client (``timeout``,
-    ``max_retries``, ``log``, ...)."""
-    if isinstance(api, ToolClient | McpToolClient):
-        return api
-    if isinstance(api, LiveApi) and api.mcp is not None:
-        return McpToolClient(api.mcp, registry=api.registry, timeout=settings.get("timeout", 10.0),
-                             log=settings.get("log"))
-    if isinstance(api, LiveApi):
-        return ToolClient(endpoints=api.endpoints, registry=api.registry, **settings)
-    if isinstance(api, str):
-        return ToolClient(base_url=api, registry=registry, **settings)
-    raise InputError("api", f"api must be a tool service URL, a LiveApi or a ToolClient, got {type(api).__name__}")
+@dataclass(frozen=True)
+class RealApi:
+    """Real-API mode of a front end (docs/real_apis.md): where its tool calls go, and the settings of the
+    client it makes for them.
+
+    ``target``: the base URL of our tool service (``resilibench serve-tools``), whose episodes mirror the
+    world's; a ``LiveApi`` (its endpoints or its MCP server), whose tools and tasks the front end then
+    plays; or a client (``ToolClient``, ``McpToolClient``), used as it is (the front end closes only a
+    client it made). ``options`` go to the client a front end makes: ``timeout``, ``max_retries``,
+    ``retry_after_cap``, ``log`` (a call-log file, one row per attempt), ...
+    """
+
+    target: Any
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.target, str | LiveApi | ToolClient | McpToolClient):
+            raise InputError("api", f"api must be a tool service URL, a LiveApi or a ToolClient, got "
+                             f"{type(self.target).__name__}")
+
+    @property
+    def live(self) -> LiveApi | None:
+        """The live API the calls go to (None: our tool service, or a client given as it is)."""
+        return self.target if isinstance(self.target, LiveApi) else None
+
+    def client(self, registry: ToolRegistry | None = None) -> Any:
+        """The client the calls go through, for ``HttpExecutor``: the given client as it is, else a new one
+        for the live API's endpoints or MCP server, or for the tool service at the URL (``registry``: the
+        front end's tools)."""
+        target, options = self.target, dict(self.options)
+        if isinstance(target, ToolClient | McpToolClient):
+            return target
+        if isinstance(target, LiveApi) and target.mcp is not None:
+            return McpToolClient(target.mcp, registry=target.registry, timeout=options.get("timeout", 10.0),
+                                 log=options.get("log"))
+        if isinstance(target, LiveApi):
+            return ToolClient(endpoints=target.endpoints, registry=target.registry, **options)
+        return ToolClient(base_url=target, registry=registry, **options)
 
 
 def live_registry(tools: Sequence[Tool], task_file: TaskFile) -> ToolRegistry:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -18,15 +18,14 @@ from ...core.registry import ToolRegistry, default_registry
 from ...core.rewards import ShapedRewarder
 from ...core.simulator import EnvEpisodes, Episode
 from ...core.tasks.library import SPLITS, Task
+from ...core.text.prompts import Prompt, PromptSettings, build_prompt
 from ...core.text.toolbox import (
     FUNCTION_SEARCH_HINT,
     INFO_FUNCTION,
-    PROTOCOLS,
     SEARCH_FUNCTION,
-    SEARCH_METHODS,
     TAG_SEARCH_HINT,
-    WORDINGS,
     ParsedMessage,
+    SearchSettings,
     UnknownToolError,
     call_tool,
     call_with_arguments,
@@ -46,13 +45,15 @@ from ...core.text.toolbox import (
 from ...core.workflow import Workflow
 from ...core.world import DEFAULT_WORLD, World, get_world
 from ..real_api.client import HttpExecutor
-from ..real_api.live_apis import LiveApi, api_client, task_workflow
+from ..real_api.live_apis import RealApi, task_workflow
 
 # The characters of observations: printable ASCII, Latin-1 letters and signs, typographic quotes, dashes,
 # ellipsis, bullet and arrow; any other character of a prompt becomes "?". ``step`` accepts any string.
 CHARSET = (frozenset(string.printable) | frozenset(map(chr, range(0xA0, 0x100)))
            | frozenset("\u2013\u2014\u2018\u2019\u201c\u201d\u2026\u2022\u2192"))
 RESET_OPTIONS = ("task_id", "prompt", "flaw_type", "severity", "plan_style", "workflow", "shown_prompt")
+PROMPT_FIELDS = {"prompt": "variant"}  # reset options named otherwise in PromptSettings
+TEXT_RULES = {"strict_dependencies": True}  # the text protocol's episode rules, unless ``rules`` changes them
 TRUNCATION_MARK = "\n[... {n} characters cut ...]\n"
 TAIL_CHARS = 1000  # a text cut to fit keeps its last TAIL_CHARS characters (the progress line is there)
 # The work of one message is capped, whatever its length: at most MAX_REQUESTS searches and info requests
@@ -155,33 +156,32 @@ class ResiliBenchTextEnv(gym.Env):
     import gymnasium as gym
     import resilibench
 
-    env = gym.make("ResiliBenchText-v0", split="test", prompt="optimal")
+    from resilibench.core.text.prompts import PromptSettings
+
+    env = gym.make("ResiliBenchText-v1", split="test", prompt=PromptSettings(variant="optimal"))
     prompt, info = env.reset(seed=0)
     feedback, reward, terminated, truncated, info = env.step("<tool_search>read a file</tool_search>")
     ```
 
     * ``split``: "test" (default), "train", "validation" or None; ``task_types``: a type or list of
       types; ``tasks``: explicit ``Task`` objects instead of the shipped library.
-    * ``prompt``: "baseline" (default), "cot", "optimal" or "flawed"; ``flaw_type`` and ``severity``
-      for flawed prompts; ``plan_style``: how a plan is written ("numbered" by default).
-    * ``config``: a ``WorldConfig``. ``strict_dependencies`` (default True, the text protocol's rule)
-      overrides its rule; pass None to keep the config's. ``turn_limit`` (default: the config's, 10)
-      overrides it when given.
+    * ``prompt``: a ``PromptSettings`` (``resilibench.core.text.prompts``): the variant ("baseline" by
+      default, "cot", "optimal" or "flawed"), ``flaw_type`` and ``severity`` of a flawed prompt,
+      ``plan_style`` (how a plan is written), ``protocol`` ("tags", the paper's, or "tools": native
+      function calls), ``wording`` of the tag protocol ("plain": no live example tag, or "paper"), and
+      ``matcher``: how flaw injection finds similar tools (pin it to reproduce flaws on any install).
+    * ``search``: a ``SearchSettings`` (``resilibench.core.text.toolbox``): the search ``method``
+      ("auto", "semantic", "lexical") and ``k``, the tools a search shows (5).
+    * ``config``: a ``WorldConfig`` (default: the world's); ``rules``: episode rules changed on top of it
+      (``{"turn_limit": 12}``); the text protocol's rule, strict dependencies, applies unless ``rules``
+      says otherwise (``{"strict_dependencies": False}``). ``world``: "v1" (the env id's) or a ``World``.
     * ``max_length``: the length limit of both Text spaces (default 16384 characters).
-    * ``search_k`` (default 5) and ``search`` ("auto", "semantic", "lexical"): tool search settings;
-      ``matcher`` (same choices): how flaw injection finds similar tools (pin it to reproduce flaws on
-      any install; "auto" uses embeddings when the embed extra is installed).
     * ``registry``: a ``ToolRegistry`` (default: the shared one); ``render_mode``: "ansi" or "human".
-    * ``protocol``: "tags" (default, the paper's) or "tools" (native function calls); ``wording``: how
-      the prompt words the tag protocol, "plain" (default: no live example tag) or "paper".
-    * ``api``: real-API mode (docs/real_apis.md). Where the simulator would draw, the tool is called over
-      HTTP (``envs.real_api.client.HttpExecutor``) and the agent reads the real response body; the rules and
-      the evaluator stay the world's. A URL of our tool service (``resilibench serve-tools``): each
-      episode opens the service's episode of the same task and seed, so the outcomes are the
-      simulator's. A ``LiveApi`` (``envs.real_api.live_apis.load_live_api``): its tools, tasks and endpoints. Or a
-      client (``ToolClient``, ``live_apis.McpToolClient``); the env closes only a client it made.
-      ``api_options``: the settings of the client it makes (``timeout``, ``max_retries``,
-      ``retry_after_cap``, ``log``: a call-log file, one row per attempt).
+    * ``api``: real-API mode, a ``RealApi`` (``resilibench.envs.real_api.live_apis``; docs/real_apis.md).
+      Where the simulator would draw, the tool is called over HTTP (``envs.real_api.client.HttpExecutor``)
+      and the agent reads the real response body; the rules and the evaluator stay the world's. Against
+      our tool service each episode opens the service's episode of the same task and seed, so the outcomes
+      are the simulator's; a live API brings its tools, tasks and endpoints.
 
     ``reset(options=...)`` accepts ``task_id``, ``prompt``, ``flaw_type``, ``severity``, ``plan_style``
     and ``workflow`` (a ``Workflow`` used as the plan instead of the optimal one) for one episode, or
@@ -199,63 +199,45 @@ class ResiliBenchTextEnv(gym.Env):
         split: str | None = "test",
         task_types: Sequence[str] | str | None = None,
         tasks: Sequence[Task] | None = None,
-        prompt: str = "baseline",
-        flaw_type: str | None = None,
-        severity: float = 0.5,
-        plan_style: str = "numbered",
+        prompt: PromptSettings | None = None,
+        search: SearchSettings | None = None,
         config: WorldConfig | None = None,
-        strict_dependencies: bool | None = True,
-        turn_limit: int | None = None,
+        rules: Mapping[str, Any] | None = None,
+        world: str | World = DEFAULT_WORLD,
         registry: ToolRegistry | None = None,
         render_mode: str | None = None,
         max_length: int = 16384,
-        search_k: int = 5,
-        search: str = "auto",
-        matcher: str = "auto",
-        world: str | World = DEFAULT_WORLD,
-        protocol: str = "tags",
-        wording: str = "plain",
-        api: Any = None,
-        api_options: dict[str, Any] | None = None,
+        api: RealApi | None = None,
     ):
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
-        if wording not in WORDINGS:
-            raise ValueError(f"wording must be one of {WORDINGS}, got {wording!r}")
+        prompt, search = _settings("prompt", prompt, PromptSettings), _settings("search", search,
+                                   SearchSettings)
+        _settings("api", api, RealApi)
         if split is not None and split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         if not isinstance(max_length, int) or max_length < 256:
             raise ValueError(f"max_length must be an integer >= 256, got {max_length!r}")
-        if not isinstance(search_k, int) or search_k < 1:
-            raise ValueError(f"search_k must be an integer >= 1, got {search_k!r}")
-        if search not in SEARCH_METHODS:
-            raise ValueError(f"search must be one of {SEARCH_METHODS}, got {search!r}")
-        if matcher not in SEARCH_METHODS:
-            raise ValueError(f"matcher must be one of {SEARCH_METHODS}, got {matcher!r}")
         chosen = get_world(world, config)
-        live = api if isinstance(api, LiveApi) else None
+        live = api and api.live
         if live is not None:  # its tools, tasks and task types unless given
             chosen, registry = chosen.configured(live.world_config(chosen.config)), registry or live.registry
             tasks = live.tasks if tasks is None else tasks
-        self.world = chosen.with_rules(turn_limit, strict_dependencies)
+        self.world = chosen.with_rules(**{**TEXT_RULES, **(rules or {})})
         self.config = self.world.config
         self.registry = registry or default_registry()
         # Real-API mode: tool calls go through this client (None: the simulator draws).
-        self.client = None if api is None else api_client(api, self.registry, **(api_options or {}))
-        self._owns_client = self.client is not api
+        self.client = None if api is None else api.client(self.registry)
+        self._owns_client = api is None or self.client is not api.target
         self.executor: HttpExecutor | None = None
-        self.protocol, self.wording = protocol, wording
-        self._search_hint = TAG_SEARCH_HINT if protocol == "tags" else FUNCTION_SEARCH_HINT
+        self.prompt_settings, self.search = prompt, search
+        self.protocol = prompt.protocol
+        self._search_hint = TAG_SEARCH_HINT if self.protocol == "tags" else FUNCTION_SEARCH_HINT
         # The function schemas offered to a model of the tools protocol (None with tags).
-        self.tools = function_schemas(self.registry) if protocol == "tools" else None
+        self.tools = function_schemas(self.registry) if self.protocol == "tools" else None
         self.tasks = select_tasks(tasks, split, task_types, self.world)
-        self.prompt_defaults = {"prompt": prompt, "flaw_type": flaw_type, "severity": severity,
-                                "plan_style": plan_style, "workflow": None}
         self.render_mode = render_mode
         self.max_length = max_length
-        self.search_k, self.search, self.matcher = search_k, search, matcher
         self.action_space = spaces.Text(max_length, min_length=0, charset=CHARSET)
         self.observation_space = spaces.Text(max_length, min_length=0, charset=CHARSET)
         self.episode: Episode | None = None
@@ -271,9 +253,7 @@ class ResiliBenchTextEnv(gym.Env):
     # --- Gymnasium API -------------------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        from ...core.text.prompts import Prompt, build_prompt
-
-        settings = dict(self.prompt_defaults)
+        settings, workflow = self.prompt_settings, None
         task_id, shown = None, None
         if options:
             unknown = sorted(set(options) - set(RESET_OPTIONS))
@@ -282,19 +262,18 @@ class ResiliBenchTextEnv(gym.Env):
             options = dict(options)
             task_id = options.pop("task_id", None)
             shown = options.pop("shown_prompt", None)
-            settings.update(options)
-            _check_option("workflow", settings["workflow"], Workflow)
+            workflow = options.pop("workflow", None)
+            _check_option("workflow", workflow, Workflow)
             _check_option("shown_prompt", shown, Prompt)
+            if options:  # the prompt's settings for this episode ("prompt" is the variant)
+                settings = dataclasses.replace(settings,
+                                               **{PROMPT_FIELDS.get(k, k): v for k, v in options.items()})
         super().reset(seed=seed)
         task, seed_of_episode = choose_task(self.tasks, self._episodes, seed, {"task_id": task_id}, self.world)
         prompt = shown or build_prompt(
-            task, settings["prompt"], flaw_type=settings["flaw_type"], severity=settings["severity"],
-            seed=flaw_seed(seed_of_episode), plan_style=settings["plan_style"],
-            # A live task's plan is its own steps.
-            workflow=task_workflow(task) if settings["workflow"] is None else settings["workflow"],
-            config=self.config, registry=self.registry, matcher=self.matcher, protocol=self.protocol,
-            wording=self.wording,
-        )
+            task, settings, seed=flaw_seed(seed_of_episode),
+            workflow=task_workflow(task) if workflow is None else workflow,  # a live task's: its own steps
+            config=self.config, registry=self.registry)
         self.task, self.prompt = task, prompt
         self._injection = None if prompt.injection is None else prompt.injection.to_dict()
         self.episode = Episode.start(task, seed_of_episode, self.config, self.registry,
@@ -458,7 +437,8 @@ class ResiliBenchTextEnv(gym.Env):
             if self.protocol == "tools":
                 return "Empty tool search: give tool_search a query saying what you need."
             return "Empty tool search: write what you need in place of the dots of <tool_search>...</tool_search>."
-        return search_text(query, search_tools(query, self.search_k, self.registry, self.search), self.registry)
+        return search_text(query, search_tools(query, self.search.k, self.registry, self.search.method),
+                           self.registry)
 
     def _tool_info(self, name: str) -> str:
         """The answer to one ``<tool_info>``."""
@@ -540,6 +520,17 @@ def read_tool_calls(message: Any, config: Any = None, id_prefix: str = "call"
     if kept:
         assistant["tool_calls"] = kept
     return parsed, assistant, ids
+
+
+def _settings(name: str, value: Any, cls: type) -> Any:
+    """An argument that must be a ``cls`` settings object (None: its defaults, for a settings class with
+    them); ``ValueError`` naming it otherwise."""
+    if value is None:
+        return None if cls is RealApi else cls()
+    if not isinstance(value, cls):
+        raise ValueError(f"{name} must be a {cls.__name__} ({cls.__module__}) or None, got "
+                         f"{type(value).__name__}")
+    return value
 
 
 def _check_option(name: str, value: Any, cls: type) -> None:

@@ -229,7 +229,7 @@ def grpo_environment_class(registry: ToolRegistry | None = None, *, surface: str
     ``registry`` as a method, plus ``tool_search`` and ``tool_info``; "search" offers ``tool_search``,
     ``tool_info`` and ``call_tool(name, arguments)`` only (the tag protocol's discovery by search, and a
     prompt about 3,700 tokens shorter). ``env_kwargs`` go to ``ResiliBenchTextEnv`` (``config``,
-    ``tasks``, ``search``, ``search_k``...; ``split=None`` by default, so any task id of ``world``
+    ``tasks``, ``search``: a ``SearchSettings``...; ``split=None`` by default, so any task id of ``world``
     resets). When ``outcomes`` is a list, every graded rollout appends its task, seed, level, reward,
     turns and progress to it."""
     if surface not in SURFACES:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from resilibench.settings import Settings, setting
 
 from ...core.bounds.exact import reference_workflow
 from ...core.config import WorldConfig
@@ -24,6 +26,16 @@ from ...metrics.structural import chain_f1, reachability_f1
 from ..planner.observation import N_TASK_FEATURES, task_features
 
 STRUCTURAL_METRICS = {"chain_f1": chain_f1, "reachability_f1": reachability_f1}
+
+
+@dataclass(frozen=True)
+class WorkflowReward(Settings):
+    """The end-of-episode reward of WorkflowGen: ``w_exec * execution + w_struct * structure``."""
+
+    w_exec: float = setting(0.5, bounds=(0, None), help="weight of the exact execution success")
+    w_struct: float = setting(0.5, bounds=(0, None), help="weight of the structural consistency")
+    structural_metric: str = setting("chain_f1", choices=tuple(STRUCTURAL_METRICS),
+                                     help="the structural consistency metric")
 
 
 class WorkflowGenEnv(gym.Env):
@@ -87,15 +99,18 @@ class WorkflowGenEnv(gym.Env):
     import gymnasium as gym
     import resilibench
 
-    env = gym.make("WorkflowGen-v0", split="test", task_types=["complex_validation_pipeline"],
-                   w_exec=0.5, w_struct=0.5, structural_metric="chain_f1", max_nodes=10, render_mode="ansi")
+    from resilibench.envs.workflowgen.env import WorkflowReward
+
+    env = gym.make("WorkflowGen-v1", split="test", task_types=["complex_validation_pipeline"],
+                   reward=WorkflowReward(w_exec=0.5, w_struct=0.5, structural_metric="chain_f1"),
+                   max_nodes=10, render_mode="ansi")
     obs, info = env.reset(seed=0, options={"task_id": "task_1a2b3c4d"})
     ```
 
     * ``split``, ``task_types``, ``tasks``: the task pool, as in ``ResiliBench-v0``.
     * ``config``: the ``WorldConfig`` the workflow is executed under (its ``test`` failure profile).
-    * ``w_exec``, ``w_struct``: non-negative reward weights; ``structural_metric``: "chain_f1" or
-      "reachability_f1".
+    * ``reward``: a ``WorkflowReward``: the non-negative weights ``w_exec`` and ``w_struct`` and the
+      ``structural_metric``, "chain_f1" (default) or "reachability_f1".
     * ``max_nodes`` (N), ``max_copies`` (steps per tool, default 1), ``max_steps``.
     * ``render_mode``: "ansi" renders the task and the plan built so far.
 
@@ -112,9 +127,7 @@ class WorkflowGenEnv(gym.Env):
         task_types: Sequence[str] | str | None = None,
         tasks: Sequence[Task] | None = None,
         config: WorldConfig | None = None,
-        w_exec: float = 0.5,
-        w_struct: float = 0.5,
-        structural_metric: str = "chain_f1",
+        reward: WorkflowReward | None = None,
         max_nodes: int = 10,
         max_copies: int = 1,
         max_steps: int | None = None,
@@ -124,24 +137,22 @@ class WorkflowGenEnv(gym.Env):
     ):
         if split is not None and split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
-        if structural_metric not in STRUCTURAL_METRICS:
-            raise ValueError(f"structural_metric must be one of {tuple(STRUCTURAL_METRICS)}, got {structural_metric!r}")
-        for name, weight in (("w_exec", w_exec), ("w_struct", w_struct)):
-            if not isinstance(weight, int | float) or isinstance(weight, bool) or not 0 <= weight < math.inf:
-                raise ValueError(f"{name} must be a finite non-negative number, got {weight!r}")
+        reward = reward if reward is not None else WorkflowReward()
+        if not isinstance(reward, WorkflowReward):
+            raise ValueError(f"reward must be a WorkflowReward or None, got {type(reward).__name__}")
         for name, value in (("max_nodes", max_nodes), ("max_copies", max_copies)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
-        self.metric = STRUCTURAL_METRICS[structural_metric]
-        self.structural_metric = structural_metric
+        self.metric = STRUCTURAL_METRICS[reward.structural_metric]
+        self.structural_metric = reward.structural_metric
         self.world = get_world(world, config)
         self.config = self.world.config
         self.registry = registry or default_registry()
         self.tasks = select_tasks(tasks, split, task_types, self.world)
         self._episodes = EnvEpisodes()
-        self.w_exec, self.w_struct = float(w_exec), float(w_struct)
+        self.w_exec, self.w_struct = reward.w_exec, reward.w_struct
         self.max_nodes, self.max_copies = max_nodes, max_copies
         self.max_steps = max_steps if max_steps is not None else max_nodes + max_nodes * (max_nodes - 1) // 2 + 1
         if not isinstance(self.max_steps, int) or isinstance(self.max_steps, bool) or self.max_steps < 1:

@@ -168,17 +168,16 @@ def load_library(path: str | None, world):
 
 @dataclass(frozen=True)
 class ApiChoice:
-    """What ``--api`` / ``--api-tasks`` / ``--call-log`` / ``--api-timeout`` chose: the front end's ``api``
-    (a tool service URL or a ``LiveApi``), the client's settings, and the run identity's ``api`` entry."""
+    """What ``--api`` / ``--api-tasks`` / ``--call-log`` / ``--api-timeout`` chose: the front end's ``RealApi``
+    (a tool service URL or a ``LiveApi``, with the client's settings) and the run identity's ``api`` entry."""
 
-    api: Any
-    options: dict[str, Any]
+    real: Any
     identity: dict[str, Any]
 
     @property
     def live(self) -> Any:
         """The ``LiveApi`` of ``--api-tasks``, or None."""
-        return None if isinstance(self.api, str) else self.api
+        return self.real.live
 
 
 def load_api(args: argparse.Namespace, simulator_log: bool = False) -> ApiChoice | None:
@@ -190,6 +189,8 @@ def load_api(args: argparse.Namespace, simulator_log: bool = False) -> ApiChoice
             if value is not None and not (option == "--call-log" and simulator_log):
                 raise CliError(f"{option}: for real-API mode only (give --api URL)")
         return None
+    from resilibench.envs.real_api.live_apis import RealApi, load_live_api, task_file_path
+
     if args.api is not None and not args.api.startswith(("http://", "https://")):
         raise CliError(f"--api: expected the http:// or https:// base URL of a tool service, got {args.api!r}")
     log = output_file(args.call_log, "--call-log")
@@ -204,8 +205,7 @@ def load_api(args: argparse.Namespace, simulator_log: bool = False) -> ApiChoice
         except OSError as exc:
             raise CliError(f"--api: no tool service answers at {args.api} ({exc}); start one with "
                            f"`{PROG} serve-tools`") from None
-        return ApiChoice(url, options, identity)
-    from resilibench.envs.real_api.live_apis import load_live_api, task_file_path
+        return ApiChoice(RealApi(url, options), identity)
 
     task_file = str(args.api_tasks)
     try:
@@ -214,7 +214,7 @@ def load_api(args: argparse.Namespace, simulator_log: bool = False) -> ApiChoice
         raise CliError(f"--api-tasks {task_file}: {exc}") from None
     identity.update({"tasks": live.name, "source": live.source,
                      "tasks_sha256": hashlib.sha256(task_file_path(task_file).read_bytes()).hexdigest()})
-    return ApiChoice(live, options, identity)
+    return ApiChoice(RealApi(live, options), identity)
 
 
 def select_tasks(tasks, split: str | None, task_types: Sequence[str] | None,
@@ -525,7 +525,7 @@ def _execute_run(plan: _RunPlan, resume: bool, split: str, call_log: Path | None
             run.open_results(run_metadata(plan.run_config, plan.seeds))
             with progress_bar(len(todo), "episodes") as bar:
                 run_jobs(todo, plan.config, on_result=lambda row: (run.write(row), bar.update(1)), call_log=call_log,
-                         api=plan.api and plan.api.api, api_options=plan.api and plan.api.options)
+                         api=plan.api and plan.api.real)
         wanted = {(p, t.instance_id, s) for p, t, s in plan.jobs}
         rows = [row for row in run.rows() if run.key_of(row) in wanted]
         levels = summarize_levels(rows, "planner", "task_type", groups=plan.planners, subgroups=plan.task_types)

@@ -27,6 +27,7 @@ from resilibench.cli import (
     select_tasks,
 )
 from resilibench.cli.options import add_options, option_values
+from resilibench.core.text.prompts import PromptSettings
 
 # Settings fields with `eval` options (built from the fields: resilibench.cli.options).
 GENERATION_OPTIONS = ("max_new_tokens", "temperature", "seed")
@@ -122,10 +123,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
               f"conditions: flaws that do not apply to a task's plan are left out) for {agent.name} into "
               f"{run.results_path}", file=sys.stderr)
         try:
-            run_eval(agent, jobs, config=config, severity=args.severity, batch_size=args.batch_size,
-                     output_dir=run, keep_messages=args.keep_messages, metadata=run_metadata(run_config, seeds),
-                     protocol=args.protocol, retry_infra_errors=args.retry_infra_errors,
-                     env_kwargs={"wording": args.wording}, api=api and api.api, api_options=api and api.options)
+            prompt = PromptSettings(severity=args.severity, protocol=args.protocol, wording=args.wording)
+            run_eval(agent, jobs, env={"config": config, "prompt": prompt, "api": api and api.real},
+                     batch_size=args.batch_size, output_dir=run, keep_messages=args.keep_messages,
+                     metadata=run_metadata(run_config, seeds), retry_infra_errors=args.retry_infra_errors)
         except BackendError as exc:
             raise CliError(f"--agent {args.agent}: {exc}; finished episodes are saved in {run.results_path}: "
                            "rerun the same command to resume") from None

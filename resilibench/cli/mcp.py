@@ -54,8 +54,7 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
     world = choose_world(args)
     tasks = None if api is not None and api.live is not None else load_library(args.tasks, world)[0]
     server = build_server(tasks, world.config, max_episodes=args.max_episodes or
-                          DEFAULT_MAX_EPISODES, search=args.search, api=api and api.api,
-                          api_options=api and api.options)
+                          DEFAULT_MAX_EPISODES, search=args.search, api=api and api.real)
     if args.transport == "stdio":
         anyio.run(serve_stdio, server)
         return 0

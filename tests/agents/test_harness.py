@@ -19,6 +19,8 @@ from resilibench.agents.report import (
 )
 from resilibench.agents.scripted import OptimalTextAgent, PlanFollowingTextAgent
 from resilibench.core.tasks.library import TASK_TYPE_NAMES
+from resilibench.core.text.prompts import PromptSettings
+from resilibench.core.text.toolbox import SearchSettings
 from resilibench.core.world import load_tasks
 from resilibench.llm import GenerationConfig
 from resilibench.results import read_jsonl
@@ -43,7 +45,8 @@ def tiny_backend(tmp_path_factory, torch_one_thread):  # noqa: F811 (fixture)
 
 
 GENERATION = GenerationConfig(max_new_tokens=6)
-ENV = {"search": "lexical"}  # keeps the embedding model out of this module; search itself is tested elsewhere
+# Keeps the embedding model out of this module; search itself is tested elsewhere.
+ENV = {"search": SearchSettings(method="lexical")}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,7 @@ def tiny_run(tiny_backend, tiny_jobs, tmp_path_factory):
     """A complete run of 6 episodes, 4 at a time (the pool refills), with the conversations kept."""
     path = tmp_path_factory.mktemp("full") / "results.jsonl"
     rows = run_eval(tiny_backend, tiny_jobs, generation=GENERATION, batch_size=4, output_dir=path.parent,
-                    keep_messages=True, metadata={"run": "full"}, progress=False, env_kwargs=ENV)
+                    keep_messages=True, metadata={"run": "full"}, progress=False, env={**ENV})
     return path, rows
 
 
@@ -86,15 +89,16 @@ def test_llm_plays_the_tools_protocol(tiny_backend, tiny_jobs):
     """The tiny model under native tool calling: the chat template gets the function schemas, its answers
     are read back as assistant messages; the episodes end and rows carry the protocol."""
     jobs = tiny_jobs[:2]
-    rows = run_eval(tiny_backend, jobs, generation=GENERATION, batch_size=2, keep_messages=True, progress=False,
-                    env_kwargs=ENV, protocol="tools")
+    rows = run_eval(tiny_backend, jobs, generation=GENERATION, batch_size=2, keep_messages=True,
+                    progress=False, env={**ENV, "prompt": PromptSettings(protocol="tools")})
     assert [r["protocol"] for r in rows] == ["tools", "tools"] and all(r["level"] in LEVELS for r in rows)
     for row in rows:
         assistant = [m for m in row["messages"] if m["role"] == "assistant"]
         assert len(assistant) in (row["turns"], row["turns"] + 1)
         assert all(isinstance(m["content"], str) for m in assistant)
-    assert run_eval(tiny_backend, jobs, generation=GENERATION, batch_size=1, progress=False, env_kwargs=ENV,
-                    protocol="tools") == [{k: v for k, v in r.items() if k != "messages"} for r in rows]
+    again = run_eval(tiny_backend, jobs, generation=GENERATION, batch_size=1, progress=False,
+                     env={**ENV, "prompt": PromptSettings(protocol="tools")})
+    assert again == [{k: v for k, v in r.items() if k != "messages"} for r in rows]
 
 
 def test_llm_run_resumes_after_a_crash_mid_write(tiny_backend, tiny_jobs, tiny_run, tmp_path):
@@ -107,7 +111,7 @@ def test_llm_run_resumes_after_a_crash_mid_write(tiny_backend, tiny_jobs, tiny_r
     played: list[tuple] = []
     rows = run_eval(tiny_backend, tiny_jobs, generation=GENERATION, batch_size=4, output_dir=path.parent,
                     keep_messages=True, on_result=lambda row: played.append(tuple(row[f] for f in EVAL_KEY)),
-                    progress=False, env_kwargs=ENV)
+                    progress=False, env={**ENV})
     done_before = {tuple(json.loads(line)[f] for f in EVAL_KEY) for line in lines[1:4]}
     assert len(played) == len(tiny_jobs) - 3 and not done_before & set(played)
     assert rows == complete

@@ -16,10 +16,12 @@ from resilibench.agents.scripted import tag_view, tool_message
 from resilibench.agents.specs import make_scripted_agent
 from resilibench.cli import main
 from resilibench.core.tasks.library import TASK_TYPE_NAMES
+from resilibench.core.text.prompts import PromptSettings
+from resilibench.core.text.toolbox import SearchSettings
 from resilibench.core.world import load_tasks
 from resilibench.results import read_jsonl
 
-ENV = {"search": "lexical"}
+ENV = {"search": SearchSettings(method="lexical")}
 OUTCOME = ("trace", "level", "end_reason", "turns", "calls", "failed_calls", "coverage", "completed")
 
 
@@ -36,9 +38,9 @@ def test_both_protocols_give_identical_outcomes(kind, world):
     searches in one message overflow the default limit with tags, while each tool message is cut alone.)"""
     jobs = eval_jobs(one_task_per_type(world), ["baseline", "optimal"], seeds=[0, 1, 2])
     env = {**ENV, "world": world, "max_length": 1 << 16}
-    tags = run_eval(make_scripted_agent(kind), jobs, progress=False, env_kwargs=env)
-    tools = run_eval(make_scripted_agent(kind), jobs, progress=False, env_kwargs=env, protocol="tools",
-                     keep_messages=True)
+    tags = run_eval(make_scripted_agent(kind), jobs, progress=False, env={**env})
+    tools = run_eval(make_scripted_agent(kind), jobs, progress=False, keep_messages=True,
+                     env={**env, "prompt": PromptSettings(protocol="tools")})
     assert [r["protocol"] for r in tags + tools] == ["tags"] * len(jobs) + ["tools"] * len(jobs)
     assert [{f: r[f] for f in OUTCOME} for r in tags] == [{f: r[f] for f in OUTCOME} for r in tools]
     assert any(r["calls"] for r in tools)
@@ -80,8 +82,8 @@ def scripted_server_answer(body):
 def test_tools_protocol_through_an_openai_compatible_server():
     jobs = eval_jobs(one_task_per_type()[:2], ["baseline"], seeds=[0, 1])
     with ChatServer(scripted_server_answer) as server:
-        rows = run_eval(OpenAIBackend(server.url, "m"), jobs, protocol="tools", progress=False, env_kwargs=ENV,
-                        keep_messages=True)
+        rows = run_eval(OpenAIBackend(server.url, "m"), jobs, progress=False, keep_messages=True,
+                        env={**ENV, "prompt": PromptSettings(protocol="tools")})
     assert all(len(r["trace"]) == 1 and r["trace"][0]["tool"] == "file_operations_reader" for r in rows)
     assert all(r["completed"] and r["turns"] == 2 for r in rows)
     first = server.requests[0]
@@ -122,7 +124,7 @@ def test_an_episode_the_server_cannot_answer_ends_alone_and_resume_keeps_it(tmp_
     with ChatServer(model) as server:
         backend = OpenAIBackend(server.url, "m", timeout=1.0, max_concurrency=3, max_retries=0)
         start = time.monotonic()
-        rows = run_eval(backend, jobs, batch_size=3, output_dir=tmp_path, progress=False, env_kwargs=ENV)
+        rows = run_eval(backend, jobs, batch_size=3, output_dir=tmp_path, progress=False, env={**ENV})
         assert time.monotonic() - start < 20
         levels = [r["level"] for r in rows]
         assert levels[:2] == ["infra_error", "infra_error"] and levels[2] != "infra_error"
@@ -132,12 +134,12 @@ def test_an_episode_the_server_cannot_answer_ends_alone_and_resume_keeps_it(tmp_
         assert slow_requests == 1, "a timed-out request is never resubmitted"
 
         sent = len(server.requests)
-        again = run_eval(backend, jobs, batch_size=3, output_dir=tmp_path, progress=False, env_kwargs=ENV)
+        again = run_eval(backend, jobs, batch_size=3, output_dir=tmp_path, progress=False, env={**ENV})
         assert again == rows and len(server.requests) == sent, "an infra-error row is a finished row"
 
         model.healed = True
-        retried = run_eval(backend, jobs, batch_size=3, output_dir=tmp_path, progress=False, env_kwargs=ENV,
-                           retry_infra_errors=True)
+        retried = run_eval(backend, jobs, batch_size=3, output_dir=tmp_path, progress=False,
+                           retry_infra_errors=True, env={**ENV})
     assert [r["level"] != "infra_error" for r in retried] == [True, True, True]
     assert retried[2] == rows[2]  # a finished episode is not played again
     assert len(read_jsonl(path).rows) == 5

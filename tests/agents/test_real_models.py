@@ -40,8 +40,8 @@ def one_episode(agent, **kwargs):
     135M model on CPU takes seconds a turn, and CI's budget is shared)."""
     jobs = eval_jobs(load_tasks(split="test")[:1], ["baseline"], seeds=[0])
     config = get_world("v1").config.replace(rules={"turn_limit": 3})
-    (row,) = run_eval(agent, jobs, generation=GenerationConfig(max_new_tokens=32), config=config,
-                      keep_messages=True, progress=False, **kwargs)
+    (row,) = run_eval(agent, jobs, generation=GenerationConfig(max_new_tokens=32), keep_messages=True,
+     progress=False, **kwargs, env={"config": config})
     return row
 
 

@@ -23,6 +23,8 @@ from resilibench.core.plan_follower import workflow_success
 from resilibench.core.simulator import task_seed
 from resilibench.core.tasks.library import TASK_TYPE_NAMES
 from resilibench.core.text.flaws import FLAW_TYPES
+from resilibench.core.text.prompts import PromptSettings
+from resilibench.core.text.toolbox import SearchSettings
 from resilibench.core.workflow import Workflow
 from resilibench.core.world import get_task, get_world, load_tasks
 from resilibench.envs.planner.env import ResiliBenchEnv
@@ -58,7 +60,7 @@ def test_optimal_text_agent_plays_the_planner_episode(optimal_rows):
     for r in optimal_rows:
         task = get_task(r["task_id"])
         env = planner_envs.setdefault(task.instance_id, ResiliBenchEnv(tasks=[task], split=None,
-                                                                       strict_dependencies=True))
+                                                                       rules={"strict_dependencies": True}))
         env.reset(seed=task_seed(task.instance_id, r["seed"]), options={"task_id": task.instance_id})
         planner = OptimalPlanner(env.config)
         planner.reset(task, None)
@@ -142,8 +144,9 @@ def baseline_rows(agent, world: str, count: int = 4, seeds=range(3)):
     tasks = load_tasks(split="test", world=world)
     tasks = [t for name in TASK_TYPE_NAMES for t in [t for t in tasks if t.task_type == name][:count]]
     config = get_world(world).with_rules(strict_dependencies=True).config
-    return run_eval(agent, eval_jobs(tasks, ["baseline"], seeds=seeds, config=config), config=config,
-                    progress=False, env_kwargs={"search": "lexical", "matcher": "lexical", "world": world})
+    return run_eval(agent, eval_jobs(tasks, ["baseline"], seeds=seeds, config=config), progress=False,
+                    env={"config": config, "world": world, "prompt": PromptSettings(matcher="lexical"),
+                         "search": SearchSettings(method="lexical")})
 
 
 def full_rate(rows) -> float:

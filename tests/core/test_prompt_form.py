@@ -24,7 +24,7 @@ import pytest
 from resilibench.core.arguments import task_hints, valid_arguments
 from resilibench.core.registry import OPERATION_PHRASES, RETURN_VALUES, default_registry
 from resilibench.core.text.flaws import FLAW_TYPES, FlawNotApplicable
-from resilibench.core.text.prompts import PLAN_HEADING, PLAN_STYLES, ROLE_STEPS, build_prompt
+from resilibench.core.text.prompts import PLAN_HEADING, PLAN_STYLES, ROLE_STEPS, PromptSettings, build_prompt
 from resilibench.core.world import load_tasks
 
 REGISTRY = default_registry()
@@ -46,8 +46,9 @@ TASKS = _sample()
 def _flawed(task, style, index, flaw_type):
     """A flawed prompt for ``task``, or None when the flaw type has nothing to change in its plan."""
     try:
-        return build_prompt(task, "flawed", flaw_type=flaw_type, seed=index, severity=SEVERITIES[index % 3],
-                            plan_style=style, matcher="lexical")
+        settings = PromptSettings(variant="flawed", flaw_type=flaw_type, severity=SEVERITIES[index % 3],
+                                  plan_style=style, matcher="lexical")
+        return build_prompt(task, settings, seed=index)
     except FlawNotApplicable:
         return None
 
@@ -56,7 +57,8 @@ def build_prompts():
     """style -> (optimal prompts, flawed prompts of every type), each with its task."""
     out = {}
     for style in PLAN_STYLES:
-        optimal = [(t, build_prompt(t, "optimal", plan_style=style, matcher="lexical")) for t in TASKS]
+        settings = PromptSettings(variant="optimal", plan_style=style, matcher="lexical")
+        optimal = [(t, build_prompt(t, settings)) for t in TASKS]
         flawed = [(t, p) for i, t in enumerate(TASKS) for flaw in FLAW_TYPES
                   if (p := _flawed(t, style, i, flaw)) is not None]
         out[style] = optimal, flawed

@@ -1,6 +1,7 @@
 """Workflow prompts: arguments that pass the schema, plans that render and parse back, the four variants."""
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -14,6 +15,7 @@ from resilibench.core.text.prompts import (
     PLAN_HEADING,
     PLAN_STYLES,
     PROMPT_VARIANTS,
+    PromptSettings,
     build_prompt,
     parse_plan,
     render_plan,
@@ -85,11 +87,11 @@ def test_mcp_task_form_carries_reasons_dependencies_alternatives_and_the_exact_p
 
 @pytest.mark.parametrize("style", PLAN_STYLES)
 def test_the_four_variants(style):
-    kwargs = {"plan_style": style, "matcher": "lexical"}
-    baseline = build_prompt(TASK, "baseline", **kwargs)
-    cot = build_prompt(TASK, "cot", **kwargs)
-    optimal = build_prompt(TASK, "optimal", **kwargs)
-    flawed = build_prompt(TASK, "flawed", flaw_type="order", seed=1, **kwargs)
+    settings = PromptSettings(plan_style=style, matcher="lexical")
+    baseline = build_prompt(TASK, settings)
+    cot = build_prompt(TASK, replace(settings, variant="cot"))
+    optimal = build_prompt(TASK, replace(settings, variant="optimal"))
+    flawed = build_prompt(TASK, replace(settings, variant="flawed", flaw_type="order"), seed=1)
     for prompt in (baseline, cot, optimal, flawed):
         for needle in ("<tool_search>", "<tool_info>", "<tool_call>", '"task completed"', "10 turns",
                        TASK.description, "one tool call per message"):
@@ -104,29 +106,30 @@ def test_the_four_variants(style):
     if style == "mcp_task":  # the flawed plan claims the optimal plan's success probability
         claim = re.compile(r"Predicted success probability: [\d.]+")
         assert claim.search(flawed.text).group(0) == claim.search(optimal.text).group(0)
-    assert build_prompt(TASK, "flawed", flaw_type="order", seed=1, **kwargs) == flawed
+    assert build_prompt(TASK, replace(settings, variant="flawed", flaw_type="order"), seed=1) == flawed
 
 
 def test_every_flaw_type_builds_a_prompt_and_a_caller_plan_is_used():
     for flaw in FLAW_TYPES:
-        prompt = build_prompt(TASK, "flawed", flaw_type=flaw, matcher="lexical")
+        prompt = build_prompt(TASK, PromptSettings(variant="flawed", flaw_type=flaw, matcher="lexical"))
         assert prompt.injection.flaw_type == flaw and parse_plan(prompt.text) == sorted_edges(prompt.plan)
     mine = Workflow.chain(["file_operations_reader", "data_processing_parser"])
-    prompt = build_prompt(TASK, "optimal", workflow=mine)
+    prompt = build_prompt(TASK, PromptSettings(variant="optimal"), workflow=mine)
     assert prompt.plan.tools == mine.tools and all(n.params for n in prompt.plan.nodes)
-    twelve = build_prompt(TASK, "baseline", config=WorldConfig().replace(rules={"turn_limit": 12}))
+    twelve = build_prompt(TASK, PromptSettings(variant="baseline"),
+                          config=WorldConfig().replace(rules={"turn_limit": 12}))
     assert "12 turns" in twelve.text
 
 
 def test_bad_requests_are_refused_clearly():
     with pytest.raises(ValueError, match="flaw_type"):
-        build_prompt(TASK, "flawed")
+        build_prompt(TASK, PromptSettings(variant="flawed"))
     with pytest.raises(ValueError, match="only accepted with variant 'flawed'"):
-        build_prompt(TASK, "optimal", flaw_type="order")
+        build_prompt(TASK, PromptSettings(variant="optimal", flaw_type="order"))
     with pytest.raises(ValueError, match="baseline"):
-        build_prompt(TASK, "fancy")
+        build_prompt(TASK, PromptSettings(variant="fancy"))
     with pytest.raises(ValueError, match="mcp_task"):
-        build_prompt(TASK, "optimal", plan_style="xml")
+        build_prompt(TASK, PromptSettings(variant="optimal", plan_style="xml"))
     with pytest.raises(ValueError, match="plan line"):
         parse_plan("1. tool: ok\nnot a step")
     assert set(PROMPT_VARIANTS) == {"baseline", "cot", "optimal", "flawed"}
@@ -138,8 +141,10 @@ def test_a_flawed_plan_claims_the_confidence_of_an_optimal_one_under_any_rules()
     strict = WorldConfig().replace(rules={"strict_dependencies": True})
     for config in (WorldConfig(), strict):
         for flaw in ("order", "tool_misuse", "missing_step", "semantic_drift"):
-            prompt = build_prompt(TASK, "flawed", flaw_type=flaw, severity=1.0, plan_style="mcp_task", config=config,
-                                  matcher="lexical")
+            settings = PromptSettings(variant="flawed", flaw_type=flaw, severity=1.0, plan_style="mcp_task",
+                                      matcher="lexical")
+            prompt = build_prompt(TASK, settings, config=config)
             assert set(re.findall(r"Confidence: (\S+)", prompt.text)) == {"0.80"}
     cautious = WorldConfig().replace(failure={"base_success": 0.65})
-    assert "Confidence: 0.65" in build_prompt(TASK, "optimal", plan_style="mcp_task", config=cautious).text
+    assert "Confidence: 0.65" in build_prompt(TASK, PromptSettings(variant="optimal", plan_style="mcp_task"),
+                                              config=cautious).text

@@ -25,7 +25,7 @@ def rollout(env, seed, policy_seed=0, options=None):
 
 def test_check_env_passes():
     check_env(gym.make("ResiliBench-v1").unwrapped, skip_render_check=False)
-    check_env(gym.make("ResiliBench-v1", reward="shaped", strict_dependencies=True).unwrapped)
+    check_env(gym.make("ResiliBench-v1", reward="shaped", rules={"strict_dependencies": True}).unwrapped)
 
 
 def test_spaces_and_info():
@@ -100,7 +100,7 @@ def test_full_success_pays_one():
 
 
 def test_tool_action_after_turn_limit_truncates():
-    env = gym.make("ResiliBench-v1", turn_limit=2)
+    env = gym.make("ResiliBench-v1", rules={"turn_limit": 2})
     obs, info = env.reset(seed=0)
     for tool in (25, 26):  # dependency-free utilities
         obs, r, term, trunc, info = env.step(tool)

@@ -16,12 +16,14 @@ from resilibench.agents.scripted import OptimalTextAgent, PlanFollowingTextAgent
 from resilibench.cli import main as cli_main
 from resilibench.core.config import WorldConfig
 from resilibench.core.registry import ToolRegistry, default_registry
-from resilibench.core.text.toolbox import resolve_tool
+from resilibench.core.text.prompts import PromptSettings
+from resilibench.core.text.toolbox import SearchSettings, resolve_tool
 from resilibench.core.world import load_tasks
 from resilibench.envs.mcp.server import build_server
 from resilibench.envs.real_api.call_log import read_rows
 from resilibench.envs.real_api.live_apis import (
     LIVE_TASK_TYPE,
+    RealApi,
     load_document,
     load_live_api,
     mcp_tools,
@@ -181,8 +183,9 @@ def test_text_env_against_the_service_meets_the_simulator(service_url):
     """Same task and seed: the same trace and level through HTTP as in the simulator, including calls the
     env answers without a request (a dependency not met, bad arguments, a replay)."""
     agent = OptimalTextAgent()
-    simulated = ResiliBenchTextEnv(split=None, tasks=TASKS, search="lexical")
-    real = ResiliBenchTextEnv(split=None, tasks=TASKS, search="lexical", api=service_url, api_options=API_OPTIONS)
+    simulated = ResiliBenchTextEnv(split=None, tasks=TASKS, search=SearchSettings(method="lexical"))
+    real = ResiliBenchTextEnv(split=None, tasks=TASKS, search=SearchSettings(method="lexical"),
+                              api=RealApi(service_url, API_OPTIONS))
     failures = set()
     for task in TASKS:
         for seed in range(3):
@@ -212,7 +215,8 @@ def test_text_env_against_the_service_meets_the_simulator(service_url):
 
 
 def test_the_agent_reads_the_real_response_body(service_url):
-    env = ResiliBenchTextEnv(split=None, tasks=TASKS, search="lexical", api=service_url, api_options=API_OPTIONS)
+    env = ResiliBenchTextEnv(split=None, tasks=TASKS, search=SearchSettings(method="lexical"),
+                             api=RealApi(service_url, API_OPTIONS))
     task = TASKS[0]
     for seed in range(20):
         env.reset(seed=seed, options={"task_id": task.instance_id})
@@ -273,8 +277,8 @@ def test_mcp_session_in_real_api_mode(service_url):
             return outputs, status.structured_content
 
     sim_outputs, sim_status = anyio.run(session, build_server(search="lexical"))
-    real_outputs, real_status = anyio.run(session, build_server(search="lexical", api=service_url,
-                                                                api_options=API_OPTIONS))
+    real_outputs, real_status = anyio.run(session, build_server(search="lexical", api=RealApi(service_url,
+                                                                                          API_OPTIONS)))
     assert without_probability(real_status["trace"]) == without_probability(sim_status["trace"])
     assert real_status.get("level", real_status.get("level_if_finished")) == sim_status.get(
         "level", sim_status.get("level_if_finished"))
@@ -291,8 +295,9 @@ def test_the_example_task_set_runs_end_to_end(tmp_path):
                                                                      for t in task.required_tools}
         jobs = eval_jobs(live.tasks, ["optimal"], [0], config=live.world_config())
         log = tmp_path / "calls.jsonl"
-        rows = run_eval(PlanFollowingTextAgent(), jobs, config=WorldConfig(), api=live,
-                        api_options={**API_OPTIONS, "log": log}, progress=False, env_kwargs={"search": "lexical"})
+        rows = run_eval(PlanFollowingTextAgent(), jobs, progress=False,
+                        env={"config": WorldConfig(), "search": SearchSettings(method="lexical"),
+                             "api": RealApi(live, {**API_OPTIONS, "log": log})})
     assert [r["task_id"] for r in rows] == [t.instance_id for t in live.tasks]
     assert {r["level"] for r in rows} <= {"full_success", "partial_success", "failure"}
     assert any(r["level"] != "failure" for r in rows)
@@ -340,8 +345,9 @@ def test_a_live_api_over_mcp_through_the_text_env(tmp_path):
         live = mcp_live_api(path, client)
         assert live.registry.names == ("random_fact", "random_joke", "compile_post")
         assert live.registry["compile_post"].dependencies == ("random_fact", "random_joke")
-        env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=live.registry, config=live.world_config(),
-                                 api=client, search="lexical")
+        env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=live.registry,
+                                 config=live.world_config(), search=SearchSettings(method="lexical"),
+                                 api=RealApi(client))
         env.reset(seed=0)
         feedback = [env.step(f"<tool_call>{tool}</tool_call>")[0]
                     for tool in ("compile_post", "random_fact", "random_joke", "random_joke", "compile_post")]
@@ -357,8 +363,9 @@ def test_a_live_api_over_mcp_through_the_text_env(tmp_path):
         ("random_fact", True), ("random_joke", False), ("random_joke", True), ("compile_post", True)]
     # The optimal prompt of a live task shows its own steps as the plan; the plan follower completes it.
     with McpToolClient(server, timeout=5.0) as client:
-        env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=live.registry, config=live.world_config(),
-                                 api=client, search="lexical", prompt="optimal")
+        env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=live.registry,
+                                 config=live.world_config(), prompt=PromptSettings(variant="optimal"),
+                                 search=SearchSettings(method="lexical"), api=RealApi(client))
         trace, level, messages = play(env, live.tasks[0], 1, PlanFollowingTextAgent())
         env.close()
     assert "1. random_fact" in messages[0]["content"] and level == "full_success"
@@ -395,7 +402,7 @@ def test_a_task_file_naming_an_mcp_server_over_stdio(tmp_path):
                     "      - {tool: compile_post, depends_on: [random_fact], arguments: {text: hi}}\n")
     live = load_live_api(path)
     assert live.mcp is not None and live.registry.names == ("random_fact", "compile_post")
-    env = ResiliBenchTextEnv(split=None, api=live, search="lexical")
+    env = ResiliBenchTextEnv(split=None, search=SearchSettings(method="lexical"), api=RealApi(live))
     env.reset(seed=0)
     first, *_ = env.step("<tool_call>random_fact</tool_call>")
     env.step("<tool_call>compile_post</tool_call>")
@@ -455,7 +462,8 @@ def test_flawed_prompts_of_a_small_live_registry(tmp_path):
     injected = set()
     for flaw in FLAW_TYPES:
         env = ResiliBenchTextEnv(split=None, tasks=live.tasks, registry=registry, config=live.world_config(),
-                                 prompt="flawed", flaw_type=flaw, search="lexical", matcher="lexical")
+                                 prompt=PromptSettings(variant="flawed", flaw_type=flaw, matcher="lexical"),
+                                 search=SearchSettings(method="lexical"))
         try:
             _, info = env.reset(seed=0)
         except FlawNotApplicable:
@@ -472,7 +480,7 @@ def test_mcp_server_serves_a_live_api(service_url):
     task = live.tasks[6]  # service_health_task: four steps, no dependencies
 
     async def session():
-        async with Client(build_server(search="lexical", api=live, api_options=API_OPTIONS)) as client:
+        async with Client(build_server(search="lexical", api=RealApi(live, API_OPTIONS))) as client:
             listed = {t.name for t in (await client.list_tools()).tools}
             start = await client.call_tool("start_task", {"task_id": task.instance_id, "seed": 0})
             handle = start.structured_content["episode"]

@@ -16,7 +16,14 @@ from resilibench.core.bounds.exact import reference_workflow
 from resilibench.core.config import WorldConfig
 from resilibench.core.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
 from resilibench.core.simulator import RETRY_LIMIT_ERROR, env_episode
-from resilibench.core.text.prompts import PLAN_HEADING, build_prompt, parse_plan, with_arguments
+from resilibench.core.text.prompts import (
+    PLAN_HEADING,
+    PromptSettings,
+    build_prompt,
+    parse_plan,
+    with_arguments,
+)
+from resilibench.core.text.toolbox import SearchSettings
 from resilibench.core.workflow import Workflow
 from resilibench.envs.planner.env import ResiliBenchEnv
 from resilibench.envs.text.env import (
@@ -37,7 +44,8 @@ def call(name: str, arguments: str = "") -> str:
 
 def make_env(outcomes=None, **kwargs) -> ResiliBenchTextEnv:
     """A text env over the pipeline task; ``outcomes`` scripts the episode's draws (True = success)."""
-    env = ResiliBenchTextEnv(tasks=[make_task()], search="lexical", **kwargs)
+    kwargs.setdefault("search", SearchSettings(method="lexical"))
+    env = ResiliBenchTextEnv(tasks=[make_task()], **kwargs)
     env.reset(seed=0)
     if outcomes is not None:
         stream = np.ones_like(env.episode.stream)
@@ -51,7 +59,7 @@ def make_env(outcomes=None, **kwargs) -> ResiliBenchTextEnv:
 
 
 def test_check_env_and_text_spaces():
-    env = ResiliBenchTextEnv(split="test", search="lexical")
+    env = ResiliBenchTextEnv(split="test", search=SearchSettings(method="lexical"))
     check_env(env, skip_render_check=True)
     env.action_space.seed(0)
     sample = env.action_space.sample()
@@ -64,7 +72,7 @@ def test_check_env_and_text_spaces():
 
 
 def test_gym_make_and_render_shows_the_conversation():
-    env = gym.make("ResiliBenchText-v1", render_mode="ansi", search="lexical")
+    env = gym.make("ResiliBenchText-v1", render_mode="ansi", search=SearchSettings(method="lexical"))
     prompt, info = env.reset(seed=3)
     assert prompt == env.unwrapped.prompt.text and info["prompt"] == "baseline"
     assert info["level"] is None and info["trace"] == [] and info["turn"] == 0
@@ -78,7 +86,7 @@ def test_gym_make_and_render_shows_the_conversation():
 
 def test_observations_stay_in_the_space():
     task = dataclasses.replace(make_task(), description="Café – résumé → 数据 " + "x" * 2000)
-    env = ResiliBenchTextEnv(tasks=[task], search="lexical", max_length=1024)
+    env = ResiliBenchTextEnv(tasks=[task], max_length=1024, search=SearchSettings(method="lexical"))
     prompt, _ = env.reset(seed=0)
     assert env.observation_space.contains(prompt) and len(prompt) == 1024
     assert "Café – résumé → ?? x" in prompt and "characters cut ...]" in prompt  # cut in the middle
@@ -92,7 +100,7 @@ def test_observations_stay_in_the_space():
 
 
 def test_bad_use_is_rejected():
-    env = ResiliBenchTextEnv(search="lexical")
+    env = ResiliBenchTextEnv(search=SearchSettings(method="lexical"))
     with pytest.raises(RuntimeError, match="reset"):
         env.step("hi")
     with pytest.raises(ValueError, match="accepted: \\['task_id'"):
@@ -169,7 +177,7 @@ def test_replay_of_a_succeeded_tool_costs_the_turn_without_a_draw():
 
 
 def test_retry_cap_answers_without_a_draw():
-    env = ResiliBenchTextEnv(tasks=[make_task(max_retries=1)], search="lexical")
+    env = ResiliBenchTextEnv(tasks=[make_task(max_retries=1)], search=SearchSettings(method="lexical"))
     env.reset(seed=0)
     env.episode.stream[:] = 0.99  # every draw fails
     env.step(call(PIPELINE[0]))
@@ -184,7 +192,7 @@ def test_strict_dependencies_are_the_default():
     env = make_env()
     obs, *_, info = env.step(call("data_processing_transformer"))
     assert info["trace"][0]["error_code"] == DEPENDENCY_ERROR and "data_processing_parser must succeed first" in obs
-    lenient = make_env(strict_dependencies=False)
+    lenient = make_env(rules={"strict_dependencies": False})
     _, *_, info = lenient.step(call("data_processing_transformer"))
     assert info["trace"][0]["error_code"] != DEPENDENCY_ERROR and info["trace"][0]["probability"] == pytest.approx(0.4)
 
@@ -232,7 +240,7 @@ def test_failure_terminations(tools, reason):
     (call("file_operations_reader") + " Task completed.", False),  # the call is not played
 ])
 def test_turn_limit(last, truncated_expected):
-    env = make_env(turn_limit=4)
+    env = make_env(rules={"turn_limit": 4})
     for _ in range(3):
         env.step("<tool_search>reader</tool_search>")
     obs, *_ = env.step("<tool_search>writer</tool_search>")
@@ -244,7 +252,7 @@ def test_turn_limit(last, truncated_expected):
 
 
 def test_human_render_prints_each_exchange(capsys):
-    env = ResiliBenchTextEnv(tasks=[make_task()], search="lexical", render_mode="human")
+    env = ResiliBenchTextEnv(tasks=[make_task()], render_mode="human", search=SearchSettings(method="lexical"))
     env.reset(seed=0)
     assert capsys.readouterr().out.startswith("[user]\nExecute a")
     env.step("hello")
@@ -270,9 +278,11 @@ def _scripted_actions(rng: np.random.Generator, episode) -> int:
 def test_same_seed_and_calls_give_the_same_outcomes_as_the_planner_env(strict, profile):
     config = WorldConfig().replace(rules={"strict_dependencies": strict, "profile": profile})
     planner = ResiliBenchEnv(split="test", config=config)
-    text = ResiliBenchTextEnv(split="test", config=config, strict_dependencies=None, search="lexical")
+    lexical = SearchSettings(method="lexical")
+    text = ResiliBenchTextEnv(split="test", config=config, rules={"strict_dependencies": strict},
+                              search=lexical)
     by_kwarg = ResiliBenchTextEnv(split="test", config=WorldConfig().replace(rules={"profile": profile}),
-                                  strict_dependencies=strict, search="lexical")
+                                  rules={"strict_dependencies": strict}, search=lexical)
     ends = set()
     for seed in range(120):
         planner.reset(seed=seed)
@@ -303,7 +313,7 @@ def test_same_seed_same_conversation():
                 call("data_processing_parser"), "hello", call("data_processing_validator"), "task completed"]
 
     def run(seed):
-        env = ResiliBenchTextEnv(split="test", search="lexical")
+        env = ResiliBenchTextEnv(split="test", search=SearchSettings(method="lexical"))
         env.reset(seed=seed)
         for m in messages:
             if env.episode.done:
@@ -318,7 +328,7 @@ def test_same_seed_same_conversation():
 def test_reset_options_and_prompt_variants():
     assert set(RESET_OPTIONS) == {"task_id", "prompt", "flaw_type", "severity", "plan_style", "workflow",
                                   "shown_prompt"}
-    env = ResiliBenchTextEnv(split="test", search="lexical")
+    env = ResiliBenchTextEnv(split="test", search=SearchSettings(method="lexical"))
     task = env.tasks[7]
     prompt, info = env.reset(seed=0, options={"task_id": task.instance_id})
     assert info["task_id"] == task.instance_id and env.task is task
@@ -335,7 +345,8 @@ def test_reset_options_and_prompt_variants():
     assert parse_plan(prompt).tools == ("utility_logger", "file_operations_reader")
 
     # A prebuilt prompt is shown as it is: a dropped argument stays dropped (``workflow`` would refill it).
-    flawed = build_prompt(task, "flawed", flaw_type="parameter", severity=1.0, seed=3, config=env.config)
+    flawed = build_prompt(task, PromptSettings(variant="flawed", flaw_type="parameter", severity=1.0), seed=3,
+                          config=env.config)
     prompt, info = env.reset(seed=0, options={"task_id": task.instance_id, "shown_prompt": flawed})
     assert prompt == flawed.text and env.prompt is flawed and info["injection"] == flawed.injection.to_dict()
 
@@ -346,15 +357,17 @@ def test_reset_options_and_prompt_variants():
 
 
 def test_flawed_prompt_is_seeded_by_the_episode_seed():
-    env = ResiliBenchTextEnv(split="test", search="lexical", prompt="flawed", flaw_type="missing_step",
-                             severity=0.8)
+    env = ResiliBenchTextEnv(split="test",
+                             prompt=PromptSettings(variant="flawed", flaw_type="missing_step", severity=0.8),
+                             search=SearchSettings(method="lexical"))
     _, info = env.reset(seed=4)
     assert info["flaw_type"] == "missing_step" and info["injection"]["changes"]
     assert info["injection"]["severity"] == 0.8
     # the env's first episode of seed 4 (task index, episode seed); the flaw seed derives from the latter
     assert env.prompt.injection.seed == flaw_seed(env_episode(4, 0, len(env.tasks))[1])
-    again, info_again = ResiliBenchTextEnv(split="test", search="lexical", prompt="flawed",
-                                           flaw_type="missing_step", severity=0.8).reset(seed=4)
+    again, info_again = ResiliBenchTextEnv(
+        split="test", prompt=PromptSettings(variant="flawed", flaw_type="missing_step", severity=0.8),
+        search=SearchSettings(method="lexical")).reset(seed=4)
     assert again == env.prompt.text and info_again["injection"] == info["injection"]
     _, info = env.reset(seed=4, options={"prompt": "flawed", "flaw_type": "order"})
     assert info["flaw_type"] == "order"
@@ -374,7 +387,7 @@ def test_hostile_tool_calls_are_feedback_not_exceptions():
 
 
 def test_the_work_per_message_is_capped():
-    env = make_env(search_k=1)
+    env = make_env(search=SearchSettings(method="lexical", k=1))
     searches = "".join(f"<tool_search>read file number {i}</tool_search>" for i in range(1000))
     infos = "<tool_info>file_operations_reader</tool_info>" * 1000
     obs, *_, info = env.step(searches + infos)
@@ -395,7 +408,7 @@ def test_wrong_typed_reset_options_name_the_option():
     with pytest.raises(ValueError, match="reset option shown_prompt"):
         env.reset(seed=0, options={"shown_prompt": "hello"})
     with pytest.raises(ValueError, match="turn_limit must be an integer"):
-        ResiliBenchTextEnv(turn_limit="10")
+        ResiliBenchTextEnv(rules={"turn_limit": "10"})
 
 
 def test_a_call_that_ends_the_episode_prints_the_end_line_once():
@@ -419,7 +432,7 @@ def assistant(*calls: dict, content: str = "") -> dict:
 
 
 def test_tools_protocol_offers_the_tools_as_function_schemas():
-    env = make_env(protocol="tools")
+    env = make_env(prompt=PromptSettings(protocol="tools"))
     names = [t["function"]["name"] for t in env.tools]
     assert names == ["tool_search", "tool_info", *NAMES] and len(names) == 32
     reader = env.tools[2 + NAMES.index("file_operations_reader")]["function"]
@@ -427,11 +440,11 @@ def test_tools_protocol_offers_the_tools_as_function_schemas():
     assert "<tool_call>" not in env.prompt.text and "tool_search" in env.prompt.text
     assert make_env().tools is None and "<tool_call>" in make_env().prompt.text
     with pytest.raises(ValueError, match="protocol must be one of"):
-        ResiliBenchTextEnv(protocol="xml")
+        ResiliBenchTextEnv(prompt=PromptSettings(protocol="xml"))
 
 
 def test_tools_protocol_answers_each_call_in_a_tool_message():
-    env = make_env([True] * 10, protocol="tools")
+    env = make_env([True] * 10, prompt=PromptSettings(protocol="tools"))
     message = assistant(tool_call("tool_search", {"query": "read a file"}, "s1"),
                         tool_call("tool_info", {"name": "file_operations_reader"}, "i1"),
                         tool_call("file_operations_reader", {}, "c1"),
@@ -456,7 +469,7 @@ def test_tools_protocol_answers_each_call_in_a_tool_message():
 
 
 def test_tools_protocol_bad_arguments_and_names():
-    env = make_env([True] * 10, protocol="tools")
+    env = make_env([True] * 10, prompt=PromptSettings(protocol="tools"))
     env.step(assistant(tool_call("file_operations_reader", '{"source": 3')))  # malformed JSON
     assert env.info()["trace"][0]["error_code"] == INVALID_INPUT
     assert "malformed JSON arguments" in env.messages[-1]["content"]
@@ -490,7 +503,7 @@ def test_an_echoed_prompt_runs_nothing_costly_and_does_not_complete():
     assert not (terminated or truncated) and info["trace"] == [] and info["turn"] == 1
     assert "Empty tool search" in obs and "Tool search results" not in obs and len(obs) < 1000
     # The paper's wording writes its example searches as live tags: an echo runs every one of them.
-    paper = make_env([True] * 10, wording="paper")
+    paper = make_env([True] * 10, prompt=PromptSettings(wording="paper"))
     obs, *_ = paper.step(protocol_section(paper.prompt.text))
     assert obs.count("Tool search results") == 4 and len(obs) > 5000
 

@@ -9,6 +9,7 @@ import pytest
 
 from resilibench.core.evaluator import LEVELS
 from resilibench.core.registry import default_registry
+from resilibench.core.text.toolbox import SearchSettings
 from resilibench.core.world import load_tasks
 from resilibench.envs.text.env import ResiliBenchTextEnv
 from resilibench.envs.text.trl import GRPOReward, grpo_environment_class, task_prompt, task_rows
@@ -24,7 +25,7 @@ def tool_methods(env) -> dict:
 
 @pytest.fixture(scope="module")
 def env_class():
-    return grpo_environment_class(search="lexical")
+    return grpo_environment_class(search=SearchSettings(method="lexical"))
 
 
 def test_every_tool_is_a_method_whose_schema_is_the_registry_schema(env_class):
@@ -57,7 +58,7 @@ def _play_both(env_class, task, seed, actions):
     """Play ``actions`` through the adapter and, as tag messages, through the text env; return both."""
     adapter = env_class()
     prompt = adapter.reset(task_id=task.instance_id, seed=seed, prompt=[])
-    text_env = ResiliBenchTextEnv(split=None, search="lexical")
+    text_env = ResiliBenchTextEnv(split=None, search=SearchSettings(method="lexical"))
     text_env.reset(seed=seed, options={"task_id": task.instance_id})
     methods = tool_methods(adapter)
     for kind, name, arguments in actions:
@@ -110,7 +111,8 @@ def test_a_call_after_the_last_turn_ends_the_episode_unfinished(env_class):
 
 def test_progress_shaping_adds_the_share_of_required_tools_done():
     outcomes = []
-    shaped = grpo_environment_class(reward=GRPOReward(progress_weight=0.5), outcomes=outcomes, search="lexical")()
+    shaped = grpo_environment_class(reward=GRPOReward(progress_weight=0.5), outcomes=outcomes,
+                                    search=SearchSettings(method="lexical"))()
     task = next(t for t in load_tasks(split="train") if len(t.required_tools) >= 2)
     shaped.reset(task_id=task.instance_id, seed=0)
     first = task.required_tools[0]
@@ -144,12 +146,12 @@ def test_bad_reward_settings_name_the_field(kwargs, field):
 def test_the_search_surface_calls_tools_by_name_with_the_text_envs_answers():
     from transformers.utils import get_json_schema
 
-    adapter = grpo_environment_class(surface="search", search="lexical", search_k=2)()
+    adapter = grpo_environment_class(surface="search", search=SearchSettings(method="lexical", k=2))()
     assert set(tool_methods(adapter)) == {"tool_search", "tool_info", "call_tool"}
     assert get_json_schema(adapter.call_tool)["function"]["parameters"]["required"] == ["name"]
     task = load_tasks(split="test")[1]
     adapter.reset(task_id=task.instance_id, seed=2)
-    text_env = ResiliBenchTextEnv(split=None, search="lexical", search_k=2)
+    text_env = ResiliBenchTextEnv(split=None, search=SearchSettings(method="lexical", k=2))
     text_env.reset(seed=2, options={"task_id": task.instance_id})
     first = task.required_tools[0]
     for answer, message in [

@@ -203,9 +203,9 @@ def test_autoreset_next_step():
 
 
 def test_truncation_after_turn_limit():
-    env = gym.make_vec("ResiliBench-v1", num_envs=2, vectorization_mode="vector_entry_point", turn_limit=2,
-                       config=WorldConfig().replace(rules={"max_consecutive_failures": 9,
-                                                           "max_same_tool_failures": 9}))
+    config = WorldConfig().replace(rules={"max_consecutive_failures": 9, "max_same_tool_failures": 9})
+    env = gym.make_vec("ResiliBench-v1", num_envs=2, vectorization_mode="vector_entry_point", config=config,
+                       rules={"turn_limit": 2})
     env.reset(seed=0)
     for t in (0, 1):
         _, _, terminated, truncated, info = env.step(np.array([t, t + 10]))

@@ -11,7 +11,7 @@ from resilibench.core.bounds.exact import optimal_success, reference_workflow
 from resilibench.core.config import WorldConfig
 from resilibench.core.plan_follower import workflow_success
 from resilibench.core.workflow import Workflow
-from resilibench.envs.workflowgen.env import WorkflowGenEnv
+from resilibench.envs.workflowgen.env import WorkflowGenEnv, WorkflowReward
 from resilibench.metrics.structural import chain_f1, reachability_f1
 
 TASKS = representative_tasks()
@@ -35,7 +35,7 @@ def test_passes_the_gymnasium_checker():
 
 
 def test_building_the_reference_earns_its_execution_and_full_structure():
-    env = WorkflowGenEnv(tasks=TASKS, w_exec=0.7, w_struct=0.3)
+    env = WorkflowGenEnv(tasks=TASKS, reward=WorkflowReward(w_exec=0.7, w_struct=0.3))
     for task in TASKS:
         reference = reference_workflow(task)
         reward, info = build(env, reference, task.instance_id)
@@ -54,7 +54,7 @@ def test_other_workflows_score_lower_and_the_metric_is_a_choice():
     reversed_plan = Workflow(tuple(reversed(reference.nodes)),
                              tuple((len(reference.nodes) - 1 - b, len(reference.nodes) - 1 - a) for a, b in reference.edges))
     for metric, function in (("chain_f1", chain_f1), ("reachability_f1", reachability_f1)):
-        env = WorkflowGenEnv(tasks=[task], structural_metric=metric)
+        env = WorkflowGenEnv(tasks=[task], reward=WorkflowReward(structural_metric=metric))
         reward, info = build(env, reversed_plan, task.instance_id)
         assert info["structure"] == function(reversed_plan, reference).f1 < 1.0
         assert info["execution"] == workflow_success(task, reversed_plan)
@@ -139,11 +139,14 @@ def test_rollouts_are_deterministic_and_truncate_on_wasted_steps():
 
 
 def test_bad_arguments_and_rendering():
-    for kwargs, field in (({"structural_metric": "bleu"}, "structural_metric"), ({"w_exec": -1}, "w_exec"),
-                          ({"max_nodes": 0}, "max_nodes"), ({"split": "dev"}, "split"),
-                          ({"render_mode": "human"}, "render_mode"), ({"w_exec": float("nan")}, "w_exec"),
-                          ({"w_struct": float("inf")}, "w_struct"), ({"w_exec": "0.5"}, "w_exec"),
-                          ({"max_nodes": True}, "max_nodes"), ({"max_steps": 0}, "max_steps")):
+    for fields, field in (({"structural_metric": "bleu"}, "structural_metric"), ({"w_exec": -1}, "w_exec"),
+                          ({"w_exec": float("nan")}, "w_exec"), ({"w_struct": float("inf")}, "w_struct"),
+                          ({"w_exec": "0.5"}, "w_exec")):
+        with pytest.raises(ValueError, match=field):
+            WorkflowGenEnv(reward=WorkflowReward(**fields))
+    for kwargs, field in (({"max_nodes": 0}, "max_nodes"), ({"split": "dev"}, "split"),
+                          ({"render_mode": "human"}, "render_mode"), ({"max_nodes": True}, "max_nodes"),
+                          ({"max_steps": 0}, "max_steps"), ({"reward": {"w_exec": 1}}, "reward")):
         with pytest.raises(ValueError, match=field):
             WorkflowGenEnv(**kwargs)
     env = WorkflowGenEnv(split="test", render_mode="ansi")

@@ -13,6 +13,7 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 from resilibench.cli import main
+from resilibench.core.text.toolbox import SearchSettings
 from resilibench.core.world import load_tasks
 from resilibench.envs.text.env import ResiliBenchTextEnv
 from resilibench.robust_train.grpo import GRPOSettings, locate_model
@@ -43,7 +44,7 @@ def test_a_tool_call_made_through_the_trainer_changes_the_episode_and_its_reward
     settings = GRPOSettings(model=str(tiny_model), num_generations=2, batch_size=2, max_completion_length=256)
     model, tokenizer = load_agent_model(settings, tmp_path)
     outcomes: list = []
-    env_class = grpo_environment_class(outcomes=outcomes, search="lexical")
+    env_class = grpo_environment_class(outcomes=outcomes, search=SearchSettings(method="lexical"))
     task = next(t for t in load_tasks(split="train") if t.required_tools[0] == "file_operations_reader")
     rows = task_rows([task], [7]) * 2
     trainer = make_grpo_trainer(settings, tmp_path, model, tokenizer, env_class, rows, [], progress=False)
@@ -58,7 +59,7 @@ def test_a_tool_call_made_through_the_trainer_changes_the_episode_and_its_reward
     monkeypatch.setattr(trainer, "_generate_single_turn", scripted_generation)
     trainer._generate_and_score_completions(rows)
 
-    reference = ResiliBenchTextEnv(split=None, search="lexical")
+    reference = ResiliBenchTextEnv(split=None, search=SearchSettings(method="lexical"))
     reference.reset(seed=7, options={"task_id": task.instance_id})
     reference.step(f"<tool_call>file_operations_reader {json.dumps(call['arguments'])}</tool_call>")
     reference.step("Task completed.")
