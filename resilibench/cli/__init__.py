@@ -161,7 +161,7 @@ def load_library(path: str | None, world):
         except (ValueError, OSError, EOFError) as exc:
             raise CliError(f"--tasks: {exc}") from None
     digest = hashlib.sha256(file.read_bytes()).hexdigest()
-    source = {"path": f"default ({world})" if path is None else str(file), "world": world, "sha256": digest,
+    source = {"path": f"default ({world.name})" if path is None else str(file), "world": world.name, "sha256": digest,
               "count": len(tasks)}
     return tasks, source
 
