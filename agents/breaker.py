@@ -1,4 +1,4 @@
-"""The breaker loop (docs/breaker.md): propose a task, validate it, let the model under test try it four times,
+"""The breaker loop (docs/agents/breaker.md): propose a task, validate it, let the model under test try it four times,
 grade every attempt, and keep the tasks that break the model (at least 3 of 4 attempts fail).
 
 Per taxonomy and run, up to the taxonomy's iteration cap:
@@ -14,7 +14,7 @@ Per taxonomy and run, up to the taxonomy's iteration cap:
 Taxonomies: ``qc``, ``itf`` and ``mim`` (``LLMTaxonomy``: four LLM roles, prompts in
 ``agents.breaker_prompts``), and ``flaw`` (``FlawTaxonomy``): a ResiliBench task whose workflow plan
 carries an injected flaw, validated exactly (the flaw must lower the plan's exact success), played in
-``ResiliBenchText-v0`` by any text agent (LLMs, the scripted references, heuristic planners, PPO
+``ResiliBenchText-v1`` by any text agent (LLMs, the scripted references, heuristic planners, PPO
 policies through ``PlannerTextAgent``) and judged by the evaluator (PASS = full success).
 
 Output (``run_breaker``), append-only and resumable: ``DIR/iterations.jsonl`` (every iteration, invalid

@@ -9,7 +9,7 @@ already in the file (a truncated last line is repaired).
 
 Episodes are paired: the env of (task, seed) is reset with ``task_seed(task_id, seed)``, so every model
 and every prompt variant meets the same failure stream on the same task and seed, and the scripted
-optimal agent plays exactly the episode ``ResiliBench-v0`` would give ``OptimalPlanner``.
+optimal agent plays exactly the episode ``ResiliBench-v1`` would give ``OptimalPlanner``.
 
 The prompt settings' ``protocol`` picks how the agent uses tools: "tags" (the paper's text protocol) or
 "tools" (native function calls); tags-only agents play the tools protocol through ``scripted.for_protocol``. An episode

@@ -1,6 +1,6 @@
 """PPO planners on ResiliBench-v1: training throughput, env-runner scaling, and test success vs bound (iii).
 
-One command reproduces the figures of docs/ppo.md, in one process with one local Ray instance:
+One command reproduces the figures of docs/policies/ppo.md, in one process with one local Ray instance:
 
 (a) Anchors, measured in the same run: the raw single env (``ResiliBench-v1``, random legal actions, no
     policy) in steps/s, and RLlib PPO on ``CartPole-v1`` (RLlib's default module) with the same env-runner,

@@ -23,7 +23,7 @@ MAX_TURN_LIMIT = 1000
 
 @dataclass(frozen=True)
 class FailureModel(Settings):
-    """Test profile: p = base * uncalled**N_u * failed**N_f * history**N_h (docs/envs.md, the rules)."""
+    """Test profile: p = base * uncalled**N_u * failed**N_f * history**N_h (docs/core/rules.md, "The rules")."""
 
     section = "failure"
 
@@ -55,7 +55,7 @@ class TrainingDynamics(Settings):
 
 @dataclass(frozen=True)
 class EpisodeRules(Settings):
-    """How an episode runs and ends: one rule set for every front end (docs/envs.md, the rules)."""
+    """How an episode runs and ends: one rule set for every front end (docs/core/rules.md, "The rules")."""
 
     section = "rules"
     turn_limit: int = setting(10, bounds=(1, MAX_TURN_LIMIT), help="tool calls per episode",
@@ -70,7 +70,7 @@ class EpisodeRules(Settings):
 
 @dataclass(frozen=True)
 class EvaluatorConfig(Settings):
-    """Thresholds of the success levels (docs/envs.md, grading)."""
+    """Thresholds of the success levels (docs/core/rules.md, "Grading")."""
 
     section = "evaluator"
     min_coverage: dict[str, float] = setting(
@@ -123,7 +123,7 @@ class ShapedReward(Settings):
 
 @dataclass(frozen=True)
 class FailureProcesses(Settings):
-    """Failure processes beyond the success formula (docs/envs.md, "Failure processes"): per-tool base
+    """Failure processes beyond the success formula (docs/core/processes.md): per-tool base
     reliability, bursty outages, rate limits with a known wait, latency with a time budget. The defaults
     switch every process off and leave the world exactly v1."""
 

@@ -15,7 +15,7 @@ that rule once, for every front end:
 ``workflow_success`` is the exact expected full-success probability of that rule in the simulator, by
 enumerating every success/failure branch of a real ``Episode``. For the optimal policy's workflow it
 equals bound (iii) wherever the optimal policy never deviates from its happy path (see
-``docs/prompts.md``).
+``docs/core/prompts.md``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The failure processes of one tool call, written once (docs/envs.md, "Failure processes").
+"""The failure processes of one tool call, written once (docs/core/processes.md).
 
 ``call_outcomes`` lists the branches of one call, (probability, ``CallOutcome``), from the tool's process
 state (``ToolState``) and the success formula's probability; the simulator's ``Episode`` samples a call

@@ -3,8 +3,7 @@
 Every front end (planner env, text env, MCP server, harness) drives an ``Episode``; the batched vector
 env applies the same rule functions (``success_probability``, ``termination_code``, which
 ``termination_reason`` names) to arrays. Randomness comes from the counter-based source of
-``resilibench.core.stream``; this module fixes which draw feeds which use (docs/envs.md, "The random
-stream"):
+``resilibench.core.stream``; this module fixes which draw feeds which use (docs/core/stream.md):
 
 * episode of seed ``s``: the k-th drawing call reads ``uniform(s, 2k)`` (success if below the call's
   probability) and, when it fails, ``uniform(s, 2k + 1)`` (its error code);
@@ -68,7 +67,7 @@ def _table_power(factor: float, exponent: np.ndarray) -> np.ndarray:
 
 
 def success_probability(base, n_uncalled, n_failed, n_history, failure_model):
-    """The success formula (paper app. B.3; docs/envs.md); works on scalars and numpy integer arrays alike (bit-identical results)."""
+    """The success formula (paper app. B.3; docs/core/rules.md); works on scalars and numpy integer arrays alike (bit-identical results)."""
     fm = failure_model
     arrays = isinstance(n_uncalled, np.ndarray) or isinstance(n_failed, np.ndarray) or isinstance(
         n_history, np.ndarray)
@@ -82,7 +81,7 @@ def success_probability(base, n_uncalled, n_failed, n_history, failure_model):
 
 
 def termination_code(consecutive_failures, same_tool_streak, rules):
-    """The failure-termination rule (docs/envs.md, "The rules") as a code (0 = go on, else an index into ``END_REASONS``);
+    """The failure-termination rule (docs/core/rules.md, "The rules") as a code (0 = go on, else an index into ``END_REASONS``);
     scalars or numpy arrays. Too many consecutive failures takes precedence over a repetition loop."""
     consecutive = consecutive_failures >= rules.max_consecutive_failures
     repetition = same_tool_streak >= rules.max_same_tool_failures
@@ -91,7 +90,7 @@ def termination_code(consecutive_failures, same_tool_streak, rules):
 
 
 def termination_reason(consecutive_failures: int, same_tool_streak: int, rules) -> str | None:
-    """The failure-termination rule (docs/envs.md, "The rules"), or None while the episode may go on."""
+    """The failure-termination rule (docs/core/rules.md, "The rules"), or None while the episode may go on."""
     return END_REASONS[termination_code(consecutive_failures, same_tool_streak, rules)]
 
 

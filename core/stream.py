@@ -1,6 +1,6 @@
 """The counter-based random source of every episode: draw ``i`` of a seed is a pure function of (seed, i).
 
-Definition (docs/envs.md, "The random stream", has it with test vectors)::
+Definition (docs/core/stream.md, has it with test vectors)::
 
     GAMMA = 0x9E3779B97F4A7C15
     mix(z)  = z ^= z >> 30; z *= 0xBF58476D1CE4E5B9; z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31

@@ -1,6 +1,6 @@
 """The one ``Workflow`` type: nodes (a tool name and/or a step text) and directed dependency edges.
 
-Shared by workflow prompts, flaw injection, metrics, WorkflowGen-v0 and the generator's outputs. It
+Shared by workflow prompts, flaw injection, metrics, WorkflowGen-v1 and the generator's outputs. It
 converts to and from JSON, networkx and a numbered plan, and has a canonical form for exact comparison.
 """
 
@@ -67,7 +67,7 @@ class Repairs:
     ``duplicates``: repeated edges (harmless, dropped). ``self_loops`` and ``cycle_edges``: edges that
     made the graph cyclic; a cycle edge is an edge inside a strongly connected component that points
     back against the listing (from a later step to an earlier one). A workflow with either is
-    ``cyclic``: no order executes it, and the structural metrics score it 0 (docs/metrics.md).
+    ``cyclic``: no order executes it, and the structural metrics score it 0 (docs/metrics/structural.md).
     """
 
     duplicates: tuple[tuple[int, int], ...] = ()

@@ -9,7 +9,7 @@ path from u to v in the workflow's whole DAG (unaligned steps included). Shared 
   self-loop) scores 0 everywhere: no order executes it;
 - F1 is the harmonic mean of precision and recall, 0 when both are 0.
 
-Definitions (proofs and examples in docs/metrics.md):
+Definitions (proofs and examples in docs/metrics/structural.md):
 
 - chain F1: the predicted chain is the prediction's execution order (its topological order, ties by
   node index). l = the longest subsequence of that chain whose aligned reference steps appear in the

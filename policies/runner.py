@@ -1,4 +1,4 @@
-"""Run planners on ResiliBench-v0 episodes and collect one result row per episode.
+"""Run planners on ResiliBench-v1 episodes and collect one result row per episode.
 
 Every planner meets the same random stream for the same (task, seed): common random numbers make the
 comparison between planners, and with bound (iii), paired. A run can also write a call log

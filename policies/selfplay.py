@@ -46,7 +46,7 @@ class SelfPlayConfig:
     budget: int = 1
     severity: float = 0.5
     hide_required: bool = True  # the plan is the executor's only guide to the required tools
-    matcher: str = "auto"  # tool similarity of the flaws (see adversarial_v0)
+    matcher: str = "auto"  # tool similarity of the flaws (see adversarial_v1)
     world: str = "v1"  # the task library and grading of the game
     # Evaluation: episodes on held-out tasks, seeds seed * 1_000_003 + i.
     eval_episodes: int = 200

@@ -1,6 +1,7 @@
 """ResiliBench: seeded environments for tool use under failure.
 
-Importing the package registers the Gymnasium environments (``ResiliBench-v0``).
+Importing the package registers the Gymnasium environments (``ResiliBench-v1`` and the other ids of both
+worlds).
 """
 
 from pathlib import Path

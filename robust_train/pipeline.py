@@ -172,7 +172,7 @@ def evaluate_generator(model_dir: str | Path, records: Sequence[ClusterRecord], 
 
 @dataclass(frozen=True)
 class DemoSettings(Settings):
-    """The demo's sizes, chosen to finish in well under 30 minutes on 2 cores (``docs/robust_train.md``
+    """The demo's sizes, chosen to finish in well under 30 minutes on 2 cores (``docs/robust_train/generation.md``
     gives the measured times)."""
 
     train_clusters: int = setting(400, bounds=AT_LEAST_ONE, metavar="N", help="clusters for SFT and ScPO")

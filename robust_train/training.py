@@ -150,7 +150,7 @@ DEFAULT_TORCH_THREADS = 1
 def set_torch_threads(threads: int = DEFAULT_TORCH_THREADS) -> None:
     """Give torch ``threads`` intra-op threads for this process (call it before the work starts). One
     thread by default, as for PPO: on a busy machine torch's default (one per core) made a training step
-    6-9x slower here (docs/robust_train.md); raise it on a machine whose cores are free."""
+    6-9x slower here (docs/robust_train/generation.md); raise it on a machine whose cores are free."""
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise ValueError(f"torch_threads must be a positive integer, got {threads!r}")
     _require_llm()

@@ -1,4 +1,4 @@
-"""Exact upper bounds on full success (docs/bounds.md) and the optimal policy they imply.
+"""Exact upper bounds on full success (docs/core/bounds.md) and the optimal policy they imply.
 
 * bound (iii) ``optimal_success``: the best full-success probability of any policy that knows the failure
   model, by dynamic programming over the episode state that matters: the required tools not yet

@@ -1,4 +1,4 @@
-"""Bound (iii) under the failure processes of ``WorldConfig.processes`` (docs/bounds.md, "Failure processes").
+"""Bound (iii) under the failure processes of ``WorldConfig.processes`` (docs/core/bounds.md, "Failure processes").
 
 The DP of ``core.bounds.exact`` with the state each process adds, over canonical subproblems shared by every
 problem with the same call cap, rules, failure model and processes (``ProcessSubproblems``):

@@ -1,4 +1,4 @@
-"""Flawed workflows (paper C.3; docs/prompts.md): seven flaw types, two injection methods each.
+"""Flawed workflows (paper C.3; docs/core/prompts.md): seven flaw types, two injection methods each.
 
 ``inject_flaw`` perturbs a plan reproducibly from a seed and records every change it made. Severity is
 the share of the eligible positions that are changed (at least one); the positions are a seeded

@@ -118,7 +118,7 @@ def _mcp_steps(workflow: Workflow, registry: ToolRegistry, config: WorldConfig, 
     """One block per step: purpose, reason, arguments, prerequisites, alternatives, expected outcome and
     confidence. Every annotation comes from the plan as shown and the step's tool, never from checking the
     plan against the task or the tools' dependencies, so a flawed plan is annotated as its author would
-    annotate it, exactly like an optimal one (docs/prompts.md, "Flawed prompts")."""
+    annotate it, exactly like an optimal one (docs/core/prompts.md, "Flawed prompts")."""
     preds: dict[int, list[int]] = {i: [] for i in range(len(workflow.nodes))}
     succs: dict[int, list[int]] = {i: [] for i in range(len(workflow.nodes))}
     for a, b in workflow.edges:

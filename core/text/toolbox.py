@@ -1,6 +1,6 @@
 """What an agent can do with the 30 tools through text: search them, read one's schema, call one.
 
-Shared by the text env (``ResiliBenchText-v0``) and the MCP server so both answer the same way. Calls go
+Shared by the text env (``ResiliBenchText-v1``) and the MCP server so both answer the same way. Calls go
 through ``call_tool``, which checks arguments with the tool's own schema (``Tool.check_arguments``) and
 plays the call on the shared ``Episode``; no rule of the world lives here.
 """
@@ -549,7 +549,7 @@ def end_text(episode: Episode) -> str:
 
 PROTOCOLS = ("tags", "tools")  # how an agent uses tools: tags in its text, or native function calls
 # How a prompt words the tag protocol: "plain" (default) writes no live example request, "paper" is the
-# paper's wording with its example searches written as tags (docs/decisions.md).
+# paper's wording with its example searches written as tags (decision 91, docs/decisions/text_protocol_and_prompts.md).
 WORDINGS = ("plain", "paper")
 SEARCH_FUNCTION, INFO_FUNCTION = "tool_search", "tool_info"
 

@@ -107,12 +107,12 @@ def _adversary_mask(workflow: Workflow, max_plan_length: int, matcher: str) -> n
 
 class raw_env(AECEnv):
     """
-    # Adversarial plans (``adversarial_v0``)
+    # Adversarial plans (``adversarial_v1``)
 
-    | Import             | `from resilibench.envs import adversarial_v0`               |
+    | Import             | `from resilibench.envs import adversarial_v1`               |
     |--------------------|-------------------------------------------------------------|
     | Actions            | Discrete                                                    |
-    | Parallel API       | Yes (`adversarial_v0.parallel_env()`, native)               |
+    | Parallel API       | Yes (`adversarial_v1.parallel_env()`, native)               |
     | Agents             | `agents = ['adversary', 'executor']`                        |
     | Action Values      | adversary `[0, 1 + 14 * max_plan_length)`, executor `[0, 30]` |
     | Observations       | Dict: `observation` (float32 in [0, 1]), `action_mask` (int8) |
@@ -125,12 +125,12 @@ class raw_env(AECEnv):
     text env's prompts (``core.text.prompts.with_arguments``). It injects flaws into it: one of the seven flaw
     types of ``resilibench.core.text.flaws`` (order, tool misuse, parameter, missing step, redundant, logic
     discontinuity, semantic drift), by one of the type's two methods, at a plan position, up to ``budget``
-    injections. The executor then plays the planner MDP of ``ResiliBench-v0`` on the same ``Episode`` core
+    injections. The executor then plays the planner MDP of ``ResiliBench-v1`` on the same ``Episode`` core
     (the same rules, random stream and evaluator), seeing the planner observation and the plan it received.
     The game is zero-sum on the executor's full success.
 
     The plan is advice. An executor's tool call is a planner-MDP call, without arguments, exactly as in
-    ``ResiliBench-v0``; in this MDP a plan step is its tool, and whether its arguments fit the tool's
+    ``ResiliBench-v1``; in this MDP a plan step is its tool, and whether its arguments fit the tool's
     schema. So a parameter flaw only flags its step (a literal plan follower, ``PlanFollower``, would have
     that call rejected with INVALID_INPUT), and flaws that change only a step's text or an argument's value
     within the schema (``description_drift``, ``format_mismatch``) change nothing the executor sees.
@@ -150,9 +150,9 @@ class raw_env(AECEnv):
       the env's fixed ``severity``; ``adversary_action(flaw_type, method, position)`` and
       ``describe_adversary_action(action)`` convert. The mask marks the positions where the flaw applies
       (``applicable_positions``); a masked action injects nothing and still uses one injection of the budget.
-    * executor: ``Discrete(31)`` as in ``ResiliBench-v0``: tool ``i < 30`` or FINISH (30). The mask is the
+    * executor: ``Discrete(31)`` as in ``ResiliBench-v1``: tool ``i < 30`` or FINISH (30). The mask is the
       planner env's (a tool is legal while it has not succeeded, is under its call cap and a turn is left;
-      FINISH always); masked actions are played under the shared episode rules, as in ``ResiliBench-v0``.
+      FINISH always); masked actions are played under the shared episode rules, as in ``ResiliBench-v1``.
     * Actions outside the space, or not integers (floats, strings, booleans; numpy integers are fine),
       raise ``ValueError``.
 
@@ -165,7 +165,7 @@ class raw_env(AECEnv):
 
     * adversary (``12 * 33 + 30 + 20 + 1 = 447`` floats by default): the current plan, the task's
       required-tool mask, the 20 task features of the planner observation, and the share of the budget left.
-    * executor (``204 + 12 * 33 + 30 = 630`` floats by default): the ``ResiliBench-v0`` observation (see
+    * executor (``204 + 12 * 33 + 30 = 630`` floats by default): the ``ResiliBench-v1`` observation (see
       ``resilibench.envs.planner.observation``), the received plan (zero while the adversary is still acting), and a
       one-hot of the tool that a literal plan follower would call next (zero when it would finish). With
       ``hide_required=True`` the planner observation's required-tool mask, next-required one-hot and progress
@@ -179,21 +179,21 @@ class raw_env(AECEnv):
     ## Starting State
 
     A task drawn from the pool (or ``options["task_id"]``) and an episode started exactly as
-    ``ResiliBench-v0``'s ``reset(seed)`` does: for the same seed and task the executor meets the same task and
-    random stream, so with "no flaw" and the same calls its episode is ``ResiliBench-v0``'s, step for step.
+    ``ResiliBench-v1``'s ``reset(seed)`` does: for the same seed and task the executor meets the same task and
+    random stream, so with "no flaw" and the same calls its episode is ``ResiliBench-v1``'s, step for step.
     Flaw injections draw their seeds from a separate stream of the same seed.
 
     ## Episode End
 
     When the executor's episode ends (FINISH, too many consecutive failures, a repetition loop: terminated;
     a tool action after the turn limit: truncated), both agents end together and receive their rewards.
-    ``infos["executor"]`` then holds ``level``, ``evaluation`` and ``end_reason`` as ``ResiliBench-v0``'s info
+    ``infos["executor"]`` then holds ``level``, ``evaluation`` and ``end_reason`` as ``ResiliBench-v1``'s info
     does; ``infos[agent]["injections"]`` lists what the adversary did.
 
     ## Arguments
 
     ```python
-    from resilibench.envs import adversarial_v0
+    from resilibench.envs import adversarial_v1
 
     env = adversarial_v1.env(split="test", task_types=["simple_data_transformation"], budget=1, severity=0.5,
                              max_plan_length=12, hide_required=False, matcher="lexical",
@@ -216,6 +216,7 @@ class raw_env(AECEnv):
     ## Version History
 
     * v0: initial release (episode rules of ResiliBench-v0).
+    * v1: world v1 (its task library and grading, docs/core/worlds.md); the default.
     """
 
     metadata = {
@@ -290,7 +291,7 @@ class raw_env(AECEnv):
 
     @property
     def episode(self) -> Episode | None:
-        """The executor's ``Episode`` (the same core as ``ResiliBench-v0``'s)."""
+        """The executor's ``Episode`` (the same core as ``ResiliBench-v1``'s)."""
         return self.planner.episode
 
     # --- spaces ---------------------------------------------------------------------------------------
@@ -323,7 +324,7 @@ class raw_env(AECEnv):
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         task_id, workflow = self._read_options(options)
-        # The planner env draws the task and the episode seed exactly as ResiliBench-v0 does.
+        # The planner env draws the task and the episode seed exactly as ResiliBench-v1 does.
         first_obs, _ = self.planner.reset(seed=seed, options=None if task_id is None else {"task_id": task_id})
         if seed is not None or self._flaw_rng is None:
             self._flaw_rng = np.random.default_rng(None if seed is None else [seed, _FLAW_STREAM])
@@ -502,7 +503,7 @@ class raw_env(AECEnv):
 
 
 class AdversarialParallelEnv(ParallelEnv):
-    """``adversarial_v0`` through PettingZoo's parallel API, natively (the AEC env's docstring documents
+    """``adversarial_v1`` through PettingZoo's parallel API, natively (the AEC env's docstring documents
     the game). Both agents are live until the end and observe every step; only the agent on turn
     (``agent_on_turn``) has legal actions, and only its action is played (the other may be omitted)."""
 

@@ -83,7 +83,7 @@ TASK_URI_PREFIX = "resilibench://tasks/"
 TASK_URI_TEMPLATE = TASK_URI_PREFIX + "{task_id}"
 
 # Error codes of the server itself; a call answered with one of them changes no episode, except
-# OUT_OF_TURNS, which ends the episode (as a tool action after the last turn does in ResiliBench-v0).
+# OUT_OF_TURNS, which ends the episode (as a tool action after the last turn does in ResiliBench-v1).
 BAD_ARGUMENTS = "BAD_ARGUMENTS"
 UNKNOWN_TOOL = "UNKNOWN_TOOL"
 UNKNOWN_EPISODE = "UNKNOWN_EPISODE"
@@ -407,7 +407,7 @@ class ResiliBenchMCP:
             if not pool:
                 return _error(UNKNOWN_TASK, f"start_task: no task of split {split!r} in this library; "
                               f"splits here: {sorted({t.split for t in self.tasks})}")
-            # The task ResiliBench-v0 (on that split) draws when reset with this seed.
+            # The task ResiliBench-v1 (on that split) draws when reset with this seed.
             task = pool[env_episode(seed, 0, len(pool))[0]]
         else:
             task = self.tasks_by_id.get(task_id)

@@ -1,4 +1,4 @@
-"""``ResiliBench-v0``: the planner MDP over the 30 simulated tools."""
+"""``ResiliBench-v1``: the planner MDP over the 30 simulated tools."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ class ResiliBenchEnv(gym.Env):
     ## Starting State
 
     A task drawn uniformly from the pool (split and task types chosen at make) by the env's counter-based
-    stream (``EnvEpisodes``; docs/envs.md, "The random stream"), or the task named by
+    stream (``EnvEpisodes``; docs/core/stream.md), or the task named by
     ``reset(options={"task_id": ...})``; every tool NOT_ATTEMPTED.
 
     ## Episode End
@@ -89,7 +89,7 @@ class ResiliBenchEnv(gym.Env):
     import gymnasium as gym
     import resilibench
 
-    env = gym.make("ResiliBench-v0", split="test", task_types=["complex_network_integration"],
+    env = gym.make("ResiliBench-v1", split="test", task_types=["complex_network_integration"],
                    reward="shaped", rules={"strict_dependencies": False, "turn_limit": 10})
     obs, info = env.reset(seed=0, options={"task_id": "task_1a2b3c4d"})
     ```
@@ -102,14 +102,15 @@ class ResiliBenchEnv(gym.Env):
       (``turn_limit``, ``strict_dependencies``, ``profile``: "test" or "training"). ``world``: "v1" (the
       env id's) or a ``World`` (``resilibench.core.world``).
     * ``features``: "full" (default) or "no_dependency_hints": the observation without the next-required
-      one-hot and the dependency task features (the ablation of docs/ppo.md; see
+      one-hot and the dependency task features (the ablation of docs/policies/ppo.md; see
       ``resilibench.envs.planner.observation``).
     * ``api``: real-API mode, a ``RealApi`` as in ``ResiliBenchText-v1``: where the simulator would draw,
       the tool is called over HTTP (our tool service, whose episode mirrors this one, or a client).
 
     ## Version History
 
-    * v0: initial release (rules of docs/envs.md; any change to them bumps the version).
+    * v0: initial release (rules of docs/core/rules.md; any change to them bumps the version).
+    * v1: world v1 (its task library and grading, docs/core/worlds.md); the default.
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}

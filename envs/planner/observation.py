@@ -1,4 +1,4 @@
-"""The planner observation (paper app. D; docs/envs.md): layout, the 20-dim task features, and encoding of an Episode.
+"""The planner observation (paper app. D; docs/envs/planner.md): layout, the 20-dim task features, and encoding of an Episode.
 
 Layout of the flat float32 vector (N = 30 tools):
     [0, 4N)        tool status one-hot, tool-major: NOT_ATTEMPTED, SUCCESS, FAILED, DEPENDENCY_FAILED

@@ -1,4 +1,4 @@
-"""``ResiliBench-v0`` natively batched: one compiled loop over N episodes (``gymnasium.make_vec(...,
+"""``ResiliBench-v1`` natively batched: one compiled loop over N episodes (``gymnasium.make_vec(...,
 "vector_entry_point")``)."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     """
     ## Description
 
-    ``ResiliBench-v0`` for N episodes at once, stepped by one numba-compiled loop over the batch (no Python
+    ``ResiliBench-v1`` for N episodes at once, stepped by one numba-compiled loop over the batch (no Python
     loop over sub-envs). Sub-env ``i`` behaves exactly like a ``ResiliBenchEnv`` (see ``resilibench.envs.planner.env``)
     reset with seed ``seed + i``: the same task sampling, the same episode random stream, and step for step
     the same observations, rewards, terminations, truncations, action masks and final levels (a test
@@ -66,31 +66,31 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     import gymnasium as gym
     import resilibench
 
-    envs = gym.make_vec("ResiliBench-v0", num_envs=1024, vectorization_mode="vector_entry_point")
+    envs = gym.make_vec("ResiliBench-v1", num_envs=1024, vectorization_mode="vector_entry_point")
     obs, info = envs.reset(seed=0)
     obs, reward, terminated, truncated, info = envs.step(envs.action_space.sample())
     ```
 
     ## Action Space
 
-    ``MultiDiscrete([31] * N)``: per sub-env, tool ``i < 30`` or ``30`` = FINISH, as in ``ResiliBench-v0``.
+    ``MultiDiscrete([31] * N)``: per sub-env, tool ``i < 30`` or ``30`` = FINISH, as in ``ResiliBench-v1``.
     Every action must lie in ``[0, 31)`` (``ValueError`` otherwise), including those of sub-envs that are
     being autoreset (their actions are ignored).
 
     ## Observation Space
 
-    ``Box(0, 1, (N, 204), float32)``: row ``i`` is sub-env ``i``'s ``ResiliBench-v0`` observation (layout
+    ``Box(0, 1, (N, 204), float32)``: row ``i`` is sub-env ``i``'s ``ResiliBench-v1`` observation (layout
     in ``resilibench.envs.planner.observation``).
 
     ## Rewards
 
     ``reward="sparse"`` only: 1.0 when an episode ends in full success, else 0.0 (float64 array). The
     shaped reward and the ``training`` dynamics profile keep per-env running state and are served by
-    ``gymnasium.make_vec("ResiliBench-v0", num_envs=N, vectorization_mode="sync", reward="shaped")``.
+    ``gymnasium.make_vec("ResiliBench-v1", num_envs=N, vectorization_mode="sync", reward="shaped")``.
 
     ## Episode End
 
-    As in ``ResiliBench-v0``: terminated on FINISH or a failure termination, truncated on a tool action
+    As in ``ResiliBench-v1``: terminated on FINISH or a failure termination, truncated on a tool action
     after the turn limit. Autoreset follows Gymnasium's ``NEXT_STEP`` mode (``metadata["autoreset_mode"]``):
     the step after an episode ends resets that sub-env (its action is ignored) and returns the first
     observation of the new episode with reward 0, ``terminated = truncated = False``.
@@ -106,7 +106,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     * ``end_reason`` / ``_end_reason``: (N,) int8 indices into ``resilibench.core.simulator.END_REASONS``
       (1 finished, 2 out_of_turns, 3 consecutive_failures, 4 repetition_loop), 0 where none ended.
 
-    The per-call trace (tool names, error codes) is not kept; use ``ResiliBench-v0`` for traces.
+    The per-call trace (tool names, error codes) is not kept; use ``ResiliBench-v1`` for traces.
 
     ## Arguments
 
@@ -124,6 +124,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     ## Version History
 
     * v0: initial release, the rules of ``ResiliBench-v0`` v0.
+    * v1: world v1 (its task library and grading, docs/core/worlds.md); the default.
     """
 
     metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
@@ -150,8 +151,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
         if reward != "sparse":
             raise ValueError(
-                f"the batched ResiliBench-v0 supports reward='sparse' only, got {reward!r}; for the shaped reward "
-                "use gymnasium.make_vec('ResiliBench-v0', num_envs=N, vectorization_mode='sync', reward='shaped')"
+                f"the batched ResiliBench-v1 supports reward='sparse' only, got {reward!r}; for the shaped reward "
+                "use gymnasium.make_vec('ResiliBench-v1', num_envs=N, vectorization_mode='sync', reward='shaped')"
             )
         if reward_phase not in PHASES:
             raise ValueError(f"reward phase must be one of {PHASES}, got {reward_phase!r}")
@@ -159,7 +160,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
         if render_mode is not None:
             raise ValueError(
-                f"the batched ResiliBench-v0 does not render (render_mode={render_mode!r}); use "
+                f"the batched ResiliBench-v1 does not render (render_mode={render_mode!r}); use "
                 "vectorization_mode='sync' with render_mode='ansi'"
             )
         self.world = front_end_world(world, config, rules)
@@ -167,13 +168,13 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         rules = self.config.rules
         if rules.profile != "test":
             raise ValueError(
-                f"the batched ResiliBench-v0 supports profile='test' only, got {rules.profile!r}; for the training "
-                "profile use gymnasium.make_vec('ResiliBench-v0', num_envs=N, vectorization_mode='sync', "
+                f"the batched ResiliBench-v1 supports profile='test' only, got {rules.profile!r}; for the training "
+                "profile use gymnasium.make_vec('ResiliBench-v1', num_envs=N, vectorization_mode='sync', "
                 "rules={'profile': 'training'})"
             )
         if self.config.processes.active:
-            raise ConfigError("processes", "processes: the batched ResiliBench-v0 does not play failure processes "
-                              "(the single env plays them); use gymnasium.make_vec('ResiliBench-v0', num_envs=N, "
+            raise ConfigError("processes", "processes: the batched ResiliBench-v1 does not play failure processes "
+                              "(the single env plays them); use gymnasium.make_vec('ResiliBench-v1', num_envs=N, "
                               "vectorization_mode='sync', config=...)")
         self.registry = registry or default_registry()
         self.tasks = select_tasks(tasks, split, task_types, self.world)

@@ -18,7 +18,7 @@ with a flat likelihood, is not identified: it keeps its default and the report s
 
 Goodness of fit (``FitTest``): predicted against observed successes by bins of predicted probability
 (Hosmer-Lemeshow), by tool among the tools that share one base, and the error codes' frequencies among
-failures; each a chi-square statistic with its p-value (docs/real_apis.md, "Calibrating the failure
+failures; each a chi-square statistic with its p-value (docs/envs/real_apis.md, "Calibrating the failure
 model").
 """
 

@@ -406,7 +406,7 @@ def task_file_path(path: str | Path) -> Path:
 
 
 def read_task_file(path: str | Path) -> TaskFile:
-    """Read a YAML task file (docs/real_apis.md, "Live APIs"), or a shipped set by name (``live_example``);
+    """Read a YAML task file (docs/envs/real_apis.md, "Live APIs"), or a shipped set by name (``live_example``);
     ``InputError`` naming the field at fault."""
     path = task_file_path(path)
     if not path.is_file():

@@ -25,7 +25,7 @@ DEFAULT_MAX_EPISODES = 10_000
 
 def start_episode(task: Task, seed: int, config: WorldConfig | None = None,
                   registry: ToolRegistry | None = None) -> Episode:
-    """The episode of ``task`` for run seed ``seed``: the stream ``ResiliBench-v0`` meets when reset with
+    """The episode of ``task`` for run seed ``seed``: the stream ``ResiliBench-v1`` meets when reset with
     ``task_seed(task_id, seed)``, as ``resilibench run`` and the bounds do (paired across front ends,
     independent across tasks: `simulator.run_episode_seed`)."""
     return Episode.start(task, run_episode_seed(task.instance_id, seed), config, registry)

@@ -1,4 +1,4 @@
-"""``ResiliBenchText-v0``: LLM agents play the ResiliBench world through chat messages (docs/text_env.md)."""
+"""``ResiliBenchText-v1``: LLM agents play the ResiliBench world through chat messages (docs/envs/text.md)."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ class ResiliBenchTextEnv(gym.Env):
     outputs, tool protocol and, depending on the variant, a workflow plan), then sends one assistant
     message per turn. Messages may search the 30 tools, read a tool's schema and call one tool; the env
     answers each message with a feedback message. Tool calls are played on the same seeded ``Episode``
-    as ``ResiliBench-v0`` (same failure model, same rules), so the same seed and the same calls give the
+    as ``ResiliBench-v1`` (same failure model, same rules), so the same seed and the same calls give the
     same outcomes in both envs. The evaluator grades the episode as ``full_success``,
     ``partial_success`` or ``failure``.
 
@@ -132,7 +132,7 @@ class ResiliBenchTextEnv(gym.Env):
 
     ## Starting State
 
-    A task sampled uniformly from the pool with the env's generator (exactly as ``ResiliBench-v0``
+    A task sampled uniformly from the pool with the env's generator (exactly as ``ResiliBench-v1``
     samples it), or the task of ``options["task_id"]``; every tool not attempted.
 
     ## Episode End
@@ -189,7 +189,8 @@ class ResiliBenchTextEnv(gym.Env):
 
     ## Version History
 
-    * v0: initial release (rules of docs/envs.md; any change to them bumps the version).
+    * v0: initial release (rules of docs/core/rules.md; any change to them bumps the version).
+    * v1: world v1 (its task library and grading, docs/core/worlds.md); the default.
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 1}
@@ -247,7 +248,7 @@ class ResiliBenchTextEnv(gym.Env):
         self.messages: list[dict[str, Any]] = []
         self._parsed: ParsedMessage | None = None
         self._injection: dict[str, Any] | None = None  # the prompt's flaw injection as a dict
-        # The running full-success rate read by the training profile, kept as ResiliBench-v0 keeps it.
+        # The running full-success rate read by the training profile, kept as ResiliBench-v1 keeps it.
         self._success_tracker = ShapedRewarder(self.config.reward)
 
     # --- Gymnasium API -------------------------------------------------------------------------------
@@ -308,7 +309,7 @@ class ResiliBenchTextEnv(gym.Env):
                 truncated = True
                 parts.append((None, f"{no_more} and no completion signal."))
         elif parsed.completes and not parsed.has_tags:
-            episode.finish()  # the completion signal alone costs no turn, as FINISH in ResiliBench-v0
+            episode.finish()  # the completion signal alone costs no turn, as FINISH in ResiliBench-v1
         else:
             parts = self._play(parsed)
             if parsed.completes and not episode.done:

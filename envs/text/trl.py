@@ -1,4 +1,4 @@
-"""``ResiliBenchText-v0`` as a TRL GRPO environment: ``GRPOTrainer(environment_factory=...)``.
+"""``ResiliBenchText-v1`` as a TRL GRPO environment: ``GRPOTrainer(environment_factory=...)``.
 
 TRL 1.16 makes every public method of an environment a tool the model may call natively (function
 schemas in the chat template, structured tool calls parsed back), calls ``reset(**row)`` before each

@@ -1,4 +1,4 @@
-"""``WorkflowGen-v0``: building a workflow DAG for a task, step by step, scored by execution and structure."""
+"""``WorkflowGen-v1``: building a workflow DAG for a task, step by step, scored by execution and structure."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ class WorkflowGenEnv(gym.Env):
     0 on every step but the last; at the end ``w_exec * execution + w_struct * structure`` (both in
     [0, 1]; defaults 0.5 and 0.5). The reference workflow itself earns ``w_exec * execution(reference)
     + w_struct``; its execution equals bound (iii) wherever the optimal policy never leaves its happy
-    path, and is a little below it otherwise (``docs/prompts.md``). ``info`` at the end carries
+    path, and is a little below it otherwise (``docs/core/prompts.md``). ``info`` at the end carries
     ``workflow``, ``reference``, ``execution`` and ``structure``.
 
     ## Starting State
@@ -107,7 +107,7 @@ class WorkflowGenEnv(gym.Env):
     obs, info = env.reset(seed=0, options={"task_id": "task_1a2b3c4d"})
     ```
 
-    * ``split``, ``task_types``, ``tasks``: the task pool, as in ``ResiliBench-v0``.
+    * ``split``, ``task_types``, ``tasks``: the task pool, as in ``ResiliBench-v1``.
     * ``config``: the ``WorldConfig`` the workflow is executed under (its ``test`` failure profile).
     * ``reward``: a ``WorkflowReward``: the non-negative weights ``w_exec`` and ``w_struct`` and the
       ``structural_metric``, "chain_f1" (default) or "reachability_f1".
@@ -117,6 +117,7 @@ class WorkflowGenEnv(gym.Env):
     ## Version History
 
     * v0: initial release.
+    * v1: world v1 (its task library and grading, docs/core/worlds.md); the default.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -242,7 +243,7 @@ class WorkflowGenEnv(gym.Env):
         if len(workflow.nodes) > self.max_nodes:
             raise ValueError(f"workflow has {len(workflow.nodes)} steps, more than max_nodes={self.max_nodes}")
         if any(n.tool is None for n in workflow.nodes):
-            raise ValueError("every step of a workflow built in WorkflowGen-v0 calls a tool")
+            raise ValueError("every step of a workflow built in WorkflowGen-v1 calls a tool")
         adds = [self.registry.id_of(n.tool) for n in workflow.nodes]
         edges = [self.edge_offset + a * self.max_nodes + b for a, b in workflow.edges]
         return adds + edges + [self.stop_action]

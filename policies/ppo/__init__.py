@@ -1,4 +1,4 @@
-"""RLlib PPO planners for ResiliBench-v0 (new API stack).
+"""RLlib PPO planners for ResiliBench-v1 (new API stack).
 
 * ``wrappers``: ``MaskedPlannerEnv`` (the action mask inside a Dict observation) and ``episode_observation``.
 * ``module``: ``PlannerModule``, the masked policy network (tool-set Transformer or MLP).

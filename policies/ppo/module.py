@@ -1,4 +1,4 @@
-"""The PPO policy network for ResiliBench-v0: an RLlib (new API stack) torch RLModule with action masking.
+"""The PPO policy network for ResiliBench-v1: an RLlib (new API stack) torch RLModule with action masking.
 
 Two encoders share one module (``model_config["encoder"]``):
 

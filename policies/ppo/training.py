@@ -1,7 +1,7 @@
-"""PPO training of ResiliBench-v0 planners with RLlib (new API stack), resumable, with checkpoints.
+"""PPO training of ResiliBench-v1 planners with RLlib (new API stack), resumable, with checkpoints.
 
 ``PPOTrainConfig`` holds every hyperparameter in one place (defaults tuned on a 2-core machine, see
-docs/ppo.md); ``build_ppo_config`` turns it into an RLlib ``PPOConfig``; ``train`` runs iterations into an
+docs/policies/ppo.md); ``build_ppo_config`` turns it into an RLlib ``PPOConfig``; ``train`` runs iterations into an
 output directory:
 
     DIR/training.json            config and metadata (resilibench.results.run_metadata)
@@ -47,7 +47,7 @@ from . import (
 from .curriculum import CurriculumConfig, stage_pools
 
 REWARDS = ("sparse", "shaped")
-ENV_NAME = "ResiliBenchMasked-v0"  # MaskedPlannerEnv over ResiliBench-v0, registered with Ray Tune
+ENV_NAME = "ResiliBenchMasked-v0"  # MaskedPlannerEnv over ResiliBench-v1, registered with Ray Tune
 TRAINING_FILE, PROGRESS_FILE, STATE_FILE = "training.json", "progress.jsonl", "state.json"
 # Fields that may differ between a run and its resumption (resources and stopping rules).
 # The learner count may not change: it splits the batch and shapes the optimizer state in the checkpoint.
@@ -70,7 +70,7 @@ class PPOTrainConfig(Settings):
     reward: str = setting("sparse", choices=REWARDS, help="sparse: 1 on full success; shaped: paper D.3")
     features: str = setting("full", choices=OBSERVATION_FEATURES,
                             help="observation features; no_dependency_hints: without the next required tool "
-                            "and the dependency features (the ablation of docs/ppo.md)")
+                            "and the dependency features (the ablation of docs/policies/ppo.md)")
     curriculum: bool = setting(True, help="the five-stage curriculum of paper D.4.2")
     curriculum_config: dict[str, Any] = setting(factory=dict, help="CurriculumConfig overrides")
     balance_task_types: bool = setting(True, help="draw a task type uniformly, then a task of it "

@@ -1,7 +1,7 @@
-"""ResiliBench-v0 as RLlib's action-masking modules expect it: a Dict observation with the mask inside.
+"""ResiliBench-v1 as RLlib's action-masking modules expect it: a Dict observation with the mask inside.
 
 RLlib's masking modules read the legal actions from the observation, not from ``info``. ``MaskedPlannerEnv``
-wraps ``ResiliBench-v0`` without changing its contract: the same episodes, rewards and ends, with the
+wraps ``ResiliBench-v1`` without changing its contract: the same episodes, rewards and ends, with the
 observation ``{"observations": <the 204 floats>, "action_mask": <31 floats, 1 = legal>}``. It also lets
 a curriculum narrow the task pool (``set_stage``) and keeps ``info`` small, since RLlib stores every
 step's info and ships episodes between processes.
@@ -39,7 +39,7 @@ ACTION_MASK = "action_mask"
 
 def episode_observation(episode: Episode, layout: ObservationLayout | None = None,
                         features: str = "full") -> np.ndarray:
-    """The ``ResiliBench-v0`` observation of ``episode`` in its current state (while it is running), with
+    """The ``ResiliBench-v1`` observation of ``episode`` in its current state (while it is running), with
     the ``features`` of ``resilibench.envs.planner.observation``."""
     layout = layout or ObservationLayout(len(episode.registry), episode.processes_on)
     obs = initial_observation(episode.task, episode.registry, layout, features)
@@ -70,13 +70,13 @@ class MaskedPlannerEnv(gym.Wrapper):
     """
     ## Description
 
-    ``ResiliBench-v0`` with the action mask moved into the observation, for RLlib's action-masking
+    ``ResiliBench-v1`` with the action mask moved into the observation, for RLlib's action-masking
     RLModules (``resilibench.policies.ppo.module``). Episodes, rewards, terminations and truncations are
     the wrapped env's.
 
     ## Action Space
 
-    ``Discrete(31)``, as ``ResiliBench-v0`` (30 tools, then FINISH).
+    ``Discrete(31)``, as ``ResiliBench-v1`` (30 tools, then FINISH).
 
     ## Observation Space
 
@@ -113,7 +113,7 @@ class MaskedPlannerEnv(gym.Wrapper):
         super().__init__(env)
         inner = env.unwrapped
         if not isinstance(inner, ResiliBenchEnv):
-            raise TypeError(f"MaskedPlannerEnv wraps ResiliBench-v0, got {type(inner).__name__}")
+            raise TypeError(f"MaskedPlannerEnv wraps ResiliBench-v1, got {type(inner).__name__}")
         n_actions = int(env.action_space.n)
         self.observation_space = spaces.Dict({
             OBSERVATIONS: env.observation_space,

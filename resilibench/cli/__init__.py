@@ -589,7 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     api = Parser(add_help=False)
     api.add_argument("--api", metavar="URL", help="real-API mode: tool calls go over HTTP to the tool service at URL "
                      "(`resilibench serve-tools`; its episodes mirror the world's), or to the live API of --api-tasks")
-    api.add_argument("--api-tasks", metavar="FILE", help="a live API's task file (YAML; docs/real_apis.md), or "
+    api.add_argument("--api-tasks", metavar="FILE", help="a live API's task file (YAML; docs/envs/real_apis.md), or "
                      "live_example (the shipped set): its tasks over the API's tools (from URL/openapi.json unless "
                      "the file names its OpenAPI document or MCP server)")
     api.add_argument("--call-log", metavar="FILE", help="append one JSON line per HTTP attempt to FILE (`run` without "

@@ -1,4 +1,4 @@
-"""`breaker`: find tasks that break a model (docs/breaker.md), per taxonomy, into a resumable directory.
+"""`breaker`: find tasks that break a model (docs/agents/breaker.md), per taxonomy, into a resumable directory.
 
     resilibench breaker --runs flaw:10 --max-iterations flaw:4 --solver scripted:plan --output-dir runs/brk
     resilibench breaker --runs qc:8,itf:5 --max-iterations qc:15 --generator hf:GEN --solver hf:MODEL \\

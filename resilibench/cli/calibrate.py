@@ -42,7 +42,7 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
         description="Maximum-likelihood fit of the failure model (the success formula's base and factors, "
         "optionally a base per tool, and failure processes) to a call log (JSON lines, as `resilibench run --call-log` and the HTTP "
         "tool client write them), with confidence intervals and goodness-of-fit checks; see "
-        "docs/real_apis.md.")
+        "docs/envs/real_apis.md.")
     calibrate.add_argument("log", metavar="LOG.jsonl", help="the call log")
     calibrate.add_argument("--out", metavar="FILE.yaml",
                            help="the world config to write (default: LOG's name with .world.yaml); the report "

@@ -82,7 +82,7 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
         "serve-mcp", parents=[parents["library"], parents["world"], parents["api"]],
         help="serve the 30 simulated tools over MCP (stdio or streamable HTTP)",
         description="Serve the tool simulator over MCP. Open an episode with the start_task tool and pass its "
-        "handle as 'episode' to every tool call; see docs/mcp.md.")
+        "handle as 'episode' to every tool call; see docs/envs/mcp.md.")
     serve.add_argument("--transport", choices=("stdio", "http"), default="stdio",
                        help="stdio (default; for clients that launch the server) or streamable HTTP")
     serve.add_argument("--host", help="HTTP: address to listen on (default 127.0.0.1)")

@@ -1,4 +1,4 @@
-"""`serve-tools`: the 30 tools as an HTTP service with real faults (real-API mode; docs/real_apis.md)."""
+"""`serve-tools`: the 30 tools as an HTTP service with real faults (real-API mode; docs/envs/real_apis.md)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
         help="serve the 30 tools over HTTP with real faults (timeouts, 429, 5xx, dropped connections)",
         description="Serve the tools over HTTP: POST /tools/NAME with JSON arguments; failures drawn by the "
         "world show as real faults. Open an episode with POST /episodes and name it in the X-Episode "
-        "header; see docs/real_apis.md.")
+        "header; see docs/envs/real_apis.md.")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8010, help="port (default 8010; 0 picks a free one, printed)")
     serve.add_argument("--allow-remote", action="store_true",

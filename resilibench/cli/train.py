@@ -170,7 +170,7 @@ def _add_grpo(algorithms: Any) -> None:
     grpo = algorithms.add_parser(
         "grpo", help="train an LLM agent with GRPO in the text env (TRL, LoRA; native tool calls)",
         description="Train an LLM agent with TRL's GRPO inside the text env, then evaluate it on held-out "
-        "tasks before and after, beside bound (iii). See docs/grpo.md.")
+        "tasks before and after, beside bound (iii). See docs/robust_train/grpo.md.")
     add_options(grpo, GRPOSettings, GRPO_OPTIONS)
     grpo.add_argument("--lora-r", type=nonnegative_int, metavar="R",
                       help="LoRA rank, alpha 2R (default 16, alpha 32); 0 trains every weight")
@@ -245,7 +245,7 @@ def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> 
     algorithms = train.add_subparsers(dest="train_command", metavar="ALGO", required=True, parser_class=Parser)
     ppo = algorithms.add_parser(
         "ppo", parents=[parents["library"], parents["world"]],
-        help="train a PPO planner on ResiliBench-v0 (local Ray by default, --address for a cluster)",
+        help="train a PPO planner on ResiliBench-v1 (local Ray by default, --address for a cluster)",
         description=f"Without --iterations or --time-budget, training stops after {DEFAULT_TIME_BUDGET_MIN:g} minutes.")
     add_options(ppo, PPOTrainConfig, TRAIN_OPTIONS)
     ppo.add_argument("--address", metavar="ADDR", help="Ray cluster to join (e.g. auto); default: start local Ray")

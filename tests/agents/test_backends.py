@@ -298,7 +298,7 @@ def test_parse_tool_calls_reads_qwen_and_smollm2_forms():
 
 
 def test_parse_tool_calls_reads_plain_json_calls_only_when_unambiguous():
-    # As Qwen2.5-Coder-0.5B-Instruct answered under the tools protocol (a transcript of docs/agents.md).
+    # As Qwen2.5-Coder-0.5B-Instruct answered under the tools protocol (a transcript of docs/agents/llm_agents.md).
     fenced = parse_tool_calls('To scan the files:\n```json\n{"name": "file_operations_scanner", "arguments": '
                               '{"path": "data/in"}}\n```\nThen convert them.')
     assert [c["function"]["name"] for c in fenced["tool_calls"]] == ["file_operations_scanner"]

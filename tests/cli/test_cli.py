@@ -215,7 +215,7 @@ def test_invalid_world_configs_exit_2_before_any_work(command, text, needle, tmp
 def test_the_largest_turn_limit_is_the_smallest_spare_tool_count(tmp_path, capsys):
     tasks = load_tasks(split="test")
     largest = min(largest_turn_limit(t) for t in tasks)
-    assert largest == 15  # docs/bounds.md (v1 test split)
+    assert largest == 15  # docs/core/bounds.md (v1 test split)
     config = tmp_path / "world.json"
     config.write_text(json.dumps({"rules": {"turn_limit": largest + 1}}))
     assert main(["bounds", "--config", str(config), "--split", "test"]) == 2

@@ -33,7 +33,7 @@ from resilibench.policies.runner import episode_jobs, run_jobs
 
 REGISTRY = default_registry()
 EXAMPLES = Path(__file__).parents[2] / "examples" / "processes"
-# One setting per process (docs/bounds.md, "Failure processes"), and all of them at once.
+# One setting per process (docs/core/bounds.md, "Failure processes"), and all of them at once.
 OPTIONS = {
     "bases": load_config(EXAMPLES / "bases.yaml").to_dict()["processes"],
     "outages": {"outage_start": 0.15, "outage_end": 0.4},

@@ -1,4 +1,4 @@
-"""Failure processes (docs/envs.md, "Failure processes"): the branch function, the Episode's sampling of
+"""Failure processes (docs/core/processes.md): the branch function, the Episode's sampling of
 it, each process's semantics, and the v1 world left bit for bit as it was when every process is off."""
 
 import json
@@ -106,7 +106,7 @@ def test_select_matches_v1_for_the_formula_draws():
 
 
 def test_process_streams_are_pinned():
-    """The process stages' keys (docs/envs.md, "Failure processes"): subkey(k, tag) = mix(k ^ tag * MUL)."""
+    """The process stages' keys (docs/core/processes.md): subkey(k, tag) = mix(k ^ tag * MUL)."""
     k = rs.key(0)
     assert [hex(rs.subkey(k, tag)) for tag in (1, 2, 3)] == [
         "0x927a7c57dc016e42", "0x92141e68bb0f9dd3", "0xb53aa4065a211020"]

@@ -5,7 +5,7 @@ abstracted away; (b) a logistic regression and a decision stump over surface fea
 from optimal prompts on held-out tasks (accuracy below 0.6), while the same classifiers spot a planted
 tell.
 
-Content, not form, and so left out of both checks (docs/prompts.md, "Flawed prompts"): which tools the
+Content, not form, and so left out of both checks (docs/core/prompts.md, "Flawed prompts"): which tools the
 plan calls and what follows from the tool alone (its purpose text, expected value, alternatives, whether
 the step carries arguments and which), the number of steps (missing_step removes steps, redundant and
 unrelated_insertion add them), each step's prerequisites, and the JSON type of an argument (parameter

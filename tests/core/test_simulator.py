@@ -1,4 +1,4 @@
-"""The failure model (paper app. B.3) and the episode rules (docs/envs.md)."""
+"""The failure model (paper app. B.3) and the episode rules (docs/core/rules.md)."""
 
 import math
 

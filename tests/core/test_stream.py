@@ -1,5 +1,5 @@
 """The counter-based random source (``resilibench.core.stream``): its documented test vectors, scalar
-and array forms bit for bit, and the uses every front end shares (docs/envs.md, "The random stream")."""
+and array forms bit for bit, and the uses every front end shares (docs/core/stream.md)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_splitmix64_reference_outputs():
     assert rs.key(0) == 0xE220A8397B1DCDAF
 
 
-# The test vectors of docs/envs.md.
+# The test vectors of docs/core/stream.md.
 VECTORS = {
     0: (0xE220A8397B1DCDAF, [0xA706DD2F4D197E6F, 0xB382A305F4414F5E, 0x631A9154FBABF717], 0.6524484863740322),
     1: (0x910A2DEC89025CC1, [0x5E41AB087439611E, 0xF18D6CE93D6CF1EE, 0x0B95F66D327E8D78], 0.36818951565166946),

@@ -188,7 +188,7 @@ def test_first_episode_trace_literal():
 
 
 def test_random_stream_rule():
-    """The documented uses of the counter-based stream (docs/envs.md): the env seeded S draws its e-th
+    """The documented uses of the counter-based stream (docs/core/stream.md): the env seeded S draws its e-th
     task from bits(S, 2e) and its e-th episode seed bits(S, 2e + 1); the episode's k-th drawing call
     reads uniform(seed, 2k) and uniform(seed, 2k + 1)."""
     env = gym.make("ResiliBench-v0")

@@ -487,7 +487,7 @@ def test_tools_protocol_bad_arguments_and_names():
     assert [m["content"].startswith("Not answered") for m in env.messages[-len(requests):]] == [False] * 5 + [True] * 2
 
 
-# --- robust reading of real models' messages (docs/text_env.md, "Reading real models") -----------------
+# --- robust reading of real models' messages (docs/envs/text.md, "Reading real models") -----------------
 
 
 def protocol_section(prompt: str) -> str:

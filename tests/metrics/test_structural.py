@@ -320,7 +320,7 @@ def test_mcis_exact_and_fast_on_larger_workflows():
 
 
 def test_documented_differences_from_worfbench():
-    """The examples of docs/metrics.md, scored by our definitions."""
+    """The examples of docs/metrics/structural.md, scored by our definitions."""
     antichain7 = Workflow(tuple(Node(t) for t in "abcdefg"))
     assert chain_f1(Workflow.chain(list("abcdefg")), antichain7).f1 == 1.0  # WorFBench: 0.43
     antichain8 = Workflow(tuple(Node(t) for t in "abcdefgh"))

@@ -391,7 +391,7 @@ def test_resume_continues_the_iteration_count(trained, tmp_path):
 
 
 def test_the_batch_is_split_across_learners_and_the_learner_count_is_kept_on_resume(trained, tmp_path):
-    """train_batch_size is the env steps of an iteration whatever the learner count (docs/ppo.md); a resume
+    """train_batch_size is the env steps of an iteration whatever the learner count (docs/policies/ppo.md); a resume
     with another learner count is refused with the change."""
     for learners in (0, 1, 2, 4):
         config = build_ppo_config(PPOTrainConfig(**{**TINY, "num_learners": learners}))
