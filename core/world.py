@@ -2,7 +2,7 @@
 under a world config.
 
 Two worlds ship: ``v1`` (the default) and ``v0`` (the first library and grading, kept so that earlier figures
-can be reproduced; docs/envs.md#v0-vs-v1). A world is chosen once, where a user chooses it (an env id's
+can be reproduced; docs/core/worlds.md). A world is chosen once, where a user chooses it (an env id's
 version such as ``ResiliBench-v0``, a ``--world`` flag, a settings field), and resolved there into a
 ``World`` by ``get_world``; what lies below takes the ``World`` or its config, never the name.
 

@@ -548,7 +548,7 @@ class LiveApi:
 
 @dataclass(frozen=True)
 class RealApi:
-    """Real-API mode of a front end (docs/real_apis.md): where its tool calls go, and the settings of the
+    """Real-API mode of a front end (docs/envs/real_apis.md): where its tool calls go, and the settings of the
     client it makes for them.
 
     ``target``: the base URL of our tool service (``resilibench serve-tools``), whose episodes mirror the

@@ -177,7 +177,7 @@ class ResiliBenchTextEnv(gym.Env):
       says otherwise (``{"strict_dependencies": False}``). ``world``: "v1" (the env id's) or a ``World``.
     * ``max_length``: the length limit of both Text spaces (default 16384 characters).
     * ``registry``: a ``ToolRegistry`` (default: the shared one); ``render_mode``: "ansi" or "human".
-    * ``api``: real-API mode, a ``RealApi`` (``resilibench.envs.real_api.live_apis``; docs/real_apis.md).
+    * ``api``: real-API mode, a ``RealApi`` (``resilibench.envs.real_api.live_apis``; docs/envs/real_apis.md).
       Where the simulator would draw, the tool is called over HTTP (``envs.real_api.client.HttpExecutor``)
       and the agent reads the real response body; the rules and the evaluator stay the world's. Against
       our tool service each episode opens the service's episode of the same task and seed, so the outcomes
