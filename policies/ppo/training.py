@@ -316,11 +316,11 @@ def init_ray(cfg: PPOTrainConfig, address: str | None = None) -> bool:
 
 
 @cache
-def _bound_mean(task_ids: tuple[str, ...], world: str, tasks_path: str | None) -> float:
+def _bound_mean(task_ids: tuple[str, ...], config_json: str, tasks_path: str | None) -> float:
     from ...core.bounds.exact import optimal_success
 
     # Bounds exist for the test failure profile, the one policies are measured on.
-    config = WorldConfig().replace(**json.loads(world)).replace(rules={"profile": "test"})
+    config = WorldConfig().replace(**json.loads(config_json)).replace(rules={"profile": "test"})
     by_id = {t.instance_id: t for t in load_tasks(tasks_path)}
     return sum(optimal_success(by_id[i], config) for i in task_ids) / len(task_ids)
 
@@ -332,11 +332,11 @@ def bound_iii_mean(tasks: Sequence[Task], cfg: PPOTrainConfig) -> float | None:
     every start (``eval-policy`` reports the bound per evaluated task)."""
     if WorldConfig().replace(**cfg.world).processes.active:
         return None
-    world = json.dumps(cfg.world, sort_keys=True)
+    config_json = json.dumps(cfg.world, sort_keys=True)  # the cache key of the config's bounds
     groups: dict[str, list[str]] = {}
     for t in tasks:
         groups.setdefault(t.task_type if cfg.balance_task_types else "", []).append(t.instance_id)
-    return sum(_bound_mean(tuple(ids), world, cfg.tasks_path) for ids in groups.values()) / len(groups)
+    return sum(_bound_mean(tuple(ids), config_json, cfg.tasks_path) for ids in groups.values()) / len(groups)
 
 
 @dataclass
