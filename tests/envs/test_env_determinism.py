@@ -128,13 +128,13 @@ def episode_digest(seed: int, config: WorldConfig, n_episodes: int = 40) -> str:
 
 ENV_PINS = {
     "sparse": ({}, "d21443d1cf32426579db4f5d96014c13c3691cde485d54e8d5417b3401b437c0"),
-    "strict": ({"strict_dependencies": True}, "89609d78cb3fb501ccb4abd4d9583a120a1083df5289da9653e154771d3b5b7e"),
+    "strict": ({"rules": {"strict_dependencies": True}}, "89609d78cb3fb501ccb4abd4d9583a120a1083df5289da9653e154771d3b5b7e"),
     "shaped": ({"reward": "shaped"}, "25caa867c8a569e9ad666897e6b4d99c729a416b2805b6e87391a104f5ac9b43"),
-    "shaped_sequence_training": ({"reward": "shaped", "reward_phase": "sequence", "profile": "training"}, "192a27b46f26ae80749012dc5c58ad3740932c987890b452222d379c1dacad7e"),
-    "short_turns_test_split": ({"turn_limit": 4, "split": "test"}, "ef3f776f9c24c2b2b5054f1aabe07a1ff18d7e0015c5a9a8360f46ba66a32978"),
+    "shaped_sequence_training": ({"reward": "shaped", "reward_phase": "sequence", "rules": {"profile": "training"}}, "192a27b46f26ae80749012dc5c58ad3740932c987890b452222d379c1dacad7e"),
+    "short_turns_test_split": ({"rules": {"turn_limit": 4}, "split": "test"}, "ef3f776f9c24c2b2b5054f1aabe07a1ff18d7e0015c5a9a8360f46ba66a32978"),
     # world v1: its library and grading through the same env class
     "v1_sparse": ({"world": "v1"}, "0a37753a34d87af47a08a9b2bcda134586e1ac13034db5cb2abf32042cea8df0"),
-    "v1_strict": ({"world": "v1", "strict_dependencies": True},
+    "v1_strict": ({"world": "v1", "rules": {"strict_dependencies": True}},
                   "35d50a74eb99048afca2558440739f6a0c79646279cb6d4e811e0a419d5c07de"),
 }
 

@@ -100,7 +100,7 @@ def run_equivalence(num_envs: int, n_steps: int, seed: int, policy_seed: int, **
 def test_matches_single_envs(num_envs, strict):
     n_steps = {1: 400, 7: 250, 64: 120}[num_envs]
     counts = run_equivalence(num_envs, n_steps, seed=100 + num_envs, policy_seed=num_envs,
-                             strict_dependencies=strict)
+                             rules={"strict_dependencies": strict})
     # The run exercised what it claims to: many episode ends of every kind.
     assert counts["ended"] >= 20 and counts["failure_end"] > 0 and counts["full"] > 0
 
@@ -108,14 +108,15 @@ def test_matches_single_envs(num_envs, strict):
 def test_matches_single_envs_tight_rules():
     """Short turn limit (truncations), tight failure limits, one task type, the test split."""
     config = WorldConfig().replace(rules={"max_consecutive_failures": 2, "max_same_tool_failures": 2})
-    counts = run_equivalence(16, 150, seed=5, policy_seed=7, config=config, turn_limit=4, split="test",
+    counts = run_equivalence(16, 150, seed=5, policy_seed=7, config=config, rules={"turn_limit": 4}, split="test",
                              task_types=["complex_validation_pipeline"])
     assert counts["truncated"] > 0 and counts["failure_end"] > 0
 
 
 def test_matches_single_envs_without_dependency_hints():
     """The ablation's observation (features="no_dependency_hints"): the batched env agrees with single envs."""
-    counts = run_equivalence(16, 150, seed=9, policy_seed=3, features="no_dependency_hints", strict_dependencies=True)
+    counts = run_equivalence(16, 150, seed=9, policy_seed=3, features="no_dependency_hints",
+                             rules={"strict_dependencies": True})
     assert counts["ended"] >= 20 and counts["failure_end"] > 0
     vec = ResiliBenchVectorEnv(num_envs=4, features="no_dependency_hints")
     first, _ = vec.reset(seed=0)
@@ -260,7 +261,7 @@ def test_deterministic_under_seed():
     ("kwargs", "match"),
     [
         ({"reward": "shaped"}, "vectorization_mode='sync'"),
-        ({"profile": "training"}, "vectorization_mode='sync'"),
+        ({"rules": {"profile": "training"}}, "vectorization_mode='sync'"),
         ({"reward": "dense"}, "reward must be one of"),
         ({"split": "holdout"}, "split must be one of"),
         ({"reward_phase": "late"}, "reward phase"),
