@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arguments import task_hints, valid_arguments
-from ..bounds.exact import reference_workflow
+from ..bounds import reference_workflow
 from ..config import WorldConfig
 from ..plan_follower import workflow_success
 from ..registry import RETURN_VALUES, ToolRegistry, default_registry

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from ...core.bounds.exact import reference_workflow
+from ...core.bounds import reference_workflow
 from ...core.config import WorldConfig
 from ...core.frontend import choose_task, discrete_action, select_tasks
 from ...core.plan_follower import workflow_success

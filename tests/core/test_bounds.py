@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from helpers import make_task
-from resilibench.core.bounds.exact import (
-    ExactBound,
+from resilibench.core.bounds import (
+    PlainBound,
     Problem,
     clairvoyant_success,
     exact_bound,
@@ -48,7 +48,7 @@ def all_actions_bound(task, config):
     """Bound (iii) with every tool of the problem an action at every state (later required tools and
     helpers nothing needs any more included): the reference for the pruned action set."""
     problem = Problem(task.required_ids(), 1 + task.max_retries, config.rules, config.failure)
-    return ExactBound(problem, all_actions=True)
+    return PlainBound(problem, all_actions=True)
 
 
 def one_task_per_signature():

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from helpers import make_task
-from resilibench.core.bounds.exact import (
+from resilibench.core.bounds import (
+    ProcessBound,
     branch_episode,
     call_branches,
     clairvoyant_success,
@@ -19,9 +20,9 @@ from resilibench.core.bounds.exact import (
     exact_policy_success,
     monte_carlo_success,
     optimal_success,
+    process_problem,
     varied_tasks,
 )
-from resilibench.core.bounds.processes import ProcessBound, process_problem
 from resilibench.core.config import WorldConfig, load_config
 from resilibench.core.registry import ToolRegistry, default_registry
 from resilibench.core.simulator import Episode
