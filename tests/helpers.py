@@ -6,10 +6,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from resilibench.core.bounds import exact_bound, optimal_success, play_episode
 from resilibench.core.config import WorldConfig
 from resilibench.core.simulator import Episode
-from resilibench.core.tasks.library import Task
+from resilibench.core.tasks.library import TASK_TYPE_NAMES, Task, load_tasks
 from resilibench.llm import GenerationConfig, Message
+from resilibench.policies.runner import episode_jobs, make_planner, run_jobs
 
 PIPELINE = (
     "file_operations_reader",
@@ -58,3 +60,35 @@ class ScriptedBackend:
     def generate(self, conversations: Sequence[Sequence[Message]], config: GenerationConfig) -> list[str]:
         self.calls.append(len(conversations))
         return [self.answer(list(c)) for c in conversations]
+
+
+STRICT = WorldConfig().replace(rules={"strict_dependencies": True})  # the text protocol's rule
+
+
+def one_task_per_signature():
+    seen = {}
+    for task in load_tasks(split=None):
+        seen.setdefault(task.required_tools, task)
+    return list(seen.values())
+
+
+def representative_tasks():
+    """The longest-signature task of every type."""
+    tasks = one_task_per_signature()
+    return [max((t for t in tasks if t.task_type == ty), key=lambda t: len(exact_bound(t).tools))
+            for ty in TASK_TYPE_NAMES]
+
+
+def check_env_plays_the_episodes(task: Task, config: WorldConfig, planners: Sequence[str], seeds: Sequence[int]
+                                 ) -> list[dict]:
+    """Through the planner env (``run_jobs``) each deterministic planner makes the calls and meets the end
+    that ``play_episode`` (which ``monte_carlo_success`` counts) gives on ``Episode``, seed for seed, and
+    every row carries bound (iii) exactly; returns the rows."""
+    rows = run_jobs(episode_jobs(list(planners), [task], list(seeds)), config, clairvoyant=False)
+    bound = optimal_success(task, config)
+    for row in rows:
+        episode = play_episode(make_planner(row["planner"], config), task, row["seed"], config)
+        assert episode.evaluation is not None
+        assert ([r.tool for r in episode.trace], episode.evaluation.level) == (row["tools"], row["level"])
+        assert row["bound_iii"] == bound
+    return rows

@@ -4,9 +4,8 @@ import math
 
 import numpy as np
 import pytest
-from test_bounds import STRICT, representative_tasks
 
-from helpers import make_task, scripted_episode
+from helpers import STRICT, make_task, representative_tasks, scripted_episode
 from resilibench.core.arguments import valid_arguments
 from resilibench.core.bounds import exact_policy_success, optimal_success, reference_workflow
 from resilibench.core.config import WorldConfig

@@ -4,9 +4,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
-from test_bounds import representative_tasks
 
 import resilibench  # noqa: F401  (registers the env ids)
+from helpers import representative_tasks
 from resilibench.core.bounds import optimal_success, reference_workflow
 from resilibench.core.config import WorldConfig
 from resilibench.core.plan_follower import workflow_success
