@@ -111,7 +111,7 @@ def episode_row(model: str, job: EvalJob, env: Any, info: dict[str, Any], keep_m
                 infra_error: InfraError | None = None) -> dict[str, Any]:
     """The result row of a finished episode, or of one the infrastructure stopped (``infra_error``: its
     level and end reason are ``INFRA_ERROR``, its message is kept)."""
-    from ..core.bounds.exact import optimal_success
+    from ..core.bounds import optimal_success
 
     episode, plan = env.unwrapped.episode, env.unwrapped.prompt.plan
     evaluation = info["evaluation"] or {"coverage": None, "completed": None}

@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from resilibench.core.bounds.exact import (
-    ExactBound,
+from resilibench.core.bounds import (
+    PlainBound,
     Problem,
     clairvoyant_success,
     exact_bound,
@@ -104,7 +104,7 @@ def main() -> None:
         config = WorldConfig()
 
         def all_actions():
-            bounds = [ExactBound(Problem(t.required_ids(), 1 + t.max_retries, config.rules, config.failure),
+            bounds = [PlainBound(Problem(t.required_ids(), 1 + t.max_retries, config.rules, config.failure),
                                  all_actions=True) for t in problems.values()]
             return [(b.optimal_success, b.happy_path()) for b in bounds]
 

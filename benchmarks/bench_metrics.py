@@ -38,7 +38,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from resilibench.core.bounds.exact import reference_workflow
+from resilibench.core.bounds import reference_workflow
 from resilibench.core.registry import default_registry
 from resilibench.core.workflow import Node, Workflow
 from resilibench.core.world import load_tasks

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .bounds.exact import branch_episode, reference_workflow
+from .bounds import branch_episode, reference_workflow
 from .config import WorldConfig
 from .evaluator import Evaluation
 from .registry import ToolRegistry, default_registry

@@ -89,7 +89,7 @@ def golden_workflows(tasks: Iterable[Any], config: Any = None, *, min_nodes: int
     tasks are used. ``text_only`` drops tool names, leaving steps described by text alone (the setting of
     WorkflowPerturb, whose workflows have no tools).
     """
-    from ..core.bounds.exact import reference_workflow
+    from ..core.bounds import reference_workflow
 
     if min_nodes < 1:
         raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.bounds.exact import exact_bound
+from ..core.bounds import exact_bound
 from ..core.config import WorldConfig
 from ..core.simulator import Episode
 from ..core.tasks.library import Task

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.bounds.exact import exact_bound, optimal_success
+from ..core.bounds import exact_bound, optimal_success
 from ..core.config import WorldConfig
 from ..core.planner import Planner
 from ..core.simulator import CallRecord, Episode, task_seed

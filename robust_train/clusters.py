@@ -100,7 +100,7 @@ def build_clusters(tasks: Iterable[Task], types: Sequence[str] = PERTURBATION_TY
     Without ``perturber`` every variant comes from the rules; with one, paraphrases and requirement
     variants come from its LLM (one generate call per round for all pending variants of ``batch_size``
     tasks) and noise from the rules. ``config`` (a WorldConfig) sets the reference workflow."""
-    from ..core.bounds.exact import reference_workflow
+    from ..core.bounds import reference_workflow
 
     types = parse_types(types)
     if variants_per_type < 1:

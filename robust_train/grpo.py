@@ -212,7 +212,7 @@ def _selected(world: World, settings: GRPOSettings, split: str, limit: int | Non
 def summarize(outcomes: Sequence[dict[str, Any]], tasks: Sequence, config) -> dict[str, Any]:
     """Full-success rate of evaluation rollouts, level counts, mean reward, bound (iii) of the tasks and
     the rate as a fraction of it."""
-    from ..core.bounds.exact import optimal_success
+    from ..core.bounds import optimal_success
 
     n = len(outcomes)
     success = sum(o["level"] == "full_success" for o in outcomes) / n if n else None

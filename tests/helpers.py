@@ -6,12 +6,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from resilibench.core.bounds.exact import exact_bound
+from resilibench.core.bounds import exact_bound, optimal_success, play_episode
 from resilibench.core.config import WorldConfig
 from resilibench.core.simulator import Episode
 from resilibench.core.tasks.library import TASK_TYPE_NAMES, Task
 from resilibench.core.world import load_tasks
 from resilibench.llm import GenerationConfig, Message
+from resilibench.policies.runner import episode_jobs, make_planner, run_jobs
 
 PIPELINE = (
     "file_operations_reader",
@@ -77,3 +78,18 @@ def representative_tasks():
     tasks = one_task_per_signature()
     return [max((t for t in tasks if t.task_type == ty), key=lambda t: len(exact_bound(t).tools))
             for ty in TASK_TYPE_NAMES]
+
+
+def check_env_plays_the_episodes(task: Task, config: WorldConfig, planners: Sequence[str], seeds: Sequence[int]
+                                 ) -> list[dict]:
+    """Through the planner env (``run_jobs``) each deterministic planner makes the calls and meets the end
+    that ``play_episode`` (which ``monte_carlo_success`` counts) gives on ``Episode``, seed for seed, and
+    every row carries bound (iii) exactly; returns the rows."""
+    rows = run_jobs(episode_jobs(list(planners), [task], list(seeds)), config, clairvoyant=False)
+    bound = optimal_success(task, config)
+    for row in rows:
+        episode = play_episode(make_planner(row["planner"], config), task, row["seed"], config)
+        assert episode.evaluation is not None
+        assert ([r.tool for r in episode.trace], episode.evaluation.level) == (row["tools"], row["level"])
+        assert row["bound_iii"] == bound
+    return rows

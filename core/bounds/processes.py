@@ -1,6 +1,6 @@
 """Bound (iii) under the failure processes of ``WorldConfig.processes`` (docs/core/bounds.md, "Failure processes").
 
-The DP of ``core.bounds.exact`` with the state each process adds, over canonical subproblems shared by every
+The DP of ``core.bounds.plain`` with the state each process adds, over canonical subproblems shared by every
 problem with the same call cap, rules, failure model and processes (``ProcessSubproblems``):
 
 * per-tool base: the base of each local tool (part of the shape), and the bases of the fresh spare tools
@@ -11,38 +11,32 @@ problem with the same call cap, rules, failure model and processes (``ProcessSub
 A call's branches come from ``core.processes.call_outcomes``, the simulator's own list of the outcomes of
 one call, so the process rules live once. A spare tool whose filler call failed becomes a local tool (it
 may be called again) unless the best fresh spare is at least as good (``keeps_spare``). With every
-process off this DP gives the values of ``core.bounds.exact.Subproblems`` (tested); the bound uses that one
-then, unchanged.
+process off this DP gives the values of ``core.bounds.plain.PlainSubproblems`` (tested); ``exact_bound``
+uses that one then.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from functools import cache
+from collections.abc import Iterator, Sequence
+from functools import cache, cached_property
+
+import numpy as np
 
 from resilibench.errors import ConfigError
 
 from ..config import EpisodeRules, FailureModel, FailureProcesses, WorldConfig
 from ..processes import FRESH, ToolState, call_outcomes, down_probability, tool_bases
-from ..registry import ToolRegistry, default_registry
-from ..simulator import Episode, success_probability, termination_reason
-from .exact import (
-    FILLER,
-    ExactBound,
-    Problem,
-    State,
-    check_fillers,
-    problem_tools,
-    spare_tools,
-)
+from ..registry import ToolRegistry
+from ..simulator import Episode, success_probability
+from .base import FILLER, ExactBound, Key, Problem, State, Subproblems
 
 # (shape id, call count per local tool, process state per local tool, N_h, consecutive failures, local index
 # of the tool of the current failure streak (-1: none), streak length, turns used, time used, bases of the
 # fresh spare tools left, best first)
-Key = tuple[int, tuple[int, ...], tuple[ToolState, ...], int, int, int, int, int, float, tuple[float, ...]]
+ProcessKey = tuple[int, tuple[int, ...], tuple[ToolState, ...], int, int, int, int, int, float, tuple[float, ...]]
 # (probability, success, key after) of each outcome of an action
-Branches = list[tuple[float, bool, "Key | None"]]
+Branches = list[tuple[float, bool, "ProcessKey | None"]]
 
 
 def frozen_processes(processes: FailureProcesses) -> tuple:
@@ -56,8 +50,8 @@ def thawed_processes(frozen: tuple) -> FailureProcesses:
     return FailureProcesses(**{name: dict(v) if name == "tool_base_success" else v for name, v in frozen})
 
 
-class ProcessSubproblems:
-    """The DP over canonical subproblems under failure processes (module docstring).
+class ProcessSubproblems(Subproblems):
+    """The DP of bound (iii) under failure processes (module docstring, ``base.Subproblems``).
 
     A shape is (number of required tools left, dependencies per local tool, base per local tool, number of
     failed spares): the local tools are the required tools not yet succeeded in order, the helpers not yet
@@ -67,53 +61,28 @@ class ProcessSubproblems:
 
     def __init__(self, max_calls: int, rules: EpisodeRules, failure: FailureModel, processes: FailureProcesses,
                  all_actions: bool):
-        self.max_calls, self.rules, self.failure, self.all_actions = max_calls, rules, failure, all_actions
+        super().__init__(max_calls, rules, failure, all_actions)
         self.processes = processes
         self.budget = processes.time_budget_seconds
         # The longest a call can take (its time counts against the budget).
         self.longest = max(o.duration for _, o in call_outcomes(processes, FRESH, 0.5, ("",)))
-        self._ids: dict[tuple, int] = {}
-        self.shapes: list[tuple[int, tuple[tuple[int, ...], ...], tuple[float, ...], int]] = []
-        self._actions: list[tuple[int, ...]] = []
-        self._after: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
         self._branches: dict[tuple[ToolState, float], list[tuple[float, bool, float, ToolState]]] = {}
-        self.memo: dict[Key, tuple[float, int | None]] = {}
 
     # --- shapes ----------------------------------------------------------------------------------------
 
     def shape(self, n_required: int, deps: Sequence[tuple[int, ...]], bases: Sequence[float],
               n_spares: int) -> tuple[int, tuple[int, ...]]:
         """(shape id, local indices kept) of a tool list whose last ``n_spares`` tools are failed spares.
-        Unlike ``bounds.Subproblems.shape``, a helper that no required tool needs any more stays: a failed
+        Unlike ``PlainSubproblems.shape``, a helper that no required tool needs any more stays: a failed
         call may have left it better than a fresh spare as a filler (found up by an outage process)."""
-        keep = range(len(deps))
-        position = {j: new for new, j in enumerate(keep)}
-        canonical = (n_required, tuple(tuple(position[d] for d in deps[j]) for j in keep),
-                     tuple(bases[j] for j in keep), n_spares)
-        sid = self._ids.get(canonical)
-        if sid is None:
-            sid = self._ids[canonical] = len(self.shapes)
-            self.shapes.append(canonical)
-            size = len(keep)
-            if self.all_actions:
-                self._actions.append(tuple(range(size)))
-            else:  # the next required tool, the helpers, the failed spares
-                self._actions.append(((0,) if n_required else ()) + tuple(range(n_required, size)))
-        return sid, tuple(keep)
+        canonical = (n_required, tuple(deps), tuple(bases), n_spares)
+        return self._register(canonical), tuple(range(len(deps)))
 
-    def after_success(self, sid: int, i: int) -> tuple[int, tuple[int, ...]]:
-        """(shape id, local indices kept) once local tool i of shape ``sid`` has succeeded."""
-        entry = self._after.get((sid, i))
-        if entry is None:
-            n_required, deps, bases, n_spares = self.shapes[sid]
-            rest = [j for j in range(len(deps)) if j != i]
-            position = {j: new for new, j in enumerate(rest)}
-            new_deps = [tuple(position[d] for d in deps[j] if d != i) for j in rest]
-            spares_left = n_spares - (i >= len(deps) - n_spares)
-            new_sid, keep = self.shape(n_required - (i < n_required), new_deps, [bases[j] for j in rest],
-                                       spares_left)
-            entry = self._after[(sid, i)] = (new_sid, tuple(rest[j] for j in keep))
-        return entry
+    def _shape_after(self, sid: int, i: int, rest: list[int], new_deps: list[tuple[int, ...]]
+                     ) -> tuple[int, tuple[int, ...]]:
+        n_required, deps, bases, n_spares = self.shapes[sid]
+        spares_left = n_spares - (i >= len(deps) - n_spares)
+        return self.shape(n_required - (i < n_required), new_deps, [bases[j] for j in rest], spares_left)
 
     def with_spare(self, sid: int, base: float) -> int:
         """The shape ``sid`` with one more failed spare (base ``base``) at the end."""
@@ -146,26 +115,21 @@ class ProcessSubproblems:
         return entry
 
     def key(self, sid: int, codes: tuple[int, ...], states: tuple[ToolState, ...], n_h: int, consecutive: int,
-            last: int, streak: int, turns: int, time: float, fresh: tuple[float, ...]) -> Key | None:
-        """The canonical key of a state, None when it is lost: as ``bounds.Subproblems.key`` (counters that
+            last: int, streak: int, turns: int, time: float, fresh: tuple[float, ...]) -> ProcessKey | None:
+        """The canonical key of a state, None when it is lost: as ``PlainSubproblems.key`` (counters that
         cannot reach a limit are forgotten), lost also once the time budget is used up before the last
         required tool succeeded; only the fresh spares a remaining turn can use are kept."""
         rules, budget = self.rules, self.budget
         n_required, _, _, n_spares = self.shapes[sid]
         spare = rules.turn_limit - turns - n_required
-        if spare < 0 or termination_reason(consecutive, streak, rules) is not None:
+        counters = self._canonical_counters(spare, codes, consecutive, last, streak)
+        if counters is None:
             return None
         if budget is None or time + self.longest * (rules.turn_limit - turns - 1) < budget:
             time = 0.0  # every call left fits in the budget, whatever the time used: it no longer matters
         elif n_required and time >= budget:
             return None
-        if consecutive + spare < rules.max_consecutive_failures:
-            consecutive = 0
-        if last < 0 or streak + spare < rules.max_same_tool_failures:
-            last, streak = -1, 0
-        low = self.max_calls - spare - 1
-        if low >= 2 and codes and max(codes) >= 2:
-            codes = tuple(1 if 0 < c <= low else c for c in codes)
+        codes, consecutive, last, streak = counters
         if n_spares > 1:
             sid, codes, states, last = self.sorted_spares(sid, codes, states, last)
         return sid, codes, states, n_h, consecutive, last, streak, turns, time, fresh[:spare]
@@ -205,18 +169,10 @@ class ProcessSubproblems:
         cap, then FILLER (the best fresh spare)."""
         sid, codes, states, n_h, consecutive, last, streak, turns, time, fresh = key
         n_required, deps, bases, n_spares = self.shapes[sid]
-        cap, strict, make = self.max_calls, self.rules.strict_dependencies, self.key
+        strict, make = self.rules.strict_dependencies, self.key
         later = self.aged(states)  # every tool's state at the next turn, unless called now
         moves = []
-        for i in self._actions[sid]:
-            if codes[i] >= cap:
-                continue
-            n_uncalled = n_failed = 0
-            for d in deps[i]:
-                if codes[d]:
-                    n_failed += 1
-                else:
-                    n_uncalled += 1
+        for i, n_uncalled, n_failed in self._callable_tools(sid, codes):
             failed_codes = codes[:i] + (codes[i] + 1,) + codes[i + 1:]
             same = streak + 1 if last == i else 1
             if strict and (n_uncalled or n_failed):  # dependency error: no draw, no process stage
@@ -255,23 +211,14 @@ class ProcessSubproblems:
             moves.append((FILLER, branches))
         return moves
 
-    # --- dynamic programming ---------------------------------------------------------------------------
+    def success_key(self, key: Key, action: int) -> Key | None:
+        branches = dict(self.transitions(key))[action]
+        return max((b for b in branches if b[1]), key=lambda b: b[0])[2]
 
-    def solve(self, key: Key | None) -> tuple[float, int | None]:
-        """(optimal probability of full success, optimal action; None = FINISH) from ``key``."""
-        if key is None:
-            return 0.0, None
-        cached = self.memo.get(key)
-        if cached is not None:
-            return cached
-        best, best_action = (1.0 if self.shapes[key[0]][0] == 0 else 0.0), None
-        if best == 0.0:
-            for action, branches in self.transitions(key):
-                v = sum(q * self.solve(after)[0] for q, _, after in branches if after is not None)
-                if v > best + 1e-12:
-                    best, best_action = v, action
-        result = self.memo[key] = (best, best_action)
-        return result
+    def action_values(self, key: Key) -> Iterator[tuple[int, float]]:
+        solve = self.solve
+        for action, branches in self.transitions(key):
+            yield action, sum(q * solve(after)[0] for q, _, after in branches if after is not None)
 
 
 @cache
@@ -281,27 +228,26 @@ def process_subproblems(max_calls: int, rules: EpisodeRules, failure: FailureMod
     return ProcessSubproblems(max_calls, rules, failure, thawed_processes(processes), all_actions)
 
 
-class ProcessBound(ExactBound):
-    """Bound (iii) of one problem under failure processes, with the optimal action of every state: an
-    ``ExactBound`` (value, optimal action, ``next_tool`` for the optimal planner) over ``ProcessSubproblems``.
+class ProcessBound(ExactBound[ProcessSubproblems]):
+    """Bound (iii) of one problem under failure processes (``base.ExactBound``) over ``ProcessSubproblems``.
     The filler of a state is the best fresh spare tool; a kept failed spare is a local tool."""
 
     def __init__(self, problem: Problem, registry: ToolRegistry | None = None, all_actions: bool = False):
-        self.registry = registry or default_registry()
-        self.problem = problem  # type: ignore[assignment]
-        if problem.rules.profile != "test":
-            raise ValueError("bounds are defined for the 'test' failure profile only")
-        self.rules, self.failure = problem.rules, problem.failure
-        self.bases = tool_bases(thawed_processes(problem.processes), problem.failure, self.registry)
-        required = problem.required
-        self.tools = problem_tools(required, self.registry)
-        self.m = len(required)
-        # Filler calls take the spare tools best first (highest base, then registry order).
-        self.fillers = tuple(sorted(spare_tools(required, self.registry), key=lambda t: (-self.bases[t], t)))
-        check_fillers(self.fillers, self.rules)
+        super().__init__(problem, registry, all_actions)
         self._check_other_tools()
-        self.dp = process_subproblems(problem.max_calls, self.rules, problem.failure,  # type: ignore[assignment]
-                                      problem.processes, all_actions)
+
+    @cached_property
+    def bases(self) -> tuple[float, ...]:
+        """The base success probability of every tool (global ids)."""
+        return tool_bases(thawed_processes(self.problem.processes), self.failure, self.registry)
+
+    def _filler_order(self, spares: tuple[int, ...]) -> tuple[int, ...]:
+        """The spare tools best first (highest base, then registry order)."""
+        return tuple(sorted(spares, key=lambda t: (-self.bases[t], t)))
+
+    def _subproblems(self, all_actions: bool) -> ProcessSubproblems:
+        return process_subproblems(self.problem.max_calls, self.rules, self.failure, self.problem.processes,
+                                   all_actions)
 
     def _check_other_tools(self) -> None:
         """ConfigError unless every other tool outside the problem (one with dependencies) has a base no
@@ -317,9 +263,8 @@ class ProcessBound(ExactBound):
                 "which the bound does not model; give tools with dependencies bases no higher than those "
                 "of dependency-free tools, or estimate with monte_carlo_success"))
 
-    def _state(self, k: int, calls: Sequence[int], succeeded: Sequence[bool],  # type: ignore[override]
-               states: Sequence[ToolState], n_h: int, consecutive: int, last: int, streak: int, turns: int,
-               time: float) -> State:
+    def _state(self, k: int, calls: Sequence[int], succeeded: Sequence[bool], states: Sequence[ToolState],
+               n_h: int, consecutive: int, last: int, streak: int, turns: int, time: float) -> State:
         """The state after ``k`` required tools, from per-tool (global ids) calls, successes and process
         states. The failed spares kept are those ``keeps_spare`` keeps against the best fresh spare."""
         dp, fillers, bases = self.dp, self.fillers, self.bases
@@ -327,54 +272,28 @@ class ProcessBound(ExactBound):
         spares = sorted((t for t in fillers if calls[t] and not succeeded[t] and dp.keeps_spare(
             bases[t], states[t], fresh[0] if fresh else None)),
             key=lambda t: dp.spare_rank(bases[t], calls[t], states[t], t == last and streak > 0))
-        local = self.problem.required[k:] + tuple(t for t in self.tools[self.m:] if not succeeded[t]) + tuple(spares)
-        index = {t: j for j, t in enumerate(local)}
-        deps = [tuple(index[d] for d in self.registry.dependency_ids[t] if d in index) for t in local]
-        sid, keep = dp.shape(self.m - k, deps, [bases[t] for t in local], len(spares))
-        tools = tuple(local[j] for j in keep)
+        tools, deps = self._remaining(k, succeeded, spares)
+        sid = dp.shape(self.m - k, deps, [bases[t] for t in tools], len(spares))[0]
         last = tools.index(last) if streak > 0 and last in tools else -1
         key = dp.key(sid, tuple(calls[t] for t in tools), tuple(states[t] for t in tools), n_h, consecutive,
                      last, streak, turns, time, fresh)
         return State(key, tools)
 
-    def initial_state(self, dp=None) -> State:  # type: ignore[override]
+    def initial_state(self) -> State:
         n = len(self.registry)
         return self._state(0, [0] * n, [False] * n, [FRESH] * n, 0, 0, -1, 0, 0, 0.0)
 
-    def state_of(self, episode: Episode) -> State | None:  # type: ignore[override]
-        """The DP state of a running episode, or None when full success is no longer possible."""
-        k = episode.next_required
-        if sum(episode.succeeded[t] for t in episode.required) != k:  # a required tool succeeded out of order
-            return None
+    def _episode_state(self, episode: Episode) -> State:
         states = [episode.tool_state(t) for t in range(len(self.registry))]
-        return self._state(k, episode.calls, episode.succeeded, states, episode.n_failures,
+        return self._state(episode.next_required, episode.calls, episode.succeeded, states, episode.n_failures,
                            episode.consecutive_failures, episode.last_tool, episode.same_tool_streak,
                            episode.turns_used, episode.time_used)
 
-    def happy_path(self) -> list[int]:
-        """Tools the optimal policy calls when every call succeeds (global ids; of a call's successes, the
-        likeliest duration)."""
-        state, path, fillers_used = self.initial_state(), [], 0
-        while state.key is not None:
-            action = self.best_local_action(state)
-            if action is None:
-                break
-            branches = dict(self.dp.transitions(state.key))[action]
-            key = max((b for b in branches if b[1]), key=lambda b: b[0])[2]
-            if action == FILLER:
-                path.append(self.fillers[fillers_used])
-                fillers_used += 1
-                state = State(key, state.tools)
-            else:
-                path.append(state.tools[action])
-                state = State(key, tuple(state.tools[j] for j in self.dp.after_success(state.key[0], action)[1]))
-        return path
-
-    def clairvoyant(self, stream) -> bool:
+    def clairvoyant(self, stream: np.ndarray) -> bool:
         raise ConfigError("processes", "processes: bound (ii) is not defined under failure processes (their "
                           "draws come from streams of their own); bound (iii) is")
 
 
 def process_problem(required: tuple[int, ...], max_calls: int, config: WorldConfig) -> Problem:
-    """The ``bounds.Problem`` of a task's required tools and call cap in a world with failure processes."""
+    """The ``Problem`` of a task's required tools and call cap in a world with failure processes."""
     return Problem(required, max_calls, config.rules, config.failure, frozen_processes(config.processes))

@@ -20,7 +20,7 @@ from resilibench.errors import ConfigError
 from resilibench.settings import Settings, setting
 
 from ..arguments import task_hints, valid_arguments
-from ..bounds.exact import reference_workflow
+from ..bounds import reference_workflow
 from ..config import WorldConfig
 from ..plan_follower import workflow_success
 from ..registry import RETURN_VALUES, ToolRegistry, default_registry

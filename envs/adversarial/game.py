@@ -20,7 +20,7 @@ from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils import wrappers
 
 from ...core.arguments import task_hints
-from ...core.bounds.exact import reference_workflow
+from ...core.bounds import reference_workflow
 from ...core.config import WorldConfig
 from ...core.frontend import discrete_action
 from ...core.plan_follower import PlanFollower

@@ -12,7 +12,7 @@ from gymnasium import spaces
 
 from resilibench.settings import Settings, setting
 
-from ...core.bounds.exact import reference_workflow
+from ...core.bounds import reference_workflow
 from ...core.config import WorldConfig
 from ...core.frontend import choose_task, discrete_action, select_tasks
 from ...core.plan_follower import workflow_success

@@ -2,7 +2,7 @@
 
 ``PPOPlanner(checkpoint)`` loads the RLModule of a training checkpoint (no Ray cluster needed) and acts
 greedily (argmax of the masked logits), so it runs through ``resilibench.policies.runner`` like every
-other planner and its exact full-success probability comes from ``core.bounds.exact.exact_policy_success``.
+other planner and its exact full-success probability comes from ``core.bounds.exact_policy_success``.
 ``policy_workflow`` rolls the policy out on the happy path (every call succeeds) and returns the
 ``Workflow`` it follows; ``compare_workflows`` sets it beside ``reference_workflow`` (the bound-(iii)
 policy's) for a list of tasks.
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ...core.bounds.exact import path_workflow
+from ...core.bounds import path_workflow
 from ...core.config import WorldConfig
 from ...core.simulator import Episode
 from ...core.tasks.library import Task
@@ -141,7 +141,7 @@ def compare_workflows(planner: Any, tasks: Sequence[Task], config: WorldConfig |
     coincide (equal canonical keys), bound (iii) and, with ``exact``, the policy's exact full-success
     probability and the gap; plus a summary (match rate, mean success gap) over ``tasks`` and per task
     type. ``on_task`` is called after each task (progress bars)."""
-    from ...core.bounds.exact import exact_policy_success, optimal_success, reference_workflow
+    from ...core.bounds import exact_policy_success, optimal_success, reference_workflow
 
     config = config or WorldConfig()
     rows = []

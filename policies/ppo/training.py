@@ -317,7 +317,7 @@ def init_ray(cfg: PPOTrainConfig, address: str | None = None) -> bool:
 
 @cache
 def _bound_mean(task_ids: tuple[str, ...], config_json: str, tasks_path: str | None) -> float:
-    from ...core.bounds.exact import optimal_success
+    from ...core.bounds import optimal_success
 
     # Bounds exist for the test failure profile, the one policies are measured on.
     config = WorldConfig().replace(**json.loads(config_json)).replace(rules={"profile": "test"})

@@ -7,7 +7,7 @@ a curriculum narrow the task pool (``set_stage``) and keeps ``info`` small, sinc
 step's info and ships episodes between processes.
 
 ``episode_observation`` recomputes the flat observation of any ``Episode`` from scratch, so a trained
-policy can act where only the episode is at hand (``core.bounds.exact.exact_policy_success`` passes no
+policy can act where only the episode is at hand (``core.bounds.exact_policy_success`` passes no
 observation).
 """
 

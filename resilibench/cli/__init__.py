@@ -131,8 +131,8 @@ def choose_world(args: argparse.Namespace, need_bounds: bool = False):
 
 def check_bound_turn_limit(config, tasks) -> None:
     """CliError when bound (iii) is undefined for some of ``tasks`` under ``config``'s turn limit (it needs
-    one spare tool per turn: ``core.bounds.exact.largest_turn_limit``)."""
-    from resilibench.core.bounds.exact import largest_turn_limit
+    one spare tool per turn: ``core.bounds.largest_turn_limit``)."""
+    from resilibench.core.bounds import largest_turn_limit
 
     if not tasks:
         return
@@ -342,7 +342,7 @@ def cmd_tasks_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_show(args: argparse.Namespace) -> int:
-    from resilibench.core.bounds.exact import optimal_success, reference_workflow
+    from resilibench.core.bounds import optimal_success, reference_workflow
 
     world = choose_world(args, need_bounds=True)
     config = world.config
@@ -376,7 +376,7 @@ def _spread(values: Sequence[float]) -> dict[str, float] | None:
 
 
 def cmd_bounds(args: argparse.Namespace) -> int:
-    from resilibench.core.bounds.exact import clairvoyant_success, optimal_success
+    from resilibench.core.bounds import clairvoyant_success, optimal_success
     from resilibench.core.tasks.library import TASK_TYPE_NAMES
     from resilibench.results import run_metadata, write_json_atomic
 

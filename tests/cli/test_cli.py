@@ -11,7 +11,7 @@ import pytest
 from filelock import FileLock
 
 from resilibench.cli import main
-from resilibench.core.bounds.exact import largest_turn_limit, optimal_success
+from resilibench.core.bounds import largest_turn_limit, optimal_success
 from resilibench.core.registry import default_registry
 from resilibench.core.tasks.library import TASK_TYPES, read_tasks
 from resilibench.core.world import get_task, load_tasks

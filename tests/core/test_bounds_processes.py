@@ -1,16 +1,21 @@
 """Bound (iii) under failure processes is exact: the DP's policy attains the DP's value on real Episodes
 (every outcome of every call enumerated), the pruned actions lose nothing, and on small worlds an
 expectimax over the real Episode with every tool an action gets the same values, from the start and from
-states the optimal policy never visits."""
+states the optimal policy never visits.
 
-import math
+The fast lane checks each on short tasks and short episodes and on the smallest worlds; the slow lane
+(``-m slow``) repeats them on the library's longest tasks at the default turn limit and on larger small
+worlds.
+"""
+
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import make_task
-from resilibench.core.bounds.exact import (
+from helpers import check_env_plays_the_episodes, make_task
+from resilibench.core.bounds import (
+    ProcessBound,
     branch_episode,
     call_branches,
     clairvoyant_success,
@@ -19,9 +24,9 @@ from resilibench.core.bounds.exact import (
     exact_policy_success,
     monte_carlo_success,
     optimal_success,
+    process_problem,
     varied_tasks,
 )
-from resilibench.core.bounds.processes import ProcessBound, process_problem
 from resilibench.core.config import WorldConfig, load_config
 from resilibench.core.registry import ToolRegistry, default_registry
 from resilibench.core.simulator import Episode
@@ -29,7 +34,6 @@ from resilibench.core.world import load_tasks
 from resilibench.errors import ConfigError
 from resilibench.policies.heuristics import DependencyAwarePlanner, InOrderPlanner
 from resilibench.policies.optimal import OptimalPlanner
-from resilibench.policies.runner import episode_jobs, run_jobs
 
 REGISTRY = default_registry()
 EXAMPLES = Path(__file__).parents[2] / "examples" / "processes"
@@ -44,9 +48,20 @@ OPTIONS = {
 OPTIONS["combined"] = {k: v for option in OPTIONS.values() for k, v in option.items()}
 
 
-def world(option: str, strict: bool = False) -> WorldConfig:
-    """The world of ``option``; all processes at once with 6 turns (at 10 their state space is large)."""
-    rules = {"turn_limit": 6} if option == "combined" else {}
+# Short tasks for short episodes: a required tool behind two helpers, a helper that depends on a required
+# tool, a single tool.
+SHORT_TASKS = [make_task(("file_operations_reader", "network_poster"), task_id="task_short_helpers"),
+               make_task(("data_processing_parser", "computation_calculator"), task_id="task_short_required_dep"),
+               make_task(("utility_logger",), task_id="task_short_single")]
+# The fast lane on short tasks and short episodes, the slow lane on long ones.
+LANES = pytest.mark.parametrize("short", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["short", "long"])
+
+
+def world(option: str, strict: bool = False, short: bool = False) -> WorldConfig:
+    """The world of ``option``; all processes at once with 6 turns (at 10 their state space is large).
+    Short episodes: 6 turns, all processes at once 5."""
+    turns = (5 if option == "combined" else 6) if short else (6 if option == "combined" else None)
+    rules = {"turn_limit": turns} if turns else {}
     return WorldConfig().replace(processes=OPTIONS[option], rules={"strict_dependencies": strict, **rules})
 
 
@@ -58,12 +73,12 @@ def some_tasks():
     return library + [helper] + varied_tasks(2, seed=5)
 
 
-@pytest.mark.slow
+@LANES
 @pytest.mark.parametrize("strict", [False, True], ids=["default", "strict"])
 @pytest.mark.parametrize("option", list(OPTIONS))
-def test_optimal_policy_attains_the_bound_exactly(option, strict):
-    config = world(option, strict)
-    for task in some_tasks():
+def test_optimal_policy_attains_the_bound_exactly(option, strict, short):
+    config = world(option, strict, short)
+    for task in SHORT_TASKS if short else some_tasks():
         bound = optimal_success(task, config)
         assert exact_policy_success(OptimalPlanner(config), task, config) == pytest.approx(bound, abs=1e-12)
         assert optimal_success(task, config) <= optimal_success(task, WorldConfig().replace(
@@ -83,14 +98,14 @@ def test_processes_that_change_nothing_give_the_v1_bound(strict):
         assert optimal_success(task, neutral) == optimal_success(task, v1)
 
 
-@pytest.mark.slow
+@LANES
 @pytest.mark.parametrize("option", list(OPTIONS))
-def test_pruned_actions_lose_nothing(option):
+def test_pruned_actions_lose_nothing(option, short):
     """The next required tool, the helpers still needed, the kept failed spares and the best fresh spare
     reach the optimum of every tool of the problem as an action (value and optimal happy path)."""
     for strict in (False, True):
-        config = world(option, strict)
-        for task in some_tasks()[2:4] + varied_tasks(2, seed=9):
+        config = world(option, strict, short)
+        for task in SHORT_TASKS if short else some_tasks()[2:4] + varied_tasks(2, seed=9):
             problem = process_problem(task.required_ids(), 1 + task.max_retries, config)
             full, bound = ProcessBound(problem, all_actions=True), exact_bound(task, config)
             assert bound.optimal_success == pytest.approx(full.optimal_success, abs=1e-12)
@@ -154,23 +169,30 @@ SMALL_WORLDS = {
                       "outage_start": 0.2, "outage_end": 0.5},
 }
 ONE, TWO = ("file_operations_reader",), ("file_operations_reader", "data_processing_parser")
-# (world, required tools, turn limit, the default consecutive-failure limit): with one tool and 5 turns a
-# failed spare is worth calling again (the test fails when the DP never keeps one)
-SMALL_CASES = [("outages", ONE, 5, True), ("bases", ONE, 5, True), ("outages", TWO, 4, False),
-               ("anti_outages", ONE, 4, False), ("rate_limits", TWO, 4, False), ("latency", ONE, 4, False),
-               ("bases", TWO, 4, False), ("bases_outages", TWO, 4, False)]
+# (world, required tools, turn limit, the default consecutive-failure limit, spare tools, other tools with
+# dependencies). The fast lane: each world once, as small as it goes; with one tool and 5 turns a failed
+# spare is worth calling again (the first case fails when the DP never keeps one). The slow lane: larger
+# registries, and the outage case where a spare found up is worth calling again.
+FAST_SMALL_CASES = [("bases", ONE, 5, True, 5, 0), ("bases", TWO, 4, False, 4, 1), ("outages", ONE, 4, False, 4, 0),
+                    ("anti_outages", ONE, 4, False, 4, 0), ("rate_limits", ONE, 4, False, 4, 0),
+                    ("latency", ONE, 4, False, 4, 0), ("bases_outages", ONE, 4, False, 4, 0)]
+SLOW_SMALL_CASES = [("outages", ONE, 5, True, 5, 1), ("bases", ONE, 5, True, 5, 1), ("outages", TWO, 4, False, 5, 2),
+                    ("anti_outages", ONE, 4, False, 5, 2), ("rate_limits", TWO, 4, False, 5, 2),
+                    ("latency", ONE, 4, False, 5, 2), ("bases", TWO, 4, False, 5, 2),
+                    ("bases_outages", TWO, 4, False, 5, 2)]
+SMALL_CASES = [pytest.param(*case, id=f"{case[0]}-{len(case[1])}-T{case[2]}-S{case[4]}-O{case[5]}", marks=marks)
+               for cases, marks in ((FAST_SMALL_CASES, ()), (SLOW_SMALL_CASES, pytest.mark.slow)) for case in cases]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("option", "required", "turn_limit", "default_consecutive"), SMALL_CASES,
-                         ids=[f"{c[0]}-{len(c[1])}-T{c[2]}" for c in SMALL_CASES])
+@pytest.mark.parametrize(("option", "required", "turn_limit", "default_consecutive", "spares", "others"),
+                         SMALL_CASES)
 def test_bound_equals_expectimax_over_every_tool_on_small_worlds(option, required, turn_limit,
-                                                                 default_consecutive):
+                                                                 default_consecutive, spares, others):
     """Checks the arguments the DP rests on (fillers are spare tools, fresh ones taken best first, a failed
     spare kept only when the best fresh one is not as good, the pruned actions) against an expectimax with
     every tool an action (spares and other tools with dependencies among them), in every state it reaches:
     the DP's value of each state equals the expectimax's."""
-    registry = small_registry(required, 5, 1 if turn_limit == 5 else 2)
+    registry = small_registry(required, spares, others)
     task = make_task(required)
     processes = dict(SMALL_WORLDS[option])
     if "tool_base_success" in processes:  # the tools of the small registry
@@ -189,16 +211,13 @@ def test_bound_equals_expectimax_over_every_tool_on_small_worlds(option, require
 
 # --- through the env, and bad input -----------------------------------------------------------------------
 
-def test_optimal_policy_through_the_env_matches_the_bound():
+def test_the_env_plays_the_episodes_the_bound_is_exact_for():
+    """Under all processes at once the optimal and in-order planners play the same episodes through the
+    planner env as on Episode (where the optimal one attains the bound exactly), seed for seed; rows carry
+    no bound (ii)."""
     task = some_tasks()[2]  # five tools: full success is possible in the 6 turns of the combined world
-    config = world("combined")
-    n = 1500
-    rows = run_jobs(episode_jobs(["optimal", "in_order"], [task], list(range(n))), config)
-    bound = optimal_success(task, config)
-    assert all(r["bound_iii"] == bound and "bound_ii" not in r for r in rows)
-    optimal = np.mean([r["level"] == "full_success" for r in rows if r["planner"] == "optimal"])
-    assert abs(optimal - bound) < 4.5 * math.sqrt(bound * (1 - bound) / n)
-    assert np.mean([r["level"] == "full_success" for r in rows if r["planner"] == "in_order"]) < bound
+    rows = check_env_plays_the_episodes(task, world("combined"), ["optimal", "in_order"], range(150))
+    assert not any("bound_ii" in row for row in rows)
 
 
 def test_bad_process_settings_are_named():
@@ -210,6 +229,7 @@ def test_bad_process_settings_are_named():
 
 
 def test_monte_carlo_estimate_covers_the_exact_value():
+    """The one statistical check: the 95% interval of the estimate covers the exact value."""
     task, config = some_tasks()[2], world("outages")
     rate, (low, high) = monte_carlo_success(OptimalPlanner(config), [task], config, episodes=800)
     assert low <= optimal_success(task, config) <= high and low < rate < high

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from resilibench.core.arguments import task_hints
-from resilibench.core.bounds.exact import reference_workflow
+from resilibench.core.bounds import reference_workflow
 from resilibench.core.plan_follower import workflow_success
 from resilibench.core.registry import OPERATION_PHRASES, default_registry
 from resilibench.core.text.flaws import (

@@ -7,7 +7,7 @@ import pytest
 
 from helpers import STRICT, make_task, representative_tasks, scripted_episode
 from resilibench.core.arguments import valid_arguments
-from resilibench.core.bounds.exact import exact_policy_success, optimal_success, reference_workflow
+from resilibench.core.bounds import exact_policy_success, optimal_success, reference_workflow
 from resilibench.core.config import WorldConfig
 from resilibench.core.plan_follower import PlanFollower, PlanFollowingPlanner, workflow_success
 from resilibench.core.registry import INVALID_INPUT, default_registry
@@ -58,7 +58,7 @@ def test_invalid_arguments_are_called_as_invalid_input():
 
 @pytest.mark.parametrize("config", [WorldConfig(), STRICT], ids=["default", "strict"])
 def test_exact_success_agrees_with_the_bounds_enumeration(config):
-    """Two enumerations: the memoised one here and the plain one of core.bounds.exact, on a planner."""
+    """Two enumerations: the memoised one here and core.bounds.exact_policy_success, on a planner."""
     for task in (TASKS[0], TASKS[3]):
         workflow = reference_workflow(task, config)
         expected = exact_policy_success(PlanFollowingPlanner(workflow, config), task, config)

@@ -430,7 +430,7 @@ def test_text_env_says_when_time_is_out():
 
 def test_run_writes_a_call_log(tmp_path):
     from resilibench.cli import main
-    from resilibench.core.bounds.exact import optimal_success
+    from resilibench.core.bounds import optimal_success
     from resilibench.core.config import load_config
     from resilibench.core.world import load_tasks
     from resilibench.envs.real_api.call_log import read_rows

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from resilibench.core.bounds.exact import reference_workflow
+from resilibench.core.bounds import reference_workflow
 from resilibench.core.config import WorldConfig
 from resilibench.core.plan_follower import workflow_success
 from resilibench.core.registry import default_registry

@@ -12,7 +12,7 @@ from gymnasium.utils.env_checker import check_env
 
 import resilibench  # noqa: F401  (registers the env ids)
 from helpers import PIPELINE, make_task
-from resilibench.core.bounds.exact import reference_workflow
+from resilibench.core.bounds import reference_workflow
 from resilibench.core.config import WorldConfig
 from resilibench.core.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
 from resilibench.core.simulator import RETRY_LIMIT_ERROR, env_episode

@@ -7,7 +7,7 @@ from gymnasium.utils.env_checker import check_env
 
 import resilibench  # noqa: F401  (registers the env ids)
 from helpers import representative_tasks
-from resilibench.core.bounds.exact import optimal_success, reference_workflow
+from resilibench.core.bounds import optimal_success, reference_workflow
 from resilibench.core.config import WorldConfig
 from resilibench.core.plan_follower import workflow_success
 from resilibench.core.workflow import Workflow

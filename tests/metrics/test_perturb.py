@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import ScriptedBackend
-from resilibench.core.bounds.exact import reference_workflow
+from resilibench.core.bounds import reference_workflow
 from resilibench.core.workflow import Node, Workflow
 from resilibench.core.world import load_tasks
 from resilibench.llm import GenerationConfig

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from helpers import make_task  # noqa: E402
 from resilibench.cli import main  # noqa: E402
-from resilibench.core.bounds.exact import exact_bound, exact_policy_success, optimal_success  # noqa: E402
+from resilibench.core.bounds import exact_bound, exact_policy_success, optimal_success  # noqa: E402
 from resilibench.core.config import WorldConfig  # noqa: E402
 from resilibench.core.registry import default_registry  # noqa: E402
 from resilibench.core.world import load_tasks  # noqa: E402

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401  (fixture)
 
 from helpers import ScriptedBackend
-from resilibench.core.bounds.exact import reference_workflow
+from resilibench.core.bounds import reference_workflow
 from resilibench.core.registry import default_registry, named_tools
 from resilibench.core.tasks.library import interleave_task_types
 from resilibench.core.world import load_tasks

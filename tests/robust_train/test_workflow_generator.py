@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from resilibench.core.bounds.exact import optimal_success, reference_workflow
+from resilibench.core.bounds import optimal_success, reference_workflow
 from resilibench.core.plan_follower import workflow_success
 from resilibench.core.workflow import Node, Workflow
 from resilibench.core.world import load_tasks

@@ -1,0 +1,328 @@
+"""What the two DPs of bound (iii) share (docs/core/bounds.md): the problem, the state, the tool helpers, the
+DP over canonical subproblems (``Subproblems``) and the bound of one problem (``ExactBound``).
+
+``plain.PlainBound`` solves worlds without failure processes, ``processes.ProcessBound`` worlds with
+some; ``api.exact_bound`` chooses between them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Generic, NamedTuple, TypeVar
+
+import numpy as np
+
+from ..config import EpisodeRules, FailureModel
+from ..registry import ToolRegistry, default_registry
+from ..simulator import Episode, termination_reason
+from ..tasks.library import Task
+
+FILLER = -1  # action code of "call a fresh spare tool" inside the DP
+
+# A subproblem key: the shape id first, then the counters the DP keeps (each DP has its own layout).
+Key = tuple
+
+
+class State(NamedTuple):
+    """A DP state of one problem: its subproblem key (None: lost) and the global id of each local tool."""
+
+    key: Key | None
+    tools: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a bound depends on: the required tools in order, the call cap, the rules and the failure model,
+    and the failure processes when some are on (``processes.frozen_processes``; empty: none)."""
+
+    required: tuple[int, ...]
+    max_calls: int
+    rules: EpisodeRules
+    failure: FailureModel
+    processes: tuple = ()
+
+
+def relevant_tools(required: Sequence[int], registry: ToolRegistry) -> set[int]:
+    """The required tools and their transitive dependencies."""
+    relevant = set(required)
+    for t in required:
+        relevant |= registry.ancestors(t)
+    return relevant
+
+
+def spare_tools(required: Sequence[int], registry: ToolRegistry) -> tuple[int, ...]:
+    """The dependency-free tools outside the required tools and their dependencies: bound (iii)'s filler
+    calls. The DP needs one fresh filler per turn, so a task supports turn limits up to their number."""
+    relevant = relevant_tools(required, registry)
+    return tuple(t for t in range(len(registry)) if t not in relevant and not registry.dependency_ids[t])
+
+
+def problem_tools(required: Sequence[int], registry: ToolRegistry) -> tuple[int, ...]:
+    """The tools of a problem in search order, which is the tie-break order: the required tools, then the
+    helpers (their non-required prerequisites, prerequisites first)."""
+    helpers = sorted(relevant_tools(required, registry) - set(required),
+                     key=lambda t: registry.tools[t].dependency_metadata["level"])
+    return tuple(required) + tuple(helpers)
+
+
+def check_fillers(fillers: Sequence[int], rules: EpisodeRules) -> None:
+    """ValueError unless there is a spare tool for every turn (the DP's fresh filler of each turn)."""
+    if len(fillers) < rules.turn_limit:
+        raise ValueError(
+            f"rules.turn_limit={rules.turn_limit}: bound (iii) needs {rules.turn_limit} spare tools "
+            f"(dependency-free tools the task does not use), this task has {len(fillers)}"
+        )
+
+
+def largest_turn_limit(task: Task, registry: ToolRegistry | None = None) -> int:
+    """The largest ``rules.turn_limit`` for which bound (iii) of ``task`` is defined."""
+    registry = registry or default_registry()
+    return len(spare_tools(task.required_ids(registry), registry))
+
+
+def required_in_order(episode: Episode) -> bool:
+    """Whether the required tools that succeeded are the first ones in order (else full success is no
+    longer possible)."""
+    return sum(episode.succeeded[t] for t in episode.required) == episode.next_required
+
+
+class Subproblems(ABC):
+    """A DP over canonical subproblems, shared by every problem with the same call cap, rules and failure
+    model (a task library has thousands of problems but far fewer distinct remainders).
+
+    A *shape* is what is left of a problem, with tool identities forgotten: the number of required tools
+    left, then the local indices of each local tool's dependencies that have not succeeded (a DP may add
+    more). Local tools are the required tools not yet succeeded, in the required order (index 0 is the next
+    one), then the other tools the DP keeps. A tool that succeeded leaves the shape: it can no longer be
+    called and, as a dependency, no longer lowers any probability. The tool actions of a shape are the next
+    required tool and the tools after the required ones; ``all_actions`` makes every local tool an action
+    (later required tools included: their success loses the episode).
+    """
+
+    def __init__(self, max_calls: int, rules: EpisodeRules, failure: FailureModel, all_actions: bool):
+        self.max_calls, self.rules, self.failure, self.all_actions = max_calls, rules, failure, all_actions
+        self._ids: dict[tuple, int] = {}
+        self.shapes: list[tuple] = []  # id -> (n_required, deps, ...)
+        self._actions: list[tuple[int, ...]] = []  # id -> tool actions in tie-break order (FILLER comes last)
+        self._after: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}  # (id, i) -> (id', kept indices)
+        self._ends: dict[tuple[int, int], bool] = {}
+        self.memo: dict[Key, tuple[float, int | None]] = {}  # key -> (value, optimal action; None = FINISH)
+
+    # --- shapes ----------------------------------------------------------------------------------------
+
+    def _register(self, canonical: tuple) -> int:
+        """The id of a canonical shape (n_required, deps, ...), registered with its tool actions if new."""
+        sid = self._ids.get(canonical)
+        if sid is None:
+            sid = self._ids[canonical] = len(self.shapes)
+            self.shapes.append(canonical)
+            n_required, n = canonical[0], len(canonical[1])
+            if self.all_actions:
+                self._actions.append(tuple(range(n)))
+            else:  # the next required tool, then the tools after the required ones
+                self._actions.append(((0,) if n_required else ()) + tuple(range(n_required, n)))
+        return sid
+
+    def after_success(self, sid: int, i: int) -> tuple[int, tuple[int, ...]]:
+        """(shape id, local indices kept) once local tool i of shape ``sid`` has succeeded."""
+        entry = self._after.get((sid, i))
+        if entry is None:
+            deps = self.shapes[sid][1]
+            rest = [j for j in range(len(deps)) if j != i]
+            position = {j: new for new, j in enumerate(rest)}
+            new_deps = [tuple(position[d] for d in deps[j] if d != i) for j in rest]
+            new_sid, keep = self._shape_after(sid, i, rest, new_deps)
+            entry = self._after[(sid, i)] = (new_sid, tuple(rest[j] for j in keep))
+        return entry
+
+    @abstractmethod
+    def _shape_after(self, sid: int, i: int, rest: list[int], new_deps: list[tuple[int, ...]]
+                     ) -> tuple[int, tuple[int, ...]]:
+        """(shape id, indices into ``rest`` kept) of shape ``sid`` without local tool i: ``rest`` are the
+        local indices left, ``new_deps`` their dependencies renumbered."""
+
+    # --- keys and transitions --------------------------------------------------------------------------
+
+    def _canonical_counters(self, spare: int, codes: tuple[int, ...], consecutive: int, last: int, streak: int
+                            ) -> tuple[tuple[int, ...], int, int, int] | None:
+        """(call counts, consecutive failures, streak tool, streak length) of a state in canonical form, None
+        when it is lost. With ``spare`` turns left beyond one per remaining required tool, more than
+        ``spare`` further failures lose the episode anyway, so a consecutive-failure count or a streak that
+        cannot reach its limit within ``spare`` failures is reset, and a call count that cannot reach the
+        cap within ``spare + 1`` calls only says "called" (1). Equivalent states then share one key, and
+        values stay bit-identical."""
+        rules = self.rules
+        end = self._ends.get((consecutive, streak))
+        if end is None:
+            end = self._ends[(consecutive, streak)] = termination_reason(consecutive, streak, rules) is not None
+        if spare < 0 or end:
+            return None
+        if consecutive + spare < rules.max_consecutive_failures:
+            consecutive = 0
+        if last < 0 or streak + spare < rules.max_same_tool_failures:
+            last, streak = -1, 0
+        low = self.max_calls - spare - 1
+        if low >= 2 and codes and max(codes) >= 2:
+            codes = tuple(1 if 0 < c <= low else c for c in codes)
+        return codes, consecutive, last, streak
+
+    def _callable_tools(self, sid: int, codes: tuple[int, ...]) -> Iterator[tuple[int, int, int]]:
+        """(local index, uncalled dependencies, failed dependencies) of each tool action of shape ``sid``
+        under the call cap, in tie-break order."""
+        deps, cap = self.shapes[sid][1], self.max_calls
+        for i in self._actions[sid]:
+            if codes[i] >= cap:
+                continue
+            n_uncalled = n_failed = 0
+            for d in deps[i]:
+                if codes[d]:
+                    n_failed += 1
+                else:
+                    n_uncalled += 1
+            yield i, n_uncalled, n_failed
+
+    @abstractmethod
+    def success_key(self, key: Key, action: int) -> Key | None:
+        """The key once ``action`` (a local index or FILLER) has succeeded from ``key`` (of several
+        successful outcomes, the likeliest); None when that loses the episode."""
+
+    # --- dynamic programming ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def action_values(self, key: Key) -> Iterator[tuple[int, float]]:
+        """(action, optimal probability of full success after taking it) of every action of a state, in
+        tie-break order: tool actions (local indices), then FILLER."""
+
+    def solve(self, key: Key | None) -> tuple[float, int | None]:
+        """(optimal probability of full success, optimal action; None = FINISH) from ``key`` (None = lost).
+        Ties go to the first action in tie-break order."""
+        if key is None:
+            return 0.0, None
+        cached = self.memo.get(key)
+        if cached is not None:
+            return cached
+        best, best_action = (1.0 if self.shapes[key[0]][0] == 0 else 0.0), None
+        if best == 0.0:
+            for action, v in self.action_values(key):
+                if v > best + 1e-12:
+                    best, best_action = v, action
+        result = self.memo[key] = (best, best_action)
+        return result
+
+
+DP = TypeVar("DP", bound=Subproblems)
+
+
+class ExactBound(ABC, Generic[DP]):
+    """Bound (iii) of one problem, with the optimal action of every state, on a shared ``Subproblems`` DP:
+    the interface of ``plain.PlainBound`` and ``processes.ProcessBound``.
+
+    ``all_actions=True`` makes every tool of the problem an action at every state (the reference the
+    pruned action set is tested against)."""
+
+    def __init__(self, problem: Problem, registry: ToolRegistry | None = None, all_actions: bool = False):
+        if problem.rules.profile != "test":
+            raise ValueError("bounds are defined for the 'test' failure profile only")
+        self.registry = registry or default_registry()
+        self.problem = problem
+        self.rules, self.failure = problem.rules, problem.failure
+        self.tools: tuple[int, ...] = problem_tools(problem.required, self.registry)
+        self.m = len(problem.required)
+        self.fillers = self._filler_order(spare_tools(problem.required, self.registry))
+        check_fillers(self.fillers, self.rules)
+        self.dp: DP = self._subproblems(all_actions)
+
+    def _filler_order(self, spares: tuple[int, ...]) -> tuple[int, ...]:
+        """The spare tools in the order filler calls take them (registry order)."""
+        return spares
+
+    @abstractmethod
+    def _subproblems(self, all_actions: bool) -> DP:
+        """The shared DP of this problem's call cap, rules and failure model."""
+
+    # --- state -------------------------------------------------------------------------------------
+
+    def _remaining(self, k: int, succeeded: Sequence[bool], spares: Sequence[int] = ()
+                   ) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+        """(local tools, local indices of each one's dependencies among them) after ``k`` required tools:
+        the required tools left in order, the helpers not succeeded, then ``spares``."""
+        local = self.problem.required[k:] + tuple(t for t in self.tools[self.m:] if not succeeded[t]) + tuple(spares)
+        index = {t: j for j, t in enumerate(local)}
+        return local, [tuple(index[d] for d in self.registry.dependency_ids[t] if d in index) for t in local]
+
+    @abstractmethod
+    def initial_state(self) -> State:
+        """The DP state before any call."""
+
+    @abstractmethod
+    def _episode_state(self, episode: Episode) -> State:
+        """The DP state of a running episode whose required tools succeeded in order."""
+
+    def state_of(self, episode: Episode) -> State | None:
+        """The DP state of a running episode, or None when full success is no longer possible."""
+        return self._episode_state(episode) if required_in_order(episode) else None
+
+    def after_success(self, state: State, action: int) -> State | None:
+        """The state once local ``action`` (or FILLER) has succeeded (of several successful outcomes, the
+        likeliest); None when that loses the episode."""
+        if state.key is None:
+            return None
+        key = self.dp.success_key(state.key, action)
+        if key is None:
+            return None
+        if action == FILLER:
+            return State(key, state.tools)
+        return State(key, tuple(state.tools[j] for j in self.dp.after_success(state.key[0], action)[1]))
+
+    # --- dynamic programming -------------------------------------------------------------------------
+
+    def value(self, state: State | None) -> float:
+        """Optimal probability of full success from ``state`` (None = lost)."""
+        return 0.0 if state is None else self.dp.solve(state.key)[0]
+
+    def best_local_action(self, state: State) -> int | None:
+        """The optimal local action (index into ``state.tools``, FILLER) or None for FINISH."""
+        return self.dp.solve(state.key)[1]
+
+    def next_tool(self, episode: Episode) -> int | None:
+        """The tool the optimal policy calls now (the first fresh filler for FILLER), None to finish."""
+        state = self.state_of(episode)
+        if state is None:
+            return None
+        action = self.best_local_action(state)
+        if action is None or action != FILLER:
+            return None if action is None else state.tools[action]
+        return next(t for t in self.fillers if episode.calls[t] == 0)  # there is one: see check_fillers
+
+    @property
+    def optimal_success(self) -> float:
+        return self.value(self.initial_state())
+
+    @property
+    def states_explored(self) -> int:
+        """DP states solved so far, shared by every problem with this call cap, rules and failure model."""
+        return len(self.dp.memo)
+
+    def happy_path(self) -> list[int]:
+        """Tools the optimal policy calls when every call succeeds (global ids; of a call's successful
+        outcomes, the likeliest)."""
+        state, path, fillers_used = self.initial_state(), [], 0
+        while state is not None:
+            action = self.best_local_action(state)
+            if action is None:
+                break
+            if action == FILLER:
+                path.append(self.fillers[fillers_used])
+                fillers_used += 1
+            else:
+                path.append(state.tools[action])
+            state = self.after_success(state, action)
+        return path
+
+    # --- clairvoyant bound ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def clairvoyant(self, stream: np.ndarray) -> bool:
+        """Bound (ii) for one random stream: can any action sequence reach full success?"""
