@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,9 +21,11 @@ from ..core.simulator import CallRecord, Episode, task_seed
 from ..core.tasks.library import Task
 from ..envs.planner.env import ResiliBenchEnv
 from ..envs.real_api.call_log import CallLogRow, write_rows
-from ..envs.real_api.live_apis import RealApi
 from .heuristics import HEURISTICS
 from .optimal import OptimalPlanner
+
+if TYPE_CHECKING:  # real-API mode's client (and its HTTP stack) loads only when an api is given
+    from ..envs.real_api.live_apis import RealApi
 
 PLANNER_NAMES = (*HEURISTICS, OptimalPlanner.name)
 

@@ -78,8 +78,8 @@ class GRPOSettings(Settings):
     eval_seeds: tuple[int, ...] = setting((0,), bounds=(0, None), several=True, help="episode seeds of each "
                                                                                      "evaluation task")
     max_steps: int = setting(20, bounds=AT_LEAST_ONE, help="optimizer steps")
-    time_budget_min: float | None = setting(None, above=0, help="also stop after this many minutes of this "
-                                                                "session's training")
+    time_budget_min: float | None = setting(None, above=0, flag="--time-budget", metavar="MIN",
+                                            help="also stop after MIN minutes of this session's training")
     num_generations: int = setting(4, bounds=(2, None), reason=" (GRPO compares a group)",
                                    help="rollouts per task in a GRPO group")
     batch_size: int = setting(4, bounds=AT_LEAST_ONE, help="rollouts per device per step (a multiple of "

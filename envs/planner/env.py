@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -16,7 +16,6 @@ from ...core.rewards import REWARD_MODES, ShapedRewarder
 from ...core.simulator import SUCCESS, EnvEpisodes, Episode
 from ...core.tasks.library import SPLITS, Task
 from ...core.world import DEFAULT_WORLD, World
-from ..real_api.live_apis import RealApi
 from .observation import (
     N_STATUS,
     ObservationLayout,
@@ -25,6 +24,9 @@ from .observation import (
     initial_observation,
     process_features,
 )
+
+if TYPE_CHECKING:  # real-API mode's client (and its HTTP stack) loads only when an api is given
+    from ..real_api.live_apis import RealApi
 
 
 class ResiliBenchEnv(gym.Env):

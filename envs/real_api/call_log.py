@@ -1,5 +1,5 @@
 """Call logs: one JSON line per tool call, the one format that the simulator and the real-API client write
-and that failure calibration (``resilibench calibrate-failures``) reads.
+and that failure calibration (``resilibench failures fit``) reads.
 
 A row says which call it was (task, episode, turn, tool), the success formula's inputs at that moment
 (``n_uncalled``, ``n_failed``, ``n_history``: see ``Episode.covariates``), what happened (success, error

@@ -818,7 +818,7 @@ def calibrate(log: str | Path, out: str | Path, *, per_tool: bool = False, proce
                        source=str(log))
     report = out.with_name(out.stem + ".report.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    header = f"# World config fitted to {Path(log).name} by resilibench calibrate-failures (report: {report.name})\n"
+    header = f"# World config fitted to {Path(log).name} by resilibench failures fit (report: {report.name})\n"
     out.write_text(header + yaml.safe_dump(fit.config(), sort_keys=True), encoding="utf-8")
     report.write_text(json.dumps(fit.to_dict(), indent=2) + "\n", encoding="utf-8")
     return fit, out, report

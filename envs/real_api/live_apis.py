@@ -35,7 +35,6 @@ from typing import Any
 
 import anyio
 import networkx as nx
-from mcp.shared.exceptions import MCPError
 
 from resilibench.errors import InputError
 
@@ -299,6 +298,8 @@ class McpToolClient:
     def request(self, tool: str, arguments: Mapping[str, Any] | None = None, *, episode: str | None = None,
                 headers: Mapping[str, str] | None = None, attempt: int = 1) -> HttpOutcome:
         """One call of ``tool`` as an ``HttpOutcome`` (no HTTP status: the session carries no such thing)."""
+        from mcp.shared.exceptions import MCPError  # the SDK loads only where MCP is used
+
         codes = self.registry[tool].error_codes if self.registry is not None and tool in self.registry else ()
         start = time.perf_counter()
         try:
@@ -551,7 +552,7 @@ class RealApi:
     """Real-API mode of a front end (docs/envs/real_apis.md): where its tool calls go, and the settings of the
     client it makes for them.
 
-    ``target``: the base URL of our tool service (``resilibench serve-tools``), whose episodes mirror the
+    ``target``: the base URL of our tool service (``resilibench serve tools``), whose episodes mirror the
     world's; a ``LiveApi`` (its endpoints or its MCP server), whose tools and tasks the front end then
     plays; or a client (``ToolClient``, ``McpToolClient``), used as it is (the front end closes only a
     client it made). ``options`` go to the client a front end makes: ``timeout``, ``max_retries``,
@@ -612,7 +613,7 @@ def live_registry(tools: Sequence[Tool], task_file: TaskFile) -> ToolRegistry:
 
 
 def service_openapi_url(base_url: str) -> str:
-    """The OpenAPI document of our own tool service (``resilibench serve-tools``) at ``base_url``."""
+    """The OpenAPI document of our own tool service (``resilibench serve tools``) at ``base_url``."""
     return base_url.rstrip("/") + "/openapi.json"
 
 

@@ -123,7 +123,7 @@ class ToolService:
     its drawn duration times ``time_scale`` (0: at once; the episode's time budget counts the drawn
     duration either way).
     ``host`` (when given and a loopback address) accepts only Host headers that name this machine, as a
-    guard against DNS rebinding (``serve-tools`` gives it)."""
+    guard against DNS rebinding (``serve tools`` gives it)."""
 
     def __init__(self, tasks: Sequence[Task] | None = None, config: WorldConfig | None = None,
                  registry: ToolRegistry | None = None, task_id: str | None = None, seed: int = 0,

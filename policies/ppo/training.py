@@ -329,7 +329,7 @@ def bound_iii_mean(tasks: Sequence[Task], cfg: PPOTrainConfig) -> float | None:
     """Mean bound (iii) (exact optimal full success, test failure profile) over the task draw of the envs:
     uniform over ``tasks``, or with ``balance_task_types`` uniform over task types, then tasks. None under
     failure processes: their exact DP takes seconds per task, too long for thousands of training tasks at
-    every start (``eval-policy`` reports the bound per evaluated task)."""
+    every start (``eval policy`` reports the bound per evaluated task)."""
     if WorldConfig().replace(**cfg.world).processes.active:
         return None
     config_json = json.dumps(cfg.world, sort_keys=True)  # the cache key of the config's bounds

@@ -16,11 +16,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from resilibench.cli import (
+from resilibench.cli.common import (
     SPLIT_CHOICES,
     CliError,
+    add_config_option,
+    add_library_options,
+    add_output_dir_option,
+    add_task_type_option,
     check_bound_turn_limit,
     choose_world,
+    load_agent,
+    load_backend,
     load_library,
     nonnegative_float,
     nonnegative_int,
@@ -77,11 +83,10 @@ def _build(
     tasks: list[Any],
 ) -> dict[str, Any]:
     """The taxonomy objects; each backend spec is loaded once, however many roles use it."""
-    from resilibench.agents.backends import BACKEND_KINDS, make_backend
+    from resilibench.agents.backends import BACKEND_KINDS
     from resilibench.agents.breaker import FlawTaxonomy, LLMTaxonomy
     from resilibench.agents.scripted import LLMAgent
-    from resilibench.agents.specs import make_text_agent
-    from resilibench.llm import BackendError, GenerationConfig
+    from resilibench.llm import GenerationConfig
 
     # Seeded: LLM solvers of flaw sample with it; the LLM taxonomies reseed every call from --seed.
     generation = GenerationConfig(
@@ -91,11 +96,8 @@ def _build(
 
     def backend(role: str) -> Any:
         spec = roles[role]
-        try:
-            if spec not in backends:
-                backends[spec] = make_backend(spec, batch_size=args.batch_size)
-        except (ValueError, TypeError, OSError, ImportError, BackendError) as exc:
-            raise CliError(f"--{role} {spec}: {exc}") from None
+        if spec not in backends:
+            backends[spec] = load_backend(spec, f"--{role}", batch_size=args.batch_size)
         return backends[spec]
 
     taxonomies: dict[str, Any] = {}
@@ -104,10 +106,7 @@ def _build(
             if roles["solver"].partition(":")[0] in BACKEND_KINDS:  # shared with other roles of the spec
                 solver = LLMAgent(backend("solver"), generation)
             else:
-                try:
-                    solver = make_text_agent(roles["solver"], generation, args.batch_size)
-                except (ValueError, OSError, ImportError) as exc:
-                    raise CliError(f"--solver {roles['solver']}: {exc}") from None
+                solver = load_agent(roles["solver"], "--solver", generation, args.batch_size)
             generator = backend("generator") if roles["generator"] else None
             taxonomies[name] = FlawTaxonomy(
                 solver, tasks, config, generator=generator, generation=generation, matcher=args.matcher
@@ -195,75 +194,44 @@ def cmd_breaker(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
-    """Add ``breaker`` to the ``resilibench`` parser."""
-    from resilibench.core.tasks.library import TASK_TYPE_NAMES
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs", required=True, metavar="SPEC",
+                        help="runs per taxonomy, e.g. qc:8,itf:5 or flaw (a bare name is one run); taxonomies: "
+                        "qc, itf, mim, flaw")
+    parser.add_argument("--max-iterations", metavar="SPEC",
+                        help="iteration cap per taxonomy, e.g. qc:15 (names must be in --runs; default 1)")
+    add_output_dir_option(parser, None, "iterations.jsonl, rows.jsonl and meta.json (resumed when present)")
+    parser.add_argument("--solver", required=True, metavar="SPEC",
+                        help="the model under test: a backend spec (hf:PATH, vllm:PATH, openai:URL?model=NAME); for "
+                        "flaw also scripted:optimal, scripted:plan, a planner name or ppo:CHECKPOINT_DIR")
+    parser.add_argument("--generator", metavar="SPEC",
+                        help="task generator backend (required for qc/itf/mim; optional for flaw, whose default is "
+                        "the seeded scripted proposer)")
+    parser.add_argument("--judge", metavar="SPEC", help="grading backend (qc/itf/mim)")
+    parser.add_argument("--validator", metavar="SPEC", help="reference-answer checker backend (default: --judge)")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, metavar="N",
+                        help="seeds every choice, sample and episode (default 0)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=1024, metavar="N",
+                        help="longest LLM answer (default 1024)")
+    parser.add_argument("--temperature", type=nonnegative_float, default=0.7, metavar="X",
+                        help="sampling temperature of the generator and the solver (default 0.7); the judge and "
+                        "the validator decode greedily")
+    parser.add_argument("--batch-size", type=positive_int, default=8, metavar="N",
+                        help="hf backends: rows per forward pass (default 8)")
+    add_library_options(parser)
+    add_config_option(parser)
+    parser.add_argument("--split", choices=SPLIT_CHOICES, default="test", help="flaw: the task pool's split (default test)")
+    add_task_type_option(parser, "flaw: repeatable (default all)")
+    parser.add_argument("--limit", type=positive_int, metavar="N",
+                        help="flaw: the first N tasks of the pool (task types in turn)")
+    parser.add_argument("--matcher", choices=("auto", "semantic", "lexical"), default="auto",
+                        help="flaw: tool similarity used by flaw injection (default auto: semantic when installed)")
+    parser.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                        help="continue the runs not yet finished in DIR (default); --no-resume starts DIR afresh")
+    parser.add_argument("--csv", action="store_true", help="also write DIR/rows.csv (the original CSV columns)")
+    parser.set_defaults(func=cmd_breaker)
 
-    br = commands.add_parser(
-        "breaker",
-        parents=[parents["library"], parents["world"]],
-        help="search for tasks that break a model (qc, itf, mim, flaw)",
-    )
-    br.add_argument(
-        "--runs",
-        required=True,
-        metavar="SPEC",
-        help="runs per taxonomy, e.g. qc:8,itf:5 or flaw (a bare name is one run); taxonomies: "
-        "qc, itf, mim, flaw",
-    )
-    br.add_argument(
-        "--max-iterations",
-        metavar="SPEC",
-        help="iteration cap per taxonomy, e.g. qc:15 (names must be in --runs; default 1)",
-    )
-    br.add_argument("--output-dir", required=True, metavar="DIR")
-    br.add_argument(
-        "--solver",
-        required=True,
-        metavar="SPEC",
-        help="the model under test: a backend spec (hf:PATH, vllm:PATH, openai:URL?model=NAME); for "
-        "flaw also scripted:optimal, scripted:plan, a planner name or ppo:CHECKPOINT_DIR",
-    )
-    br.add_argument(
-        "--generator",
-        metavar="SPEC",
-        help="task generator backend (required for qc/itf/mim; "
-        "optional for flaw, whose default is the seeded scripted proposer)",
-    )
-    br.add_argument("--judge", metavar="SPEC", help="grading backend (qc/itf/mim)")
-    br.add_argument("--validator", metavar="SPEC", help="reference-answer checker backend (default: --judge)")
-    br.add_argument(
-        "--seed", type=nonnegative_int, default=0, help="seeds every choice, sample and episode (default 0)"
-    )
-    br.add_argument("--max-new-tokens", type=positive_int, default=1024)
-    br.add_argument(
-        "--temperature",
-        type=nonnegative_float,
-        default=0.7,
-        help="sampling temperature of the generator and the solver (default 0.7); the judge and "
-        "the validator decode greedily",
-    )
-    br.add_argument("--batch-size", type=positive_int, default=8, help="hf backends: rows per forward pass")
-    br.add_argument("--split", choices=SPLIT_CHOICES, default="test", help="flaw: the task pool's split")
-    br.add_argument(
-        "--task-type",
-        action="append",
-        choices=TASK_TYPE_NAMES,
-        metavar="TYPE",
-        help=f"flaw: repeatable; one of {', '.join(TASK_TYPE_NAMES)}",
-    )
-    br.add_argument("--limit", type=positive_int, help="flaw: the first N tasks of the pool (types in turn)")
-    br.add_argument(
-        "--matcher",
-        choices=("auto", "semantic", "lexical"),
-        default="auto",
-        help="flaw: tool similarity used by flaw injection (auto: semantic when installed)",
-    )
-    br.add_argument(
-        "--resume",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="continue the runs not yet finished in DIR (default); --no-resume starts DIR afresh",
-    )
-    br.add_argument("--csv", action="store_true", help="also write DIR/rows.csv (the original CSV columns)")
-    br.set_defaults(func=cmd_breaker)
+
+def add_commands(commands: Any) -> None:
+    """Add ``breaker`` to the ``resilibench`` parser."""
+    commands.add_parser("breaker", help="search for tasks that break a model (qc, itf, mim, flaw)", arguments=_arguments)

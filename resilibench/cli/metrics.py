@@ -11,13 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilibench.cli import (
+from resilibench.cli.common import (
     SPLIT_CHOICES,
     CliError,
-    Parser,
+    add_config_option,
+    add_group,
+    add_library_options,
+    add_output_dir_option,
+    add_resume_option,
+    add_task_type_option,
     check_bound_turn_limit,
     choose_world,
     dedupe,
+    load_backend,
     load_library,
     output_file,
     positive_int,
@@ -25,8 +31,6 @@ from resilibench.cli import (
 )
 from resilibench.cli.options import add_options, option_values
 from resilibench.console import format_table, progress_bar
-from resilibench.core.workflow import STRING_STEPS
-from resilibench.metrics.calibration import METRICS, CalibrationSettings
 from resilibench.rundir import RunDirectory
 
 # CalibrationSettings fields with `metrics calibrate` options of their own (built from the fields); the metric
@@ -39,6 +43,8 @@ CALIBRATE_OPTIONS = ("min_nodes", "text_only", "seed", "perturber")
 
 def _metrics(args: argparse.Namespace) -> list[str]:
     """The metrics asked for: --metrics, else every metric (the judge only with --backend)."""
+    from resilibench.metrics.calibration import METRICS
+
     if args.metrics:
         metrics = dedupe(args.metrics)
         if "judge" in metrics and not args.backend:
@@ -58,15 +64,6 @@ def _check_backend_spec(spec: str | None) -> None:
             raise CliError(f"--backend: {exc}") from None
 
 
-def _backend(spec: str):
-    from resilibench.agents.backends import make_backend
-
-    try:
-        return make_backend(spec)
-    except (ValueError, OSError, ImportError) as exc:
-        raise CliError(f"--backend {spec}: {exc}") from None
-
-
 def _generation(args: argparse.Namespace, default: int):
     from resilibench.llm import GenerationConfig
 
@@ -82,6 +79,9 @@ def _scorer(metrics: Sequence[str], backend: Any, args: argparse.Namespace):
 
 
 def _add_metric_options(parser: argparse.ArgumentParser) -> None:
+    from resilibench.metrics.calibration import METRICS
+    from resilibench.metrics.structural import DEFAULT_MCIS_BUDGET
+
     parser.add_argument("--metrics", nargs="+", choices=METRICS, metavar="NAME",
                         help=f"default all but judge, plus judge with --backend; from {' '.join(METRICS)}")
     parser.add_argument("--backend", metavar="SPEC",
@@ -92,9 +92,9 @@ def _add_metric_options(parser: argparse.ArgumentParser) -> None:
                         help="longest LLM answer (default 768 for the judge, 1024 for --perturber llm)")
     parser.add_argument("--batch-size", type=positive_int, default=64, metavar="N",
                         help="pairs per scoring batch and per LLM call (default 64; scores do not depend on it)")
-    parser.add_argument("--mcis-budget", type=positive_int, default=100_000, metavar="N",
+    parser.add_argument("--mcis-budget", type=positive_int, default=DEFAULT_MCIS_BUDGET, metavar="N",
                         help="search calls per MCIS before it reports bounds instead of the exact value "
-                             "(default 100000: seconds on 300-step workflows)")
+                             f"(default {DEFAULT_MCIS_BUDGET}: seconds on 300-step workflows)")
 
 
 # --- score --------------------------------------------------------------------------------------------
@@ -224,7 +224,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         raise CliError(f"--string-steps applies to --input-format resilibench; {args.input_format} steps are texts")
     pairs = _read_pairs(args) if args.pairs else _read_files(args)
     metrics = _metrics(args)
-    scorer = _scorer(metrics, _backend(args.backend) if args.backend else None, args)
+    scorer = _scorer(metrics, load_backend(args.backend) if args.backend else None, args)
     rows: list[dict[str, Any]] = []
     with progress_bar(len(pairs), "pairs") as bar:
         for chunk in iter_chunks(pairs, args.batch_size):
@@ -266,7 +266,7 @@ class _Calibration:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from resilibench.core.tasks.library import interleave_task_types
-    from resilibench.metrics.calibration import plan_calibration
+    from resilibench.metrics.calibration import CalibrationSettings, plan_calibration
     from resilibench.metrics.perturb import golden_workflows
 
     world = choose_world(args, need_bounds=True)
@@ -320,7 +320,7 @@ def _execute_calibration(job: _Calibration) -> int:
 
     scorer = None
     if todo:
-        backend = _backend(args.backend) if args.backend else None
+        backend = load_backend(args.backend) if args.backend else None
         scorer = _scorer(job.metrics, backend, args)
         perturber = (LLMPerturber(backend, attempts=args.attempts, generation=_generation(args, 1024))
                      if plan.method == "llm" else None)
@@ -371,46 +371,50 @@ def _print_tables(summary: dict[str, Any], plan: Any, view: str = "tasks") -> No
         print(format_table(headers, rows))
 
 
-# --- parser -------------------------------------------------------------------------------------------
+# --- parser ---------------------------------------------------------------------------------------------------
 
 
-def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
-    """Add `metrics score` and `metrics calibrate` to the ``resilibench`` parser."""
-    from resilibench.core.tasks.library import TASK_TYPE_NAMES
+def _score_arguments(parser: argparse.ArgumentParser) -> None:
+    from resilibench.core.workflow import STRING_STEPS
 
-    metrics = commands.add_parser("metrics", help="score workflows against references; calibrate the metrics")
-    actions = metrics.add_subparsers(dest="metrics_command", metavar="ACTION", required=True, parser_class=Parser)
+    parser.add_argument("--pred", metavar="FILE", help="predicted workflow(s) in --input-format (a JSON list: several, "
+                        "paired with --ref by position)")
+    parser.add_argument("--ref", metavar="FILE", help="reference workflow(s) in --input-format")
+    parser.add_argument("--pairs", metavar="FILE", help="JSONL, one {\"pred\": ..., \"ref\": ...} object a line "
+                        "(optional \"id\", and \"task\" text for the judge)")
+    parser.add_argument("--input-format", choices=INPUT_FORMATS, default="resilibench",
+                        help="resilibench (default): {\"nodes\": [{\"tool\":..., \"text\":...}], \"edges\": [[i, j]]}; "
+                             "worfbench: the answer text 'Node: 1: ... Edge: (START,1) (1,2) ...' (also WorFBench's "
+                             "gold and prediction JSON files); robustflow: {\"nodes\": [\"START\", text, ..., \"END\"], "
+                             "\"edges\": [[i, j]]}")
+    parser.add_argument("--string-steps", choices=STRING_STEPS,
+                        help="read a step given as a plain JSON string as a tool name or as a step text "
+                             "(compared by meaning); required when the input has such steps")
+    _add_metric_options(parser)
+    parser.add_argument("--format", choices=("table", "json"), default="table", help="what is printed (default table)")
+    parser.add_argument("--output", metavar="FILE", help="also write one JSON row per pair to FILE (JSONL)")
+    parser.set_defaults(func=cmd_score)
 
-    score = actions.add_parser("score", help="every metric for a (pred, ref) pair or a JSONL file of pairs")
-    score.add_argument("--pred", metavar="FILE", help="predicted workflow(s) in --input-format (a JSON list: several, "
-                       "paired with --ref by position)")
-    score.add_argument("--ref", metavar="FILE", help="reference workflow(s) in --input-format")
-    score.add_argument("--pairs", metavar="FILE", help="JSONL, one {\"pred\": ..., \"ref\": ...} object a line "
-                       "(optional \"id\", and \"task\" text for the judge)")
-    score.add_argument("--input-format", choices=INPUT_FORMATS, default="resilibench",
-                       help="resilibench (default): {\"nodes\": [{\"tool\":..., \"text\":...}], \"edges\": [[i, j]]}; "
-                            "worfbench: the answer text 'Node: 1: ... Edge: (START,1) (1,2) ...' (also WorFBench's "
-                            "gold and prediction JSON files); robustflow: {\"nodes\": [\"START\", text, ..., \"END\"], "
-                            "\"edges\": [[i, j]]}")
-    score.add_argument("--string-steps", choices=STRING_STEPS,
-                       help="read a step given as a plain JSON string as a tool name or as a step text "
-                            "(compared by meaning); required when the input has such steps")
-    _add_metric_options(score)
-    score.add_argument("--format", choices=("table", "json"), default="table", help="what is printed (default table)")
-    score.add_argument("--output", metavar="FILE", help="also write one JSON row per pair to FILE (JSONL)")
-    score.set_defaults(func=cmd_score)
 
-    calibrate = actions.add_parser("calibrate", parents=[parents["library"], parents["world"]],
-                                   help="WorkflowPerturb calibration on the task library's golden workflows")
-    calibrate.add_argument("--split", choices=SPLIT_CHOICES, default="all")
-    calibrate.add_argument("--task-type", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE",
-                           help=f"repeatable (default all); one of {', '.join(TASK_TYPE_NAMES)}")
-    calibrate.add_argument("--limit", type=positive_int, metavar="N",
-                           help="use only the first N tasks with enough steps (task types in turn)")
-    add_options(calibrate, CalibrationSettings, CALIBRATE_OPTIONS)
-    _add_metric_options(calibrate)
-    calibrate.add_argument("--output-dir", default="runs/calibration", metavar="DIR",
-                           help="default runs/calibration")
-    calibrate.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                           help="skip pairs already in DIR/results.jsonl (default); --no-resume starts afresh")
-    calibrate.set_defaults(func=cmd_calibrate)
+def _calibrate_arguments(parser: argparse.ArgumentParser) -> None:
+    from resilibench.metrics.calibration import CalibrationSettings
+
+    add_library_options(parser)
+    add_config_option(parser)
+    parser.add_argument("--split", choices=SPLIT_CHOICES, default="all", help="default all")
+    add_task_type_option(parser)
+    parser.add_argument("--limit", type=positive_int, metavar="N",
+                        help="only the first N tasks with enough steps (task types in turn)")
+    add_options(parser, CalibrationSettings, CALIBRATE_OPTIONS)
+    _add_metric_options(parser)
+    add_output_dir_option(parser, "runs/calibration")
+    add_resume_option(parser, rows="pairs")
+    parser.set_defaults(func=cmd_calibrate)
+
+
+def add_commands(commands: Any) -> None:
+    """Add ``metrics score|calibrate`` to the ``resilibench`` parser."""
+    add_group(commands, "metrics", "score workflows against references; calibrate the metrics", {
+        "score": ("every metric for a (pred, ref) pair or a JSONL file of pairs", _score_arguments),
+        "calibrate": ("WorkflowPerturb calibration on the task library's golden workflows", _calibrate_arguments),
+    })

@@ -1,8 +1,6 @@
-"""`robust ...`: robust workflow generation (RobustFlow): `clusters` builds a cluster dataset, `scratch` a
-small generator from nothing, `sft` and `scpo` train a generator, `evaluate` prints the robustness table,
-`demo` runs it all on the built-in library.
-
-Each subcommand has its own ``_add_<name>(sub, parents)`` function called from ``add_commands``.
+"""`robust clusters|scratch|sft|scpo|evaluate|demo`: robust workflow generation (RobustFlow). `clusters`
+builds a cluster dataset, `scratch` a small generator from nothing, `sft` and `scpo` train a generator,
+`evaluate` prints the robustness table, `demo` runs it all on the built-in library.
 """
 
 from __future__ import annotations
@@ -10,20 +8,29 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from resilibench.cli import (
+from resilibench.cli.common import (
     SPLIT_CHOICES,
     CliError,
-    Parser,
+    add_config_option,
+    add_group,
+    add_library_options,
+    add_output_dir_option,
+    add_resume_option,
+    add_task_type_option,
     check_bound_turn_limit,
     choose_world,
     dedupe,
     error_text,
+    load_backend,
     load_library,
     nonnegative_int,
     positive_int,
+    print_to_stderr,
     select_tasks,
 )
 from resilibench.cli.options import add_options, option_values
@@ -78,13 +85,7 @@ def cmd_clusters(args: argparse.Namespace) -> int:
     directory = check_directory(args.output_dir)
     perturber = None
     if args.backend:
-        from resilibench.agents.backends import make_backend
-
-        try:
-            backend = make_backend(args.backend)
-        except (ValueError, OSError, ImportError) as exc:
-            raise CliError(f"--backend {args.backend}: {exc}") from None
-        perturber = InstructionPerturber(backend, attempts=args.attempts,
+        perturber = InstructionPerturber(load_backend(args.backend), attempts=args.attempts,
                                          generation=GenerationConfig(max_new_tokens=args.max_new_tokens, seed=0))
     selection = {"split": args.split, "task_types": task_types, "per_type": args.per_type, "limit": args.limit,
                  "task_count": len(selected)}
@@ -118,39 +119,16 @@ def _print_summary(result: Any, types: tuple[str, ...]) -> None:
     print(format_table(("perturbation", "variants", "rules", "llm", "llm fallbacks", "mean rate"), rows))
 
 
-def _add_clusters(sub: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
-    from resilibench.core.tasks.library import TASK_TYPE_NAMES
-    from resilibench.robust_train.instructions import PERTURBATION_TYPES
-
-    clusters = sub.add_parser("clusters", parents=[parents["library"], parents["world"]],
-                              help="build a semantic cluster dataset: each task with its perturbed instructions")
-    clusters.add_argument("--output-dir", required=True, metavar="DIR",
-                          help="where clusters.jsonl and meta.json go (resumed when present)")
-    clusters.add_argument("--split", choices=SPLIT_CHOICES, default="train")
-    clusters.add_argument("--task-type", "--task-types", action="append", choices=TASK_TYPE_NAMES, metavar="TYPE",
-                          help=f"repeatable (default all); one of {', '.join(TASK_TYPE_NAMES)}")
-    clusters.add_argument("--per-type", type=positive_int, metavar="N", help="use the first N tasks of each task type")
-    clusters.add_argument("--limit", type=positive_int, metavar="N",
-                          help="use only the first N selected tasks (task types in turn)")
-    clusters.add_argument("--types", default=",".join(PERTURBATION_TYPES), metavar="LIST",
-                          help=f"comma-separated perturbation types (default all: {','.join(PERTURBATION_TYPES)})")
-    clusters.add_argument("--variants-per-type", type=positive_int, default=1, metavar="N", help="default 1")
-    clusters.add_argument("--seed", type=nonnegative_int, default=0, help="perturbation seed (default 0)")
-    clusters.add_argument("--backend", metavar="SPEC",
-                          help="LLM for paraphrases and requirements: hf:PATH, vllm:PATH or openai:URL?model=NAME "
-                          "(default: offline rules)")
-    clusters.add_argument("--attempts", type=positive_int, default=3, metavar="N",
-                          help="LLM answers per variant before falling back to the rules (default 3)")
-    clusters.add_argument("--max-new-tokens", type=positive_int, default=512, metavar="N",
-                          help="longest LLM answer (default 512)")
-    clusters.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
-                          help="tasks whose LLM variants share one generate call (default 32)")
-    clusters.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                          help="skip clusters already in DIR/clusters.jsonl (default); --no-resume starts afresh")
-    clusters.set_defaults(func=cmd_clusters)
-
-
 # --- sft, scpo, evaluate, scratch, demo ---------------------------------------------------------------
+
+
+@contextmanager
+def _errors_of(action: str) -> Iterator[None]:
+    """The library's ValueError (a bad setting or input) as one line naming the command."""
+    try:
+        yield
+    except ValueError as exc:
+        raise CliError(f"robust {action}: {error_text(exc)}") from None
 
 
 def _torch_threads_flag(parser: argparse.ArgumentParser) -> None:
@@ -230,10 +208,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     rows = len(records) if args.originals_only else sum(len(r.variants) for r in records)
     print(f"SFT on {rows} instructions of {len(records)} clusters "
           f"({'full fine-tuning' if settings.lora is None else f'LoRA r {settings.lora.r}'})", file=sys.stderr)
-    try:
+    with _errors_of("sft"):
         out = run_sft(model, records, args.output_dir, settings, _format(args), originals_only=args.originals_only)
-    except ValueError as exc:
-        raise CliError(f"robust sft: {error_text(exc)}") from None
     print(f"model: {out}")
     return 0
 
@@ -247,12 +223,10 @@ def cmd_scpo(args: argparse.Namespace) -> int:
     model, records = _model_dir(args.model), _clusters(args.clusters)
     defaults = ScPOSettings()
     changes = option_values(args, ScPOSettings, SCPO_OPTIONS)
-    try:
+    with _errors_of("scpo"):
         settings = replace(defaults, preference=_trainer_settings(defaults.preference, args),
                            seed=args.seed or 0, **changes)
-        out = run_scpo(model, records, args.output_dir, settings, _format(args), log=_stderr)
-    except ValueError as exc:
-        raise CliError(f"robust scpo: {error_text(exc)}") from None
+        out = run_scpo(model, records, args.output_dir, settings, _format(args), log=print_to_stderr)
     print(f"model: {out}")
     return 0
 
@@ -268,12 +242,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if len(names) != len(models) or len(set(names)) != len(names):
         raise CliError(f"--name: give one distinct name per MODEL ({len(models)}), got {names}")
     records = _clusters(args.clusters)
-    try:
+    with _errors_of("evaluate"):
         tables = {name: evaluate_generator(model, records, Path(args.output_dir) / name, _format(args),
                                            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
                   for name, model in zip(names, models, strict=True)}
-    except ValueError as exc:
-        raise CliError(f"robust evaluate: {error_text(exc)}") from None
     print(format_tables(tables, ("original", *PERTURBATION_TYPES)))
     print(f"tables and answers in {args.output_dir}/<name>/", file=sys.stderr)
     return 0
@@ -284,12 +256,10 @@ def cmd_scratch(args: argparse.Namespace) -> int:
 
     _use_torch_threads(args)
     records = [r for path in args.clusters for r in _clusters(path)]
-    try:
+    with _errors_of("scratch"):
         out = build_generator(args.output_dir, records, _format(args), hidden_size=args.hidden_size,
                               num_layers=args.num_layers, num_heads=args.num_heads, vocab_size=args.vocab_size,
                               seed=args.seed)
-    except ValueError as exc:
-        raise CliError(f"robust scratch: {error_text(exc)}") from None
     print(f"model: {out}")
     return 0
 
@@ -306,85 +276,114 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.scpo_iterations is not None:
         settings = replace(settings, scpo=replace(settings.scpo, iterations=args.scpo_iterations))
     check_directory(args.output_dir)
-    try:
-        run_demo(args.output_dir, settings, log=_stderr)
-    except ValueError as exc:
-        raise CliError(f"robust demo: {error_text(exc)}") from None
+    with _errors_of("demo"):
+        run_demo(args.output_dir, settings, log=print_to_stderr)
     print((Path(args.output_dir) / "table.txt").read_text(), end="")
     return 0
 
 
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+# --- parser ---------------------------------------------------------------------------------------------------
 
 
-def _add_training(sub: Any) -> None:
+def _clusters_arguments(parser: argparse.ArgumentParser) -> None:
+    from resilibench.robust_train.instructions import PERTURBATION_TYPES
+
+    add_library_options(parser)
+    add_config_option(parser)
+    add_output_dir_option(parser, None, "where clusters.jsonl and meta.json go (resumed when present)")
+    parser.add_argument("--split", choices=SPLIT_CHOICES, default="train", help="default train")
+    add_task_type_option(parser)
+    parser.add_argument("--per-type", type=positive_int, metavar="N", help="use the first N tasks of each task type")
+    parser.add_argument("--limit", type=positive_int, metavar="N",
+                        help="only the first N selected tasks (task types in turn)")
+    parser.add_argument("--types", default=",".join(PERTURBATION_TYPES), metavar="LIST",
+                        help=f"comma-separated perturbation types (default all: {','.join(PERTURBATION_TYPES)})")
+    parser.add_argument("--variants-per-type", type=positive_int, default=1, metavar="N", help="default 1")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, metavar="N", help="perturbation seed (default 0)")
+    parser.add_argument("--backend", metavar="SPEC",
+                        help="LLM for paraphrases and requirements: hf:PATH, vllm:PATH or openai:URL?model=NAME "
+                        "(default: offline rules)")
+    parser.add_argument("--attempts", type=positive_int, default=3, metavar="N",
+                        help="LLM answers per variant before falling back to the rules (default 3)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=512, metavar="N",
+                        help="longest LLM answer (default 512)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
+                        help="tasks whose LLM variants share one generate call (default 32)")
+    add_resume_option(parser, rows="clusters", file="clusters.jsonl")
+    parser.set_defaults(func=cmd_clusters)
+
+
+def _model_and_clusters(parser: argparse.ArgumentParser, model: str, output: str) -> None:
+    """MODEL, --clusters DIR and --output-dir DIR of the commands that train a generator."""
+    parser.add_argument("model", metavar="MODEL", help=model)
+    parser.add_argument("--clusters", required=True, metavar="DIR", help="a `robust clusters` dataset")
+    add_output_dir_option(parser, None, output)
+
+
+def _sft_arguments(parser: argparse.ArgumentParser) -> None:
+    from resilibench.robust_train.training import SFTSettings
+
+    _model_and_clusters(parser, "a local transformers model directory", "checkpoints, adapter and DIR/model")
+    parser.add_argument("--originals-only", action="store_true", help="train on the original instructions only")
+    parser.add_argument("--full", action="store_true", help="full fine-tuning instead of a LoRA adapter")
+    _train_flags(parser, SFTSettings())
+    _torch_threads_flag(parser)
+    parser.set_defaults(func=cmd_sft)
+
+
+def _scpo_arguments(parser: argparse.ArgumentParser) -> None:
     from resilibench.robust_train.scpo import ScPOSettings
-    from resilibench.robust_train.training import PreferenceSettings, SFTSettings
+    from resilibench.robust_train.training import PreferenceSettings
 
-    sft = sub.add_parser("sft", help="instruction-augmented SFT of a generator (TRL SFTTrainer, PEFT LoRA)")
-    sft.add_argument("model", metavar="MODEL", help="a local transformers model directory")
-    sft.add_argument("--clusters", required=True, metavar="DIR", help="a `robust clusters` dataset")
-    sft.add_argument("--output-dir", required=True, metavar="DIR", help="checkpoints, adapter and DIR/model")
-    sft.add_argument("--originals-only", action="store_true", help="train on the original instructions only")
-    sft.add_argument("--full", action="store_true", help="full fine-tuning instead of a LoRA adapter")
-    _train_flags(sft, SFTSettings())
-    _torch_threads_flag(sft)
-    sft.set_defaults(func=cmd_sft)
-
-    defaults = ScPOSettings()
-    scpo = sub.add_parser("scpo", help="self-consistency preference optimisation iterations (weighted DPO + NLL)")
-    scpo.add_argument("model", metavar="MODEL", help="the generator M_0 (e.g. `robust sft`'s DIR/model)")
-    scpo.add_argument("--clusters", required=True, metavar="DIR", help="a `robust clusters` dataset")
-    scpo.add_argument("--output-dir", required=True, metavar="DIR", help="iter_NN/ per iteration; resumed")
-    add_options(scpo, ScPOSettings, SCPO_OPTIONS)
-    add_options(scpo, PreferenceSettings, PREFERENCE_OPTIONS)
-    _train_flags(scpo, defaults.preference)
-    _torch_threads_flag(scpo)
-    scpo.set_defaults(func=cmd_scpo)
+    _model_and_clusters(parser, "the generator M_0 (e.g. `robust sft`'s DIR/model)", "iter_NN/ per iteration; resumed")
+    add_options(parser, ScPOSettings, SCPO_OPTIONS)
+    add_options(parser, PreferenceSettings, PREFERENCE_OPTIONS)
+    _train_flags(parser, ScPOSettings().preference)
+    _torch_threads_flag(parser)
+    parser.set_defaults(func=cmd_scpo)
 
 
-def _add_evaluation(sub: Any) -> None:
+def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("models", nargs="+", metavar="MODEL", help="generator model directories")
+    parser.add_argument("--name", action="append", metavar="NAME", help="column name per MODEL (repeatable)")
+    parser.add_argument("--clusters", required=True, metavar="DIR", help="a `robust clusters` dataset")
+    add_output_dir_option(parser, None, "answers and tables; reused")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N", help="default 256")
+    parser.add_argument("--batch-size", type=positive_int, default=64, metavar="N", help="default 64")
+    parser.add_argument("--tool-list", action="store_true", help="as for `robust sft`")
+    _torch_threads_flag(parser)
+    parser.set_defaults(func=cmd_evaluate)
+
+
+def _scratch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--clusters", required=True, nargs="+", metavar="DIR", help="datasets to train the tokenizer on")
+    add_output_dir_option(parser, None, "the model directory")
+    for option, default in (("--hidden-size", 128), ("--num-layers", 4), ("--num-heads", 4), ("--vocab-size", 2048)):
+        parser.add_argument(option, type=positive_int, default=default, metavar="N", help=f"default {default}")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, metavar="N", help="default 0")
+    parser.add_argument("--tool-list", action="store_true", help="as for `robust sft`")
+    _torch_threads_flag(parser)
+    parser.set_defaults(func=cmd_scratch)
+
+
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     from resilibench.robust_train.pipeline import DemoSettings
 
-    evaluate = sub.add_parser("evaluate", help="robustness table of generators (RobustFlow Table 2 in shape)")
-    evaluate.add_argument("models", nargs="+", metavar="MODEL", help="generator model directories")
-    evaluate.add_argument("--name", action="append", metavar="NAME", help="column name per MODEL (repeatable)")
-    evaluate.add_argument("--clusters", required=True, metavar="DIR", help="a `robust clusters` dataset")
-    evaluate.add_argument("--output-dir", required=True, metavar="DIR", help="answers and tables; reused")
-    evaluate.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N", help="default 256")
-    evaluate.add_argument("--batch-size", type=positive_int, default=64, metavar="N", help="default 64")
-    evaluate.add_argument("--tool-list", action="store_true", help="as for `robust sft`")
-    _torch_threads_flag(evaluate)
-    evaluate.set_defaults(func=cmd_evaluate)
-
-    scratch = sub.add_parser("scratch", help="a small random generator with a tokenizer trained on cluster datasets")
-    scratch.add_argument("--clusters", required=True, nargs="+", metavar="DIR", help="datasets to train the tokenizer on")
-    scratch.add_argument("--output-dir", required=True, metavar="DIR")
-    scratch.add_argument("--hidden-size", type=positive_int, default=128, metavar="N", help="default 128")
-    scratch.add_argument("--num-layers", type=positive_int, default=4, metavar="N", help="default 4")
-    scratch.add_argument("--num-heads", type=positive_int, default=4, metavar="N", help="default 4")
-    scratch.add_argument("--vocab-size", type=positive_int, default=2048, metavar="N", help="default 2048")
-    scratch.add_argument("--seed", type=nonnegative_int, default=0, help="default 0")
-    scratch.add_argument("--tool-list", action="store_true", help="as for `robust sft`")
-    _torch_threads_flag(scratch)
-    scratch.set_defaults(func=cmd_scratch)
-
-    demo = sub.add_parser("demo", help="from scratch -> SFT -> ScPO on the built-in library, with the table")
-    demo.add_argument("--output-dir", default="runs/robust-demo", metavar="DIR", help="default runs/robust-demo")
-    add_options(demo, DemoSettings, DEMO_OPTIONS)
-    demo.add_argument("--scpo-iterations", type=positive_int, metavar="N")
-    _torch_threads_flag(demo)
-    demo.set_defaults(func=cmd_demo)
+    add_output_dir_option(parser, "runs/robust-demo")
+    add_options(parser, DemoSettings, DEMO_OPTIONS)
+    parser.add_argument("--scpo-iterations", type=positive_int, metavar="N",
+                        help=f"ScPO iterations (default {DemoSettings().scpo.iterations})")
+    _torch_threads_flag(parser)
+    parser.set_defaults(func=cmd_demo)
 
 
-# --- parser -------------------------------------------------------------------------------------------
-
-
-def add_commands(commands: Any, parents: dict[str, argparse.ArgumentParser]) -> None:
-    """Add the `robust` command group (one ``_add_*`` function per subcommand) to the parser."""
-    robust = commands.add_parser("robust", help="robust workflow generation: clusters, SFT, ScPO, robustness")
-    sub = robust.add_subparsers(dest="robust_command", metavar="ACTION", required=True, parser_class=Parser)
-    _add_clusters(sub, parents)
-    _add_training(sub)
-    _add_evaluation(sub)
+def add_commands(commands: Any) -> None:
+    """Add ``robust clusters|scratch|sft|scpo|evaluate|demo`` to the ``resilibench`` parser."""
+    add_group(commands, "robust", "robust workflow generation: clusters, SFT, ScPO, robustness", {
+        "clusters": ("build a semantic cluster dataset: each task with its perturbed instructions", _clusters_arguments),
+        "scratch": ("a small random generator with a tokenizer trained on cluster datasets", _scratch_arguments),
+        "sft": ("instruction-augmented SFT of a generator (TRL SFTTrainer, PEFT LoRA)", _sft_arguments),
+        "scpo": ("self-consistency preference optimisation iterations (weighted DPO + NLL)", _scpo_arguments),
+        "evaluate": ("robustness table of generators (RobustFlow Table 2 in shape)", _evaluate_arguments),
+        "demo": ("from scratch -> SFT -> ScPO on the built-in library, with the table", _demo_arguments),
+    })

@@ -412,7 +412,7 @@ def test_a_nul_padded_tail_is_repaired_with_nothing_left_to_run(first_run, tmp_p
     assert "truncated" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", [["eval", "--agent", "scripted:optimal", "--output-dir"],
+@pytest.mark.parametrize("command", [["eval", "agent", "--agent", "scripted:optimal", "--output-dir"],
                                      ["metrics", "calibrate", "--output-dir"],
                                      ["robust", "clusters", "--output-dir"]])
 def test_every_command_with_bounds_refuses_a_turn_limit_beyond_the_spare_tools(tmp_path, capsys, command):

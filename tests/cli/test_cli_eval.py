@@ -1,4 +1,4 @@
-"""`resilibench eval`: files written, resume, two agents in one directory, refusing to mix, bad input."""
+"""`resilibench eval agent`: files written, resume, two agents in one directory, refusing to mix, bad input."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401 (fixture)
 from resilibench.cli import main
 from resilibench.results import read_jsonl
 
-EVAL = ["eval", "--prompts", "baseline", "optimal", "flawed", "--flaw-types", "order", "missing_step",
+EVAL = ["eval", "agent", "--prompts", "baseline", "optimal", "flawed", "--flaw-types", "order", "missing_step",
         "--limit", "5", "--seeds", "0", "1"]
 
 
@@ -98,7 +98,7 @@ def test_eval_refuses_to_mix_settings(eval_dir, tmp_path, capsys):
     (["--prompts", "baseline"], "the following arguments are required: --agent"),
 ])
 def test_eval_bad_arguments_exit_2_with_one_line(args, message, tmp_path, capsys):
-    assert main(["eval", "--limit", "1", "--seeds", "0", "--output-dir", str(tmp_path / "out"), *args]) == 2
+    assert main(["eval", "agent", "--limit", "1", "--seeds", "0", "--output-dir", str(tmp_path / "out"), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "out" / "results.jsonl").exists()
@@ -107,7 +107,7 @@ def test_eval_bad_arguments_exit_2_with_one_line(args, message, tmp_path, capsys
 def test_eval_with_a_local_transformers_model(tmp_path_factory, torch_one_thread, capsys):  # noqa: F811
     model = build_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))
     directory = tmp_path_factory.mktemp("hf") / "out"
-    args = ["eval", "--agent", f"hf:{model}?name=tiny", "--prompts", "cot", "--limit", "2", "--seeds", "0",
+    args = ["eval", "agent", "--agent", f"hf:{model}?name=tiny", "--prompts", "cot", "--limit", "2", "--seeds", "0",
             "--max-new-tokens", "6", "--batch-size", "2", "--keep-messages", "--output-dir", str(directory)]
     assert main(args) == 0
     rows = read_jsonl(directory / "results.jsonl").rows

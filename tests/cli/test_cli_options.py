@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from resilibench.cli import Parser, build_parser, main
+from resilibench.cli import build_parser, main
+from resilibench.cli.common import Parser
 from resilibench.cli.options import add_options, option_values
 from resilibench.settings import UNIT, Settings, setting
 
@@ -105,11 +106,14 @@ def test_generated_options_of_the_commands_refuse_bad_values(argv, message, caps
     assert message in err and len(err.strip().splitlines()) == 1
 
 
-def test_robust_help_shows_each_commands_own_defaults():
+def _help(command: list[str], capsys) -> str:
+    assert main([*command, "--help"]) == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_robust_help_shows_each_commands_own_defaults(capsys):
     """`robust sft` and `robust scpo` share the trainer options; each shows its settings' defaults."""
-    parser = build_parser()
-    commands = parser._subparsers._group_actions[0].choices["robust"]._subparsers._group_actions[0].choices
-    sft, scpo = (" ".join(commands[c].format_help().split()) for c in ("sft", "scpo"))
+    sft, scpo = (_help(["robust", command], capsys) for command in ("sft", "scpo"))
     assert "--lora-r R LoRA rank (default 16)" in sft and "--lora-r R LoRA rank (default 8)" in scpo
     assert "--max-length N tokens (default 2048)" in sft and "--max-length N tokens (default 4096)" in scpo
 

@@ -258,9 +258,3 @@ def test_bad_input_is_named(tmp_path, capsys):
     assert "must end in .yaml" in capsys.readouterr().err
     with pytest.raises(InputError, match="processes"):
         fit_failures([], processes=("bursts",))
-
-
-def test_the_commands_process_choices_are_the_libraries():
-    from resilibench.cli import calibrate as cli_calibrate
-
-    assert cli_calibrate.PROCESS_OPTIONS == PROCESS_OPTIONS
