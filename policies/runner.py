@@ -25,6 +25,10 @@ from ..envs.real_api.live_apis import RealApi
 from .heuristics import HEURISTICS
 from .optimal import OptimalPlanner
 
+__all__ = [
+    "PLANNER_NAMES", "make_planner", "planner_rng", "run_episode", "log_row", "episode_jobs", "run_jobs",
+]
+
 PLANNER_NAMES = (*HEURISTICS, OptimalPlanner.name)
 
 

@@ -26,6 +26,8 @@ from .observation import (
     process_features,
 )
 
+__all__ = ["ResiliBenchEnv"]
+
 
 class ResiliBenchEnv(gym.Env):
     """
