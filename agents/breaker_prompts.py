@@ -17,6 +17,12 @@ error). Placeholders are filled with ``str.format``.
 
 from __future__ import annotations
 
+__all__ = [
+    "OUTPUT_FORMAT", "CRITERIA_RULES", "PROMPT_HEADER", "TAXONOMY_PROMPTS", "REFINEMENT_TECHNIQUES",
+    "REFINEMENT_PROMPT", "VALIDATOR_PROMPT", "JUDGE_PROMPT", "RETRY_PROMPT", "FLAW_GENERATOR_PROMPT",
+    "FLAW_FEEDBACK_PROMPT",
+]
+
 OUTPUT_FORMAT = """\
 Answer with exactly one JSON object and nothing else:
 {{"taxonomy": "{taxonomy}", "prompt": "<the task given to the model under test>",

@@ -40,6 +40,11 @@ from ..core.tasks.library import Task
 from ..core.text.prompts import PromptSettings
 from .scripted import Agent, LLMAgent, for_protocol
 
+__all__ = [
+    "EVAL_KEY", "PLAN_PROMPTS", "EvalJob", "eval_jobs", "as_agent", "episode_row", "run_eval",
+    "eval_directory", "settled_rows",
+]
+
 EVAL_KEY = ("model", "task_id", "prompt", "flaw_type", "seed")
 PLAN_PROMPTS = ("optimal", "flawed")
 

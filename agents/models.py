@@ -33,6 +33,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = [
+    "UnknownModel", "ModelNotInstalled", "ShippedModel", "MODELS", "get_model", "cache_dir", "shipped_files",
+    "installed", "join_chunks", "gguf_path", "free_port", "llama_server", "main",
+]
+
 
 class UnknownModel(ValueError):
     """``model`` is not a name of ``MODELS``."""

@@ -36,6 +36,12 @@ from resilibench.llm import Backend, BackendError, GenerationConfig, InfraError,
 from ..core.simulator import Episode
 from ..core.workflow import Workflow
 
+__all__ = [
+    "COMPLETION_MESSAGE", "Batch", "Agent", "call_message", "episode_of", "LLMAgent", "tool_message",
+    "tag_view", "TagsAgentWithTools", "for_protocol", "OptimalTextAgent", "PlanFollowingTextAgent",
+    "PlannerTextAgent",
+]
+
 COMPLETION_MESSAGE = "Task completed."
 
 # One (conversation, env) pair per running episode; the env is the unwrapped ResiliBenchTextEnv.

@@ -17,6 +17,8 @@ from .scripted import (
 )
 from .text_baselines import NameReadingTextAgent, SearchTextAgent
 
+__all__ = ["SCRIPTED_AGENTS", "make_scripted_agent", "AGENT_SPECS", "check_agent_spec", "make_text_agent"]
+
 SCRIPTED_AGENTS = ("optimal", "plan", "names", "search")
 
 

@@ -20,6 +20,11 @@ from resilibench.llm import Backend, GenerationConfig, Message, ask_until_valid,
 from ..core.registry import ToolRegistry, default_registry, named_tools
 from ..core.tasks.library import Task
 
+__all__ = [
+    "SYSTEM_PROMPT", "MIN_LENGTH_RATIO", "MAX_LENGTH_RATIO", "description_literals", "description_problem",
+    "enhancement_messages", "TaskEnhancer",
+]
+
 SYSTEM_PROMPT = (
     "You rewrite task descriptions for a benchmark of software agents. Keep the meaning, the order of the "
     "steps and every literal given (file paths, URLs, formats, numbers) exactly as written. Write natural, "

@@ -28,6 +28,11 @@ from ..core.text.toolbox import UnknownToolError, resolve_tool
 from ..envs.text.env import MAX_REQUESTS
 from .scripted import COMPLETION_MESSAGE, Batch, call_message
 
+__all__ = [
+    "MAX_CALLS_PER_TOOL", "MAX_SEARCHES", "task_text", "clauses", "next_message", "NameReadingTextAgent",
+    "SearchTextAgent",
+]
+
 MAX_CALLS_PER_TOOL = 4  # the default task's cap (1 + max_retries)
 MAX_SEARCHES = 10  # searches in all
 _TASK = re.compile(r"^Task:\s*(.*?)(?:\n\s*\n(?:Input Data|Expected Output|Tool Search)|\Z)", re.S | re.M)

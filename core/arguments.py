@@ -11,6 +11,8 @@ from typing import Any
 from .registry import Tool
 from .tasks.library import Task
 
+__all__ = ["DEFAULT_VALUES", "TYPE_DEFAULTS", "valid_arguments", "task_hints"]
+
 # Values for required parameters that no hint supplies, by parameter name, then by JSON type.
 DEFAULT_VALUES: dict[str, Any] = {
     "source": "data/input.json",

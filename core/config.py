@@ -16,6 +16,11 @@ from typing import Any, ClassVar
 from resilibench.errors import ConfigError
 from resilibench.settings import AT_LEAST_ONE, UNIT, Settings, from_dict, setting, short_repr, type_hints
 
+__all__ = [
+    "MAX_TURN_LIMIT", "FailureModel", "TrainingDynamics", "EpisodeRules", "EvaluatorConfig", "ShapedReward",
+    "FailureProcesses", "WorldConfig", "load_config",
+]
+
 # The largest turn limit: the batched env tabulates success probabilities and draw offsets per call count
 # (turn_limit + 1 rows), and no task can use more than 30 tools x (1 + max_retries) calls.
 MAX_TURN_LIMIT = 1000

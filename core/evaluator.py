@@ -18,6 +18,11 @@ from .registry import ToolRegistry, default_registry
 if TYPE_CHECKING:
     from .tasks.library import Task
 
+__all__ = [
+    "LEVELS", "FAILURE", "PARTIAL", "FULL", "FAILURE_TERMINATIONS", "Evaluation", "PARTIAL_RULES", "classify",
+    "grade", "signals_completion", "output_tool_ids", "task_tables", "evaluate",
+]
+
 LEVELS = ("failure", "partial_success", "full_success")
 FAILURE, PARTIAL, FULL = 0, 1, 2
 FAILURE_TERMINATIONS = frozenset({"consecutive_failures", "repetition_loop"})

@@ -16,6 +16,11 @@ from .simulator import EnvEpisodes
 from .tasks.library import Task
 from .world import World, get_world
 
+__all__ = [
+    "front_end_world", "TaskPool", "task_by_id", "reset_task_id", "choose_task", "discrete_action",
+    "select_tasks",
+]
+
 
 def front_end_world(world: str | World, config: WorldConfig | None, rules: Mapping[str, Any] | None) -> World:
     """The world a front end runs: the chosen ``world`` under ``config`` (default: the world's own), with

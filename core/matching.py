@@ -12,6 +12,8 @@ from functools import cache
 
 import numpy as np
 
+__all__ = ["tool_text", "LexicalMatcher", "EmbeddingMatcher", "load_embedding_model", "make_matcher"]
+
 # --- semantic matching --------------------------------------------------------------------------------
 
 

@@ -32,6 +32,8 @@ from .simulator import Episode
 from .tasks.library import Task
 from .workflow import Workflow
 
+__all__ = ["PlanFollower", "PlanFollowingPlanner", "workflow_success"]
+
 
 class PlanFollower:
     """Executes a workflow's steps in numbered order under the episode rules (see the module doc)."""

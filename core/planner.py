@@ -9,6 +9,8 @@ import numpy as np
 from .simulator import Episode
 from .tasks.library import Task
 
+__all__ = ["Planner"]
+
 
 @runtime_checkable
 class Planner(Protocol):

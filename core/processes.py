@@ -29,6 +29,12 @@ from resilibench.errors import ConfigError
 from .config import FailureModel, FailureProcesses
 from .registry import ToolRegistry
 
+__all__ = [
+    "RATE_LIMIT_ERROR", "SERVICE_UNAVAILABLE", "TIMEOUT", "STAGE_RATE", "STAGE_OUTAGE", "STAGE_LATENCY",
+    "STAGE_SUCCESS", "STAGE_CODE", "STAGE_STREAMS", "ToolState", "FRESH", "CallOutcome", "Pick",
+    "down_probability", "latency_probabilities", "call_outcomes", "select", "sample_outcome", "tool_bases",
+]
+
 RATE_LIMIT_ERROR, SERVICE_UNAVAILABLE, TIMEOUT = "RATE_LIMIT_ERROR", "SERVICE_UNAVAILABLE", "TIMEOUT"
 
 # Stages that draw, in order; the first three draw from their own streams (``subkey(key(seed), tag)``),

@@ -17,6 +17,13 @@ from typing import Any
 
 import networkx as nx
 
+__all__ = [
+    "CATEGORIES", "ROLES", "ROLE_ALIASES", "DEPENDENCY_RULES", "COMMON_ERRORS", "CATEGORY_ERRORS",
+    "DEPENDENCY_ERROR", "INVALID_INPUT", "OPERATION_PHRASES", "CATEGORY_PHRASES", "RETURN_VALUES",
+    "topological_order", "Parameter", "Tool", "schema_problem", "role_of", "ToolRegistry", "default_registry",
+    "named_tools",
+]
+
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "data_processing": ("parser", "transformer", "validator", "aggregator", "filter"),
     "file_operations": ("reader", "writer", "scanner", "compressor", "converter"),

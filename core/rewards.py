@@ -12,6 +12,8 @@ from .config import ShapedReward
 from .evaluator import Evaluation
 from .simulator import CallRecord, Episode
 
+__all__ = ["REWARD_MODES", "PHASES", "ShapedRewarder"]
+
 REWARD_MODES = ("sparse", "shaped")
 PHASES = ("adaptive", "coverage", "sequence")
 

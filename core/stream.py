@@ -19,6 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = [
+    "M64", "GAMMA", "UNIT", "mix", "key", "bits", "uniform", "SUBKEY_MUL", "subkey", "below", "mix_array",
+    "key_array", "offsets", "bits_array", "to_uniform", "below_array",
+]
+
 M64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
 _MUL1, _MUL2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB

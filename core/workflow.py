@@ -16,6 +16,8 @@ import networkx as nx
 
 from .registry import topological_order
 
+__all__ = ["Node", "STRING_STEPS", "SENTINELS", "Repairs", "Workflow"]
+
 
 @dataclass(frozen=True)
 class Node:

@@ -28,6 +28,8 @@ from .tasks.generator_v0 import generate_tasks_v0
 from .tasks.generator_v1 import generate_tasks_v1
 from .tasks.library import DEFAULT_SEED, Task, filter_tasks, find_task, read_tasks
 
+__all__ = ["DEFAULT_WORLD", "World", "WORLDS", "get_world", "load_tasks", "get_task"]
+
 DEFAULT_WORLD = "v1"
 
 

@@ -8,6 +8,8 @@ import gymnasium as gym
 
 from ..core.world import WORLDS
 
+__all__ = ["register_envs"]
+
 
 def register_envs() -> None:
     """Register every ResiliBench env id with Gymnasium (idempotent)."""

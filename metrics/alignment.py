@@ -26,6 +26,11 @@ from scipy.optimize import linear_sum_assignment
 from ..core.registry import OPERATION_PHRASES, default_registry
 from ..core.workflow import Node, Workflow
 
+__all__ = [
+    "DEFAULT_BETA", "DECIMALS", "NodeEmbedder", "default_embedder", "Alignment", "node_text",
+    "similarity_matrix", "execution_order", "match", "align",
+]
+
 DEFAULT_BETA = 0.6
 DECIMALS = 4  # similarities are rounded to this many decimals before pruning and matching
 _SCALE = 10**DECIMALS

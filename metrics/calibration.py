@@ -44,6 +44,12 @@ from .perturb import (
     perturbation_rng,
 )
 
+__all__ = [
+    "STRUCTURAL", "LEXICAL", "METRICS", "DEFAULT_METRICS", "METHODS", "METRIC_DEFINITIONS",
+    "CalibrationSettings", "WorkflowScorer", "CalibrationItem", "CalibrationPlan", "plan_calibration",
+    "score_items", "sensitivity", "summarize", "plot_scores", "plot_sensitivity", "iter_chunks", "run_items",
+]
+
 STRUCTURAL = ("chain_f1", "mcis_f1", "reachability_f1", "kendall_tau")
 LEXICAL = ("bleu", "gleu")
 METRICS = (*STRUCTURAL, *LEXICAL, "bertscore", "judge")

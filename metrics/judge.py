@@ -36,6 +36,11 @@ from resilibench.llm import Backend, GenerationConfig, Message, ask_until_valid
 
 from ..core.workflow import Workflow
 
+__all__ = [
+    "MAX_SCORE", "RUBRIC", "SYSTEM_PROMPT", "RETRY_PROMPT", "VerdictError", "Verdict", "describe_workflow",
+    "judge_messages", "json_objects", "parse_verdict", "Judge",
+]
+
 MAX_SCORE = 5
 
 RUBRIC = """\

@@ -18,6 +18,10 @@ from functools import cache
 
 from ..core.workflow import Workflow
 
+__all__ = [
+    "TextLike", "workflow_text", "tokens", "bleu", "corpus_bleu", "gleu", "corpus_gleu", "lexical_scores",
+]
+
 TextLike = Workflow | str
 
 

@@ -23,6 +23,11 @@ from typing import Any
 
 from ..core.workflow import Workflow
 
+__all__ = [
+    "Similarity", "TOLERANCE", "SIMILARITIES", "Cluster", "RiskReport", "risk_from_similarities",
+    "robustness_risk",
+]
+
 # F(reference, variant) -> similarity in [0, 1].
 Similarity = Callable[[Workflow, Workflow], float]
 TOLERANCE = 1e-9

@@ -39,6 +39,8 @@ import numpy as np
 
 from .lexical import TextLike, workflow_text
 
+__all__ = ["BertScore", "default_model_path", "BertScorer", "default_scorer", "bertscore"]
+
 
 @dataclass(frozen=True)
 class BertScore:

@@ -7,6 +7,8 @@ import numpy as np
 from ..core.simulator import Episode
 from ..core.tasks.library import Task
 
+__all__ = ["RandomLegalPlanner", "InOrderPlanner", "DependencyAwarePlanner", "HEURISTICS"]
+
 
 class RandomLegalPlanner:
     """Uniform over the legal actions (tools and FINISH)."""

@@ -9,6 +9,8 @@ from ..core.config import WorldConfig
 from ..core.simulator import Episode
 from ..core.tasks.library import Task
 
+__all__ = ["OptimalPlanner"]
+
 
 class OptimalPlanner:
     """Follows the bound-(iii) policy; FINISHes once full success is reached or no longer possible."""

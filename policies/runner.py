@@ -27,6 +27,10 @@ from .optimal import OptimalPlanner
 if TYPE_CHECKING:  # real-API mode's client (and its HTTP stack) loads only when an api is given
     from ..envs.real_api.live_apis import RealApi
 
+__all__ = [
+    "PLANNER_NAMES", "make_planner", "planner_rng", "run_episode", "log_row", "episode_jobs", "run_jobs",
+]
+
 PLANNER_NAMES = (*HEURISTICS, OptimalPlanner.name)
 
 

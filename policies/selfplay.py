@@ -29,6 +29,11 @@ from ..core.plan_follower import PlanFollower
 from ..envs.adversarial.game import ADVERSARY, EXECUTOR, NO_FLAW, AdversarialParallelEnv
 from ..envs.adversarial_v0 import parallel_env
 
+__all__ = [
+    "ENV_NAME", "AGENTS", "SelfPlayConfig", "require_rl", "make_env", "build_algorithm", "greedy_policy",
+    "evaluate", "SelfPlayResult", "run_selfplay", "format_report", "main",
+]
+
 ENV_NAME = "resilibench_adversarial"
 AGENTS = (ADVERSARY, EXECUTOR)
 

@@ -6,6 +6,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+__all__ = ["format_table", "progress_bar"]
+
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain-text table; numbers right-aligned, floats with 4 decimals."""

@@ -6,6 +6,10 @@ wording (the CLI writes ``output_dir`` as ``--output-dir``) and prints ``InputEr
 
 from __future__ import annotations
 
+__all__ = [
+    "InputError", "ConfigError", "RunDirectoryError", "ConfigChanged", "DirectoryBusy", "RunInterrupted",
+]
+
 
 class InputError(ValueError):
     """Bad input, named by ``field`` (a parameter or settings field: "output_dir", "rules.turn_limit")."""

@@ -22,6 +22,12 @@ from typing import Any, Protocol
 
 from resilibench.settings import Settings, setting
 
+__all__ = [
+    "Message", "BackendError", "InfraError", "ContextOverflowError", "RequestTimeoutError", "PartialFailure",
+    "raise_failures", "GenerationConfig", "Backend", "ValidatedAnswer", "RETRY_MESSAGE", "ask_until_valid",
+    "extract_answer",
+]
+
 Message = dict[str, Any]  # {"role": "system" | "user" | "assistant" | "tool", "content": "...", ...}
 
 

@@ -25,6 +25,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "METADATA_KEY", "CORE_PACKAGES", "OPTIONAL_PACKAGES", "package_versions", "git_revision", "run_metadata",
+    "to_jsonable", "dumps_row", "write_text_atomic", "write_json_atomic", "JsonlContents", "read_jsonl",
+    "JsonlWriter", "LEVEL_NAMES", "INFRA_ERROR", "wilson_interval", "check_level_rows", "level_stats",
+    "summarize_levels", "plot_full_success", "new_figure", "save_figure", "json_diff",
+]
+
 METADATA_KEY = "__metadata__"
 CORE_PACKAGES = ("resilibench", "numpy", "gymnasium", "scipy", "networkx")
 OPTIONAL_PACKAGES = ("torch", "ray", "transformers")

@@ -41,6 +41,10 @@ from resilibench.results import (
     write_json_atomic,
 )
 
+__all__ = [
+    "LOCK_FILE", "START_AFRESH", "check_directory", "blocking_ancestor", "recorded_identity", "RunDirectory",
+]
+
 LOCK_FILE = ".lock"
 START_AFRESH = "use another directory, or start afresh without resuming"
 

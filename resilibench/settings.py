@@ -24,6 +24,11 @@ from typing import Any, ClassVar, TypeVar
 
 from resilibench.errors import ConfigError
 
+__all__ = [
+    "UNIT", "AT_LEAST_ONE", "setting", "Settings", "field_name", "type_hints", "without_none", "check_value",
+    "short_repr", "from_dict",
+]
+
 T = TypeVar("T", bound="Settings")
 
 UNIT = (0, 1)  # bounds of a probability

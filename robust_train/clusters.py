@@ -31,6 +31,11 @@ from .instructions import (
     variant_rng,
 )
 
+__all__ = [
+    "CLUSTERS_FILE", "META_FILE", "FORMAT_VERSION", "ClusterRecord", "parse_types", "build_clusters",
+    "clusters_path", "clusters_digest", "load_clusters", "WriteResult", "write_clusters",
+]
+
 CLUSTERS_FILE = "clusters.jsonl"
 META_FILE = "meta.json"
 FORMAT_VERSION = 1

@@ -40,6 +40,11 @@ from .generator import (
     workflow_text,
 )
 
+__all__ = [
+    "COLUMNS", "RobustnessTable", "generate_answers", "named_chain", "name_copy_answers", "lookup_answers",
+    "baseline_tables", "robustness_table", "format_tables",
+]
+
 COLUMNS = ("node", "graph", "exec", "exec_ratio", "valid", "optimal")
 
 

@@ -49,6 +49,11 @@ from .training import (
     training_directory,
 )
 
+__all__ = [
+    "CHAT_TEMPLATES", "VLLM_MODES", "BASE_DIR", "SUMMARY_FILE", "EVAL_FILES", "GRPOSettings", "locate_model",
+    "dequantise_gguf", "load_agent_model", "summarize", "no_tool_outcomes", "make_grpo_trainer", "train_grpo",
+]
+
 CHAT_TEMPLATES = ("auto", "model", "qwen2_5")
 VLLM_MODES = ("colocate", "server")
 BASE_DIR = "base"

@@ -50,6 +50,12 @@ from .training import (
     train_preferences,
 )
 
+__all__ = [
+    "VOTES", "PAIR_PROMPTS", "INVALID", "ScPOSettings", "Candidate", "Ranked", "judge_answer",
+    "rank_candidates", "preference_pair", "pair_rows", "sample_cluster_candidates", "cluster_row",
+    "rows_from_candidates", "sampling_backend", "run_scpo", "iteration_summary",
+]
+
 VOTES = ("exact", "soft")
 PAIR_PROMPTS = ("rejected", "all")
 INVALID = "invalid:"  # the key prefix of an answer that is not a workflow

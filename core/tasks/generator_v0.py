@@ -22,6 +22,11 @@ from .library import (
     dependency_sort,
 )
 
+__all__ = [
+    "GENERATOR_VERSION", "OPERATION_QUERIES", "CANDIDATES_PER_OPERATION", "CANDIDATE_MIN_RATIO",
+    "CANDIDATE_WEIGHTS", "operation_candidates", "generate_tasks_v0",
+]
+
 GENERATOR_VERSION = "1"
 OPERATION_QUERIES: dict[str, str] = {
     "input": "read and load input data from a file source",

@@ -35,6 +35,12 @@ from .library import (
     dependency_sort,
 )
 
+__all__ = [
+    "GENERATOR_VERSION", "OPERATION_POOLS", "OPERATION_QUERIES", "SUPPORT_STEPS", "SUPPORT_PROBABILITY",
+    "SIMILARITY_FLOOR", "DRAW_ATTEMPTS", "candidate_weights", "draw_tool_list", "describe",
+    "structural_splits", "generate_tasks_v1",
+]
+
 GENERATOR_VERSION = "v1.0"
 
 # Candidate tools of every operation; the matcher's similarity to OPERATION_QUERIES weighs the draw.

@@ -23,6 +23,12 @@ from ..registry import (
     topological_order,
 )
 
+__all__ = [
+    "DEFAULT_SEED", "SPLITS", "SPLIT_FRACTIONS", "TaskType", "TASK_TYPES", "TASK_TYPE_NAMES", "COMPLEXITIES",
+    "Task", "read_tasks", "write_tasks", "filter_tasks", "find_task", "interleave_task_types",
+    "library_stats", "dependency_sort",
+]
+
 DEFAULT_SEED = 2024
 SPLITS = ("train", "validation", "test")
 SPLIT_FRACTIONS = (0.70, 0.15, 0.15)

@@ -8,6 +8,12 @@ clause names a tool, an alias or a tool name written with spaces.
 
 from __future__ import annotations
 
+__all__ = [
+    "STEP_CLAUSES", "OPENINGS", "SOURCE_SENTENCES", "CLOSINGS", "SENTENCE_CONNECTORS", "FIRST_WORDS",
+    "LAST_WORDS", "DATASETS", "FORMATS", "SCHEMAS", "GROUPS", "CONDITIONS", "METRICS", "TEAMS", "HORIZONS",
+    "PERIODS", "PRECISIONS",
+]
+
 STEP_CLAUSES: dict[str, tuple[str, ...]] = {
     "data_processing_parser": (
         "turn the raw {fmt} content into structured records",

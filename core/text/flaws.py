@@ -30,6 +30,12 @@ from ..matching import make_matcher, tool_text
 from ..registry import OPERATION_PHRASES, ToolRegistry, default_registry
 from ..workflow import Node, Workflow
 
+__all__ = [
+    "FLAW_TYPES", "FLAW_METHODS", "VALIDATION_OPERATIONS", "UNNEEDED_OPERATIONS", "SIMILAR_CANDIDATES",
+    "WRONG_TYPE_VALUES", "FORMATS", "FlawNotApplicable", "FlawInjection", "MATCHERS", "tool_similarity",
+    "similar_tools", "applicable_positions", "Applier", "APPLIERS", "inject_flaw",
+]
+
 FLAW_TYPES = ("order", "tool_misuse", "parameter", "missing_step", "redundant", "logic_discontinuity",
               "semantic_drift")
 FLAW_METHODS: dict[str, tuple[str, str]] = {

@@ -29,6 +29,11 @@ from ..workflow import Node, Workflow
 from .flaws import FLAW_TYPES, MATCHERS, FlawInjection, inject_flaw, similar_tools
 from .toolbox import PROTOCOLS, WORDINGS
 
+__all__ = [
+    "PROMPT_VARIANTS", "PLAN_STYLES", "PLAN_HEADING", "N_ALTERNATIVES", "ROLE_STEPS", "Prompt",
+    "with_arguments", "render_plan", "parse_plan", "task_statement", "PromptSettings", "build_prompt",
+]
+
 PROMPT_VARIANTS = ("baseline", "cot", "optimal", "flawed")
 
 PLAN_STYLES = ("numbered", "mcp_task")

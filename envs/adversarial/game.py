@@ -40,6 +40,11 @@ from ...core.workflow import Workflow
 from ...core.world import DEFAULT_WORLD, World
 from ..planner.env import ResiliBenchEnv
 
+__all__ = [
+    "ADVERSARY", "EXECUTOR", "NO_FLAW", "FLAW_CHOICES", "STEP_FEATURES", "RESET_OPTIONS", "env",
+    "parallel_env", "versioned", "raw_env", "AdversarialParallelEnv",
+]
+
 ADVERSARY, EXECUTOR = "adversary", "executor"
 NO_FLAW = 0
 FLAW_CHOICES: tuple[tuple[str, str], ...] = tuple((t, m) for t in FLAW_TYPES for m in FLAW_METHODS[t])

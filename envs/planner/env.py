@@ -28,6 +28,8 @@ from .observation import (
 if TYPE_CHECKING:  # real-API mode's client (and its HTTP stack) loads only when an api is given
     from ..real_api.live_apis import RealApi
 
+__all__ = ["ResiliBenchEnv"]
+
 
 class ResiliBenchEnv(gym.Env):
     """

@@ -33,6 +33,12 @@ import numpy as np
 from ...core.registry import CATEGORIES, ToolRegistry
 from ...core.tasks.library import COMPLEXITIES, TASK_TYPE_NAMES, Task
 
+__all__ = [
+    "N_STATUS", "N_TASK_FEATURES", "OBSERVATION_FEATURES", "DEPENDENCY_TASK_FEATURES", "check_features",
+    "ObservationLayout", "task_features", "counter_features", "counter_tables", "initial_observation",
+    "process_features",
+]
+
 N_STATUS = 4
 N_TASK_FEATURES = 20
 OBSERVATION_FEATURES = ("full", "no_dependency_hints")

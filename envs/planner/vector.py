@@ -44,6 +44,8 @@ from .observation import (
     initial_observation,
 )
 
+__all__ = ["ResiliBenchVectorEnv"]
+
 
 class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     """

@@ -18,6 +18,8 @@ from typing import Any
 
 from resilibench.errors import InputError
 
+__all__ = ["SOURCES", "CallLogRow", "FIELDS", "write_rows", "read_rows"]
+
 SOURCES = ("simulator", "http")
 
 

@@ -34,6 +34,11 @@ from ...core.simulator import CallRecord, Episode
 from . import http_faults as hf
 from .call_log import CallLogRow, write_rows
 
+__all__ = [
+    "METHODS", "EPISODE_HEADER", "REPLAY_HEADER", "LOG_RUN", "DURATION_HEADER", "WAIT_TURNS_HEADER",
+    "Endpoint", "HttpOutcome", "retry_after_seconds", "ToolClient", "HttpExecutor",
+]
+
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 EPISODE_HEADER = "X-Episode"
 # The calls of a mirrored episode that the client answered without a request (replays, call caps,

@@ -63,6 +63,13 @@ from .serving import (
     is_loopback,
 )
 
+__all__ = [
+    "DEFAULT_SLOW_SECONDS", "DEFAULT_RETRY_AFTER", "DROP_EXTENSION", "UNKNOWN_TOOL", "UNKNOWN_EPISODE",
+    "UNKNOWN_TASK", "BAD_REQUEST", "CONFIG_MISMATCH", "EPISODE_ENDED", "OUT_OF_TURNS", "REPLAY_MISMATCH",
+    "ServiceError", "DroppingH11Protocol", "ToolService", "openapi_document", "serve_tools", "url_of",
+    "running_service",
+]
+
 DEFAULT_SLOW_SECONDS = 2.0
 DEFAULT_RETRY_AFTER = 1.0
 DROP_EXTENSION = "resilibench.drop_connection"  # scope extension: close the connection without a response

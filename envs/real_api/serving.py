@@ -20,6 +20,11 @@ from ...core.registry import ToolRegistry
 from ...core.simulator import Episode, run_episode_seed
 from ...core.tasks.library import Task
 
+__all__ = [
+    "DEFAULT_MAX_EPISODES", "start_episode", "UnknownEpisodeError", "EpisodeTable", "is_loopback",
+    "bind_socket",
+]
+
 DEFAULT_MAX_EPISODES = 10_000
 
 

@@ -25,6 +25,8 @@ from ...core.world import DEFAULT_WORLD, World, get_world
 from ...metrics.structural import chain_f1, reachability_f1
 from ..planner.observation import N_TASK_FEATURES, task_features
 
+__all__ = ["STRUCTURAL_METRICS", "WorkflowReward", "WorkflowGenEnv"]
+
 STRUCTURAL_METRICS = {"chain_f1": chain_f1, "reachability_f1": reachability_f1}
 
 

@@ -7,7 +7,8 @@
 * ``evaluation``: ``PPOPlanner`` (a checkpoint as a ``Planner``), workflow export and exact success.
 
 This package needs the ``rl`` extra (ray[rllib], torch) for everything but the wrappers and the
-curriculum logic; ``require_rl`` says so when they are missing.
+curriculum logic; ``require_rl`` says so when they are missing. ``PPOTrainConfig``, ``train``,
+``PPOPlanner``, ``policy_workflow`` and ``MaskedPlannerEnv`` import from here, each on first use.
 """
 
 from __future__ import annotations
@@ -15,7 +16,19 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from resilibench.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .evaluation import PPOPlanner, policy_workflow
+    from .training import PPOTrainConfig, train
+    from .wrappers import MaskedPlannerEnv
+
+__all__ = [
+    "CHECKPOINTS", "DEFAULT_MODEL_CONFIG", "ENCODERS", "LATEST", "MaskedPlannerEnv", "PPOPlanner", "PPOTrainConfig",
+    "latest_checkpoint", "policy_workflow", "quiet_logs", "require_rl", "train",
+]
 
 ENCODERS = ("transformer", "mlp")
 CHECKPOINTS, LATEST = "checkpoints", "latest.json"  # a training directory's checkpoints and its pointer
@@ -55,3 +68,10 @@ def quiet_logs() -> None:
     the console. ``module`` calls it on import, so every Ray process that builds the policy is quiet."""
     for name in ("ray.rllib", "ray.tune", "ray._common.deprecation"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".evaluation": ("PPOPlanner", "policy_workflow"),
+    ".training": ("PPOTrainConfig", "train"),
+    ".wrappers": ("MaskedPlannerEnv",),
+})

@@ -16,6 +16,8 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from .curriculum import CurriculumConfig, CurriculumTracker, stage_success
 
+__all__ = ["METRICS", "EPISODES", "FULL_SUCCESS", "OUTCOMES", "set_env_runner_stage", "TrainingCallbacks"]
+
 METRICS = "resilibench"
 EPISODES, FULL_SUCCESS, OUTCOMES = "episodes", "full_success", "curriculum_outcomes"
 

@@ -21,6 +21,10 @@ from resilibench.settings import AT_LEAST_ONE, UNIT, Settings, setting
 
 from ...core.tasks.library import Task
 
+__all__ = [
+    "Stage", "STAGES", "CurriculumConfig", "stage_success", "next_stage", "stage_pools", "CurriculumTracker",
+]
+
 
 @dataclass(frozen=True)
 class Stage:

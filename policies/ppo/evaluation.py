@@ -27,6 +27,11 @@ from ...envs.planner.observation import ObservationLayout
 from . import CHECKPOINTS, latest_checkpoint, quiet_logs, require_rl
 from .wrappers import episode_observation
 
+__all__ = [
+    "MODULE_PATH", "CHECKPOINT_MARKER", "resolve_checkpoint", "checkpoint_digest", "load_module",
+    "PPOPlanner", "policy_workflow", "policy_key", "compare_workflows", "registered_planner",
+]
+
 MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 CHECKPOINT_MARKER = "rllib_checkpoint.json"
 

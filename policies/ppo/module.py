@@ -33,6 +33,10 @@ from ...envs.planner.observation import N_STATUS, ObservationLayout, check_featu
 from . import DEFAULT_MODEL_CONFIG, ENCODERS, quiet_logs
 from .wrappers import ACTION_MASK, OBSERVATIONS
 
+__all__ = [
+    "mask_logits", "dependency_matrix", "EncoderBlock", "ToolSetEncoder", "FlatEncoder", "PlannerModule",
+]
+
 quiet_logs()  # this module is imported by every Ray process that builds the policy
 
 

@@ -33,6 +33,11 @@ from ...envs.planner.observation import (
     process_features,
 )
 
+__all__ = [
+    "OBSERVATIONS", "ACTION_MASK", "episode_observation", "masked_observation", "MaskedPlannerEnv",
+    "make_env",
+]
+
 OBSERVATIONS = "observations"
 ACTION_MASK = "action_mask"
 
