@@ -20,8 +20,8 @@ Repeats are interleaved (anchor, MCP, anchor, ...) and each ratio is the median 
 
 Latency (``--part latency``): one client session plays ``--latency-episodes`` episodes one request at a
 time, as an agent does, over each transport: **anchor: in memory** (``mcp.Client(server)`` in this
-process, no transport), **stdio** (``resilibench serve-mcp`` launched by the client) and **streamable
-HTTP** (``resilibench serve-mcp --transport http`` on a loopback port). Per transport: p50 and p99 of the
+process, no transport), **stdio** (``resilibench serve mcp`` launched by the client) and **streamable
+HTTP** (``resilibench serve mcp --transport http`` on a loopback port). Per transport: p50 and p99 of the
 request latency, requests/s, and CPU milliseconds per request of the client and of the server process
 (read from /proc, so Linux only). Repeats are interleaved and each figure is the median over repeats.
 Run: ``python benchmarks/bench_mcp.py`` (``--quick`` for a short run).
@@ -173,7 +173,7 @@ def over_echo(requests, mode: str) -> float:
     return concurrently(echo_server(ResiliBenchMCP(search="lexical").tool_list), mode, _replay, requests)
 
 
-SERVE = [sys.executable, "-m", "resilibench", "serve-mcp", "--search", "lexical"]
+SERVE = [sys.executable, "-m", "resilibench", "serve", "mcp", "--search", "lexical"]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -201,7 +201,7 @@ def stdio_server_pid(http_pid: int) -> int:
 
 @contextmanager
 def http_server():
-    """``resilibench serve-mcp --transport http --port 0``: yields (url, pid); stopped on exit."""
+    """``resilibench serve mcp --transport http --port 0``: yields (url, pid); stopped on exit."""
     proc = subprocess.Popen([*SERVE, "--transport", "http", "--port", "0"], stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stderr:

@@ -1,4 +1,4 @@
-"""Latency and throughput of the HTTP tool service (``resilibench serve-tools``) over loopback.
+"""Latency and throughput of the HTTP tool service (``resilibench serve tools``) over loopback.
 
 Workload: episodes of test-split tasks, each played by the same simple agent: call the task's required
 tools in order (no arguments), a failed tool again until it succeeds, until the episode ends or its
@@ -6,7 +6,7 @@ turns are used up.
 
 * **Anchor: direct calls.** ``toolbox.call_tool`` on ``Episode``s in this process: what every front end
   does per call, without HTTP.
-* **Service.** ``resilibench serve-tools --port 0`` in its own process; the same episodes played through
+* **Service.** ``resilibench serve tools --port 0`` in its own process; the same episodes played through
   ``HttpExecutor`` (each episode opened with ``POST /episodes``, one request per drawing call), by one
   client (request latency p50/p99, requests/s) and by ``--clients`` threads at once (requests/s). Faults
   are real: a dropped connection costs a reconnect; a TIMEOUT is answered after ``--slow-seconds``
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--slow-seconds", type=float, default=0.0)
     args = parser.parse_args()
-    server = subprocess.Popen([sys.executable, "-m", "resilibench", "serve-tools", "--port", "0",
+    server = subprocess.Popen([sys.executable, "-m", "resilibench", "serve", "tools", "--port", "0",
                                "--slow-seconds", str(args.slow_seconds)], stderr=subprocess.PIPE, text=True)
     try:
         url = server.stderr.readline().split(" at ", 1)[1].split()[0]

@@ -1,4 +1,4 @@
-"""The tool simulator over MCP (``resilibench serve-mcp``). Names are imported on first use."""
+"""The tool simulator over MCP (``resilibench serve mcp``). Names are imported on first use."""
 
 from typing import TYPE_CHECKING
 

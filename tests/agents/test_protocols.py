@@ -150,7 +150,7 @@ def test_eval_command_survives_a_server_that_times_out(tmp_path, capsys):
     model = FlakyModel(tasks[0].description, "no such text", delay=3.0)
     directory = tmp_path / "out"
     with ChatServer(model) as server:
-        code = main(["eval", "--agent", f"openai:{server.url}?model=m", "--prompts", "baseline", "--seeds", "0",
+        code = main(["eval", "agent", "--agent", f"openai:{server.url}?model=m", "--prompts", "baseline", "--seeds", "0",
                      "--task-id", tasks[0].instance_id, "--task-id", tasks[1].instance_id, "--protocol", "tools",
                      "--request-timeout", "1", "--max-retries", "0", "--batch-size", "2", "--concurrency", "2",
                      "--output-dir", str(directory)])
@@ -170,7 +170,7 @@ def test_eval_command_survives_a_server_that_times_out(tmp_path, capsys):
     (["--max-retries", "-1"], "--max-retries"),
 ])
 def test_eval_refuses_bad_protocol_and_request_options(extra, message, tmp_path, capsys):
-    assert main(["eval", "--agent", "scripted:optimal", "--limit", "1", "--output-dir", str(tmp_path / "o"),
+    assert main(["eval", "agent", "--agent", "scripted:optimal", "--limit", "1", "--output-dir", str(tmp_path / "o"),
                  *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1

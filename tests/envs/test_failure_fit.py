@@ -1,4 +1,4 @@
-"""Failure calibration (envs.real_api.failure_fit, `resilibench calibrate-failures`): known parameters recovered from
+"""Failure calibration (envs.real_api.failure_fit, `resilibench failures fit`): known parameters recovered from
 logs the simulator writes, intervals, goodness of fit, the written config, bad input."""
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def test_drawing_calls_leave_out_replays_and_drawless_rules():
 def test_command_writes_a_config_that_run_accepts(tmp, tmp_path, capsys):
     log = tmp_path / "calls.jsonl"
     write_rows(log, simulated_log(tmp, 150, 8))
-    assert main(["calibrate-failures", str(log), "--level", "0.9"]) == 0
+    assert main(["failures", "fit", str(log), "--level", "0.9"]) == 0
     out = capsys.readouterr().out
     assert "failure.base_success" in out and "by predicted probability" in out
     config_path = tmp_path / "calls.world.yaml"
@@ -246,15 +246,15 @@ def test_bad_input_is_named(tmp_path, capsys):
     log = tmp_path / "calls.jsonl"
     log.write_text(json.dumps(CallLogRow("http", "t", "e", 1, "network_fetcher", 0, 0, 0, True).to_dict())
                    + "\n" + '{"source": "http", "task_id": "t"}\n')
-    assert main(["calibrate-failures", str(log)]) == 2
+    assert main(["failures", "fit", str(log)]) == 2
     assert f"{log}:2" in capsys.readouterr().err
     log.write_text(json.dumps(CallLogRow("http", "t", "e", 1, "no_such_tool", 0, 0, 0, True).to_dict()) + "\n")
-    assert main(["calibrate-failures", str(log)]) == 2
+    assert main(["failures", "fit", str(log)]) == 2
     err = capsys.readouterr().err
     assert "unknown tool 'no_such_tool'" in err and err.count("\n") == 1
-    assert main(["calibrate-failures", str(log), "--level", "1.5"]) == 2
+    assert main(["failures", "fit", str(log), "--level", "1.5"]) == 2
     assert "--level" in capsys.readouterr().err
-    assert main(["calibrate-failures", str(log), "--out", str(tmp_path / "w.json")]) == 2
+    assert main(["failures", "fit", str(log), "--output", str(tmp_path / "w.json")]) == 2
     assert "must end in .yaml" in capsys.readouterr().err
     with pytest.raises(InputError, match="processes"):
         fit_failures([], processes=("bursts",))

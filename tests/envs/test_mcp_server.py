@@ -44,7 +44,7 @@ from resilibench.envs.real_api.serving import EpisodeTable, start_episode
 REGISTRY = default_registry()
 META_TOOLS = {"tool_search", "tool_info", "start_task", "finish", "episode_status"}
 BAD = {"unexpected": 1}  # breaks every tool's schema (additionalProperties is false)
-SERVE = [sys.executable, "-m", "resilibench", "serve-mcp", "--search", "lexical"]
+SERVE = [sys.executable, "-m", "resilibench", "serve", "mcp", "--search", "lexical"]
 
 
 def valid_arguments(tool_name: str) -> dict[str, Any]:
@@ -403,7 +403,7 @@ def test_stdio_subprocess_session_matches_direct_replay(tasks):
 
 @pytest.fixture(scope="module", autouse=True)
 def http_server():
-    """`resilibench serve-mcp --transport http --port 0` for the module, started first so that its start
+    """`resilibench serve mcp --transport http --port 0` for the module, started first so that its start
     overlaps the in-memory tests; yields (process, stderr lines) and stops it at the end."""
     proc = subprocess.Popen([*SERVE, "--transport", "http", "--port", "0"], stderr=subprocess.PIPE, text=True)
     yield proc, []
@@ -452,15 +452,15 @@ def test_streamable_http_round_trip(tasks, http_server):
 
 
 def test_cli_refuses_remote_hosts_and_busy_ports(capsys):
-    assert cli_main(["serve-mcp", "--transport", "http", "--host", "0.0.0.0"]) == 2
+    assert cli_main(["serve", "mcp", "--transport", "http", "--host", "0.0.0.0"]) == 2
     assert "--allow-remote" in capsys.readouterr().err
-    assert cli_main(["serve-mcp", "--port", "8000"]) == 2
+    assert cli_main(["serve", "mcp", "--port", "8000"]) == 2
     assert "--transport http" in capsys.readouterr().err
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        assert cli_main(["serve-mcp", "--transport", "http", "--port", str(port)]) == 2
+        assert cli_main(["serve", "mcp", "--transport", "http", "--port", str(port)]) == 2
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
@@ -625,8 +625,8 @@ def test_http_sessions_expire_after_the_idle_timeout_and_are_capped():
 def test_cli_session_options_refuse_bad_values(capsys):
     for option, value in (("--session-idle-timeout", "0"), ("--session-idle-timeout", "inf"),
                           ("--max-sessions", "0")):
-        assert cli_main(["serve-mcp", "--transport", "http", option, value]) == 2
+        assert cli_main(["serve", "mcp", "--transport", "http", option, value]) == 2
         err = capsys.readouterr().err
         assert f"argument {option}: expected a positive" in err and len(err.splitlines()) == 1
-    assert cli_main(["serve-mcp", "--max-sessions", "5"]) == 2
+    assert cli_main(["serve", "mcp", "--max-sessions", "5"]) == 2
     assert "--transport http" in capsys.readouterr().err

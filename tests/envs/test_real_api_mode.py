@@ -170,7 +170,7 @@ def test_a_step_tool_the_api_lacks_is_named(tmp_path, service_url, capsys):
     path.write_text("tasks: [{id: t, steps: [{tool: network_fetcher}, {tool: weather_now}]}]\n")
     with pytest.raises(InputError, match=r"tasks\[0\]\.steps\[1\]\.tool: 'weather_now' is not a tool of the API"):
         load_live_api(path, base_url=service_url)
-    code = cli_main(["eval", "--agent", "scripted:plan", "--api", service_url, "--api-tasks", str(path),
+    code = cli_main(["eval", "agent", "--agent", "scripted:plan", "--api", service_url, "--api-tasks", str(path),
                      "--output-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2 and "--api-tasks" in err and "weather_now" in err and len(err.strip().splitlines()) == 1
@@ -230,7 +230,7 @@ def test_the_agent_reads_the_real_response_body(service_url):
 
 
 def test_eval_over_the_service_writes_rows_and_the_call_log(service_url, tmp_path, capsys):
-    common = ["eval", "--agent", "scripted:optimal", "--prompts", "baseline", "--limit", "3", "--seeds", "0", "1",
+    common = ["eval", "agent", "--agent", "scripted:optimal", "--prompts", "baseline", "--limit", "3", "--seeds", "0", "1",
               "--batch-size", "2"]
     assert cli_main([*common, "--output-dir", str(tmp_path / "sim")]) == 0
     log = tmp_path / "calls.jsonl"
@@ -415,7 +415,7 @@ def test_a_task_file_naming_an_mcp_server_over_stdio(tmp_path):
 
 @pytest.mark.slow
 def test_serve_mcp_with_api_over_stdio(service_url, tmp_path, capsys):
-    """`resilibench serve-mcp --api URL` as an MCP host launches it: the session's trace is the simulator's
+    """`resilibench serve mcp --api URL` as an MCP host launches it: the session's trace is the simulator's
     and every real call is in the call log."""
     import os
 
@@ -424,7 +424,7 @@ def test_serve_mcp_with_api_over_stdio(service_url, tmp_path, capsys):
     from resilibench.core.arguments import valid_arguments
 
     task, log = TASKS[2], tmp_path / "calls.jsonl"
-    serve = ["-m", "resilibench", "serve-mcp", "--search", "lexical"]
+    serve = ["-m", "resilibench", "serve", "mcp", "--search", "lexical"]
     api = ["--api", service_url, "--api-timeout", str(WAIT), "--call-log", str(log)]
 
     async def session(args):
@@ -443,7 +443,7 @@ def test_serve_mcp_with_api_over_stdio(service_url, tmp_path, capsys):
     requested = [r for r in real if not r["replayed"] and r["error_code"] not in ("DEPENDENCY_ERROR",
                                                                                    "RETRY_LIMIT_EXCEEDED")]
     assert len(list(read_rows(log))) == len(requested) > 0
-    assert cli_main(["serve-mcp", "--api", "http://127.0.0.1:9"]) == 2  # nothing listens there
+    assert cli_main(["serve", "mcp", "--api", "http://127.0.0.1:9"]) == 2  # nothing listens there
     assert "--api: no tool service answers" in capsys.readouterr().err
 
 
@@ -474,7 +474,7 @@ def test_flawed_prompts_of_a_small_live_registry(tmp_path):
 
 
 def test_mcp_server_serves_a_live_api(service_url):
-    """`serve-mcp --api-tasks`: the MCP server offers the live API's tools and tasks, calls go to its
+    """`serve mcp --api-tasks`: the MCP server offers the live API's tools and tasks, calls go to its
     endpoints, and finishing grades the task file's task with its own task type."""
     live = load_live_api("live_example", base_url=service_url)
     task = live.tasks[6]  # service_health_task: four steps, no dependencies

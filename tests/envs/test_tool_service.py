@@ -468,7 +468,7 @@ def test_connection_refused_is_a_connection_error():
     (["--port", "70000"], "--port"),
 ])
 def test_serve_tools_refuses_bad_options_in_one_line(argv, needle, capsys):
-    assert main(["serve-tools", *argv]) == 2
+    assert main(["serve", "tools", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
 
@@ -477,13 +477,13 @@ def test_serve_tools_refuses_a_taken_port(capsys):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        assert main(["serve-tools", "--port", str(taken.getsockname()[1])]) == 2
+        assert main(["serve", "tools", "--port", str(taken.getsockname()[1])]) == 2
     assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
 
 
 def test_serve_tools_command():
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    process = subprocess.Popen([sys.executable, "-m", "resilibench", "serve-tools", "--port", "0",
+    process = subprocess.Popen([sys.executable, "-m", "resilibench", "serve", "tools", "--port", "0",
                                 "--slow-seconds", "0.1"], stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = process.stderr.readline()

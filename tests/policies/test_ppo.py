@@ -1,4 +1,4 @@
-"""PPO planners with real RLlib: training, checkpoints, resume, masking, curriculum, eval-policy, CLI errors.
+"""PPO planners with real RLlib: training, checkpoints, resume, masking, curriculum, eval policy, CLI errors.
 
 One local Ray instance (2 CPUs) serves the module; networks and batches are tiny so the whole file runs in
 well under the CI budget on 2 cores.
@@ -421,7 +421,7 @@ def test_more_cpus_than_ray_has_are_refused_up_front(ray_session):
 
 def test_eval_policy_writes_the_run_files_and_workflows(trained, tmp_path, capsys):
     out, workflows = tmp_path / "eval", tmp_path / "workflows.json"
-    args = ["eval-policy", str(trained), "--task-type", TYPE, "--limit", "3", "--seeds", "0", "1",
+    args = ["eval", "policy", str(trained), "--task-type", TYPE, "--limit", "3", "--seeds", "0", "1",
             "--output-dir", str(out), "--export-workflows", str(workflows)]
     assert main(args) == 0
     contents = read_jsonl(out / "results.jsonl")
@@ -489,8 +489,8 @@ def test_ppo_planner_exact_success_is_bounded(trained):
     (["train", "ppo", "--time-budget", "-1"], "--time-budget: time_budget_min must be a finite number > 0"),
     (["train", "ppo", "--set", "bogus=1"], "--set bogus: unknown hyperparameter"),
     (["train", "ppo", "--set", "minibatch_size=9999"], "train_batch_size: must be >= minibatch_size"),
-    (["eval-policy", "/nonexistent/run"], "CHECKPOINT: /nonexistent/run is neither"),
-    (["eval-policy", ".", "--seeds", "x"], "--seeds: expected a non-negative integer"),
+    (["eval", "policy", "/nonexistent/run"], "CHECKPOINT: /nonexistent/run is neither"),
+    (["eval", "policy", ".", "--seeds", "x"], "--seeds: expected a non-negative integer"),
 ])
 def test_cli_rejects_bad_arguments(args, message, capsys):
     assert main(args) == 2
@@ -506,7 +506,7 @@ def test_train_refuses_an_existing_run_without_resume(trained, capsys):
 def test_ppo_policy_plays_the_text_protocol(trained, tmp_path, capsys):
     """`eval --agent ppo:DIR`: the trained policy as a text agent, greedy, so two runs play the same calls."""
     def run(out):
-        assert main(["eval", "--agent", f"ppo:{trained}", "--prompts", "baseline", "--task-type", TYPE,
+        assert main(["eval", "agent", "--agent", f"ppo:{trained}", "--prompts", "baseline", "--task-type", TYPE,
                      "--limit", "2", "--seeds", "0", "--output-dir", str(out)]) == 0
         return [(r["model"], r["task_id"], r["level"], [c["tool"] for c in r["trace"]])
                 for r in read_jsonl(out / "results.jsonl").rows]

@@ -81,7 +81,7 @@ def test_train_grpo_steps_evaluates_resumes_and_refuses_a_changed_config(tiny_mo
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     out = tmp_path / "run"
     # A time budget this small stops after the first step (with a checkpoint); resume trains the second.
-    assert main(_train(tiny_model, out, "--time-budget-min", "0.00001")) == 0
+    assert main(_train(tiny_model, out, "--time-budget", "0.00001")) == 0
     first = json.loads((out / "summary.json").read_text())
     assert first["steps"] == 1 and not first["resumed"]
     assert (out / "checkpoints" / "checkpoint-1").is_dir() and (out / "final" / "adapter_config.json").is_file()
