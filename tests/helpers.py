@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -93,3 +94,9 @@ def check_env_plays_the_episodes(task: Task, config: WorldConfig, planners: Sequ
         assert ([r.tool for r in episode.trace], episode.evaluation.level) == (row["tools"], row["level"])
         assert row["bound_iii"] == bound
     return rows
+
+
+def with_ctrl_c() -> None:
+    """``preexec_fn`` of a child that a test interrupts with SIGINT: Ctrl-C's default disposition, as in a
+    terminal (a child of a shell's background job would otherwise inherit SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

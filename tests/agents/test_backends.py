@@ -13,6 +13,7 @@ import pytest
 from chat_server import ChatServer, completion
 from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401 (fixture)
 
+from helpers import with_ctrl_c
 from resilibench.agents.backends import (
     OpenAIBackend,
     TransformersBackend,
@@ -377,7 +378,7 @@ def test_ctrl_c_does_not_wait_for_a_request_in_flight():
                 "from resilibench.llm import GenerationConfig\n"
                 f"OpenAIBackend({server.url!r}, 'm', timeout=60).generate("
                 "[[{'role': 'user', 'content': 'a'}], [{'role': 'user', 'content': 'b'}]], GenerationConfig())")
-        process = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+        process = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, preexec_fn=with_ctrl_c)
         deadline = time.monotonic() + 60
         while not server.requests and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -23,6 +23,7 @@ import httpx2 as httpx
 import pytest
 from jsonschema import Draft202012Validator
 
+from helpers import with_ctrl_c
 from resilibench.cli import main
 from resilibench.core.config import WorldConfig
 from resilibench.core.registry import default_registry
@@ -484,7 +485,8 @@ def test_serve_tools_refuses_a_taken_port(capsys):
 def test_serve_tools_command():
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     process = subprocess.Popen([sys.executable, "-m", "resilibench", "serve", "tools", "--port", "0",
-                                "--slow-seconds", "0.1"], stderr=subprocess.PIPE, text=True, env=env)
+                                "--slow-seconds", "0.1"], stderr=subprocess.PIPE, text=True, env=env,
+                               preexec_fn=with_ctrl_c)
     try:
         line = process.stderr.readline()
         url = line.split(" at ", 1)[1].split()[0]

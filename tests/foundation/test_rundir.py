@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from helpers import with_ctrl_c
 from resilibench.errors import ConfigChanged, DirectoryBusy, RunDirectoryError, RunInterrupted
 from resilibench.results import read_jsonl, run_metadata
 from resilibench.rundir import RunDirectory
@@ -136,7 +137,7 @@ def test_sigint_in_a_job_process_leaves_its_rows_resumable(tmp_path):
             sys.exit(130)
     """)
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                               text=True, preexec_fn=with_ctrl_c)
     for _ in range(5):
         process.stdout.readline()
     process.send_signal(signal.SIGINT)
