@@ -48,6 +48,26 @@ def scripted_episode(task: Task, outcomes, config: WorldConfig | None = None) ->
     return episode
 
 
+def exact_play_success(play: Callable[[Episode], object], task: Task, config: WorldConfig | None = None) -> float:
+    """The exact full-success probability of ``play`` (plays an episode to its end, deterministically) on
+    ``task`` in a world without failure processes: every sequence of success draws is scripted
+    (``scripted_episode``) and weighted by the probabilities its calls recorded."""
+    config = config or WorldConfig()
+
+    def explore(outcomes: list[bool]) -> float:
+        episode = scripted_episode(task, outcomes, config)
+        play(episode)
+        if episode.draws_used > len(outcomes):  # it drew past the script: branch on that draw
+            return explore([*outcomes, True]) + explore([*outcomes, False])
+        weight = 1.0
+        for record in episode.trace:
+            if record.probability is not None:
+                weight *= record.probability if record.success else 1.0 - record.probability
+        return weight if episode.evaluation.level == "full_success" else 0.0
+
+    return explore([])
+
+
 class ScriptedBackend:
     """A Backend whose answers come from ``answer(conversation)``; ``calls`` records each batch size.
 

@@ -85,6 +85,7 @@ def test_llm_episodes_end_properly_and_rows_are_written(tiny_run, tiny_jobs, tin
     assert {r["prompt"] for r in rows} == {"baseline", "optimal", "flawed"}
 
 
+@pytest.mark.slow
 def test_llm_plays_the_tools_protocol(tiny_backend, tiny_jobs):
     """The tiny model under native tool calling: the chat template gets the function schemas, its answers
     are read back as assistant messages; the episodes end and rows carry the protocol."""

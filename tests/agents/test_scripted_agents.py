@@ -1,14 +1,14 @@
 """The scripted reference agents in the text env: the text world is the planner world.
 
 * The optimal text agent plays, call for call, the episode ``OptimalPlanner`` plays in ``ResiliBench-v1``
-  under the same rules and seed, and its full-success rate is bound (iii) within a 99% interval.
-* The plan follower, reading plans from prompt text only, reaches the exact success of following its
-  plan (``workflow_success``); on optimal plans that is close to bound (iii), on flawed plans it drops.
+  under the same rules and seed, so its success is exactly bound (iii) (the planner attains it:
+  tests/core/test_bounds.py).
+* The plan follower, reading plans from prompt text only, plays, call for call, the episode ``PlanFollower``
+  plays with the plan the prompt showed, so its success is exactly that plan's ``workflow_success``
+  (tests/core/test_plan_follower.py); on optimal plans that is close to bound (iii), on flawed plans it drops.
 """
 
 from __future__ import annotations
-
-import math
 
 import pytest
 
@@ -19,7 +19,8 @@ from resilibench.agents.scripted import (
     PlanFollowingTextAgent,
     call_message,
 )
-from resilibench.core.plan_follower import workflow_success
+from resilibench.core.bounds.exact import optimal_success
+from resilibench.core.plan_follower import PlanFollower, workflow_success
 from resilibench.core.simulator import task_seed
 from resilibench.core.tasks.library import TASK_TYPE_NAMES
 from resilibench.core.text.flaws import FLAW_TYPES
@@ -30,7 +31,7 @@ from resilibench.core.world import get_task, get_world, load_tasks
 from resilibench.envs.planner.env import ResiliBenchEnv
 from resilibench.policies.optimal import OptimalPlanner
 
-Z99 = 2.5758293035489004
+TEXT_CONFIG = get_world().with_rules(strict_dependencies=True).config  # the text env's rules: strict dependencies
 
 
 def tasks_of_every_type(count: int):
@@ -38,32 +39,28 @@ def tasks_of_every_type(count: int):
     return [t for name in TASK_TYPE_NAMES for t in [t for t in tasks if t.task_type == name][:count]]
 
 
-def within_99(rows, expected_of) -> tuple[float, float, float]:
-    """(observed full-success rate, expected rate, 99% half-width) for independent episodes whose
-    success probabilities are ``expected_of(row)``."""
-    p = [expected_of(r) for r in rows]
-    observed = sum(r["level"] == "full_success" for r in rows) / len(rows)
-    expected = sum(p) / len(p)
-    half = Z99 * math.sqrt(sum(q * (1 - q) for q in p)) / len(p)
-    return observed, expected, half
+def planner_episode(row, envs: dict):
+    """The planner env's episode of a row's task and run seed (the text env's rules), freshly reset."""
+    task = get_task(row["task_id"])
+    env = envs.setdefault(task.instance_id, ResiliBenchEnv(tasks=[task], split=None,
+                                                           rules={"strict_dependencies": True}))
+    env.reset(seed=task_seed(task.instance_id, row["seed"]), options={"task_id": task.instance_id})
+    return env
 
 
 @pytest.fixture(scope="module")
 def optimal_rows():
-    jobs = eval_jobs(tasks_of_every_type(2), ["baseline"], seeds=range(40))
+    jobs = eval_jobs(tasks_of_every_type(2), ["baseline"], seeds=range(10))
     return run_eval(OptimalTextAgent(), jobs, batch_size=64, progress=False)
 
 
 def test_optimal_text_agent_plays_the_planner_episode(optimal_rows):
     """Same seed, same rules (strict dependencies): the same calls with the same outcomes, the same level."""
-    planner_envs = {}
+    envs: dict = {}
     for r in optimal_rows:
-        task = get_task(r["task_id"])
-        env = planner_envs.setdefault(task.instance_id, ResiliBenchEnv(tasks=[task], split=None,
-                                                                       rules={"strict_dependencies": True}))
-        env.reset(seed=task_seed(task.instance_id, r["seed"]), options={"task_id": task.instance_id})
+        env = planner_episode(r, envs)
         planner = OptimalPlanner(env.config)
-        planner.reset(task, None)
+        planner.reset(env.episode.task, None)
         done = False
         while not done:
             _, _, terminated, truncated, info = env.step(planner.act(env.episode, None))
@@ -72,26 +69,20 @@ def test_optimal_text_agent_plays_the_planner_episode(optimal_rows):
         assert info["level"] == r["level"]
 
 
-def test_optimal_text_agent_attains_bound_iii(optimal_rows):
-    assert len(optimal_rows) == 10 * 40
-    for task_type in TASK_TYPE_NAMES:
-        mine = [r for r in optimal_rows if r["task_type"] == task_type]
-        observed, expected, half = within_99(mine, lambda r: r["bound_iii"])
-        assert abs(observed - expected) <= half, (task_type, observed, expected, half)
-    observed, expected, half = within_99(optimal_rows, lambda r: r["bound_iii"])
-    assert abs(observed - expected) <= half, (observed, expected, half)
+def test_optimal_text_agent_rows_carry_bound_iii_and_end_properly(optimal_rows):
+    """Every row's bound (iii) is the exact optimum under the text env's rules; the agent finishes every
+    episode it can no longer win by signalling completion itself."""
+    assert len(optimal_rows) == 10 * 10
+    for r in optimal_rows:
+        assert r["bound_iii"] == pytest.approx(optimal_success(get_task(r["task_id"]), TEXT_CONFIG), abs=1e-12)
     assert all(r["end_reason"] in ("finished", "consecutive_failures", "repetition_loop") for r in optimal_rows)
-    # The optimal agent finishes every episode it can no longer win by signalling completion itself.
     assert all(r["completed"] or r["end_reason"] != "finished" for r in optimal_rows)
 
 
 @pytest.fixture(scope="module")
 def plan_rows():
-    jobs = eval_jobs(tasks_of_every_type(1), ["optimal", "flawed"], seeds=range(20), flaw_types=FLAW_TYPES)
+    jobs = eval_jobs(tasks_of_every_type(1), ["optimal", "flawed"], seeds=range(5), flaw_types=FLAW_TYPES)
     return run_eval(PlanFollowingTextAgent(), jobs, batch_size=64, progress=False)
-
-
-TEXT_CONFIG = get_world().with_rules(strict_dependencies=True).config  # the text env's rules: strict dependencies
 
 
 def plan_value(row) -> float:
@@ -99,26 +90,32 @@ def plan_value(row) -> float:
     return workflow_success(get_task(row["task_id"]), Workflow.from_dict(row["plan"]), TEXT_CONFIG)
 
 
-def test_plan_follower_gets_what_its_plans_are_worth(plan_rows):
-    """Reading plans from prompt text loses nothing: the success rate is the exact value of the plans."""
-    for prompt in ("optimal", "flawed"):
-        mine = [r for r in plan_rows if r["prompt"] == prompt]
-        observed, expected, half = within_99(mine, plan_value)
-        assert abs(observed - expected) <= half, (prompt, observed, expected, half)
+def test_plan_follower_plays_the_plan_it_was_shown(plan_rows):
+    """Reading plans from prompt text loses nothing: every episode, optimal or flawed plan, is the one
+    ``PlanFollower`` plays with that plan (same calls, same outcomes, same level)."""
+    envs: dict = {}
+    assert {r["prompt"] for r in plan_rows} == {"optimal", "flawed"}
+    for r in plan_rows:
+        env = planner_episode(r, envs)
+        evaluation = PlanFollower(Workflow.from_dict(r["plan"])).play(env.episode)
+        assert [c.to_dict() for c in env.episode.trace] == r["trace"], (r["task_id"], r["flaw_type"])
+        assert evaluation.level == r["level"]
 
 
 def test_plan_follower_optimal_close_to_bound_and_flawed_plans_hurt(plan_rows):
+    """By the exact values of the plans shown: optimal plans come close to bound (iii), flawed ones lose,
+    and some flaw type loses badly."""
     optimal = [r for r in plan_rows if r["prompt"] == "optimal"]
     flawed = [r for r in plan_rows if r["prompt"] == "flawed"]
-    rate = lambda rows: sum(r["level"] == "full_success" for r in rows) / len(rows)  # noqa: E731
-    observed, bound, half = within_99(optimal, lambda r: r["bound_iii"])
-    assert observed >= bound - half - 0.05, (observed, bound)
-    assert rate(flawed) < rate(optimal) - 0.1, (rate(flawed), rate(optimal))
-    by_flaw = {f: rate([r for r in flawed if r["flaw_type"] == f]) for f in FLAW_TYPES}
+    value = lambda rows: sum(map(plan_value, rows)) / len(rows)  # noqa: E731
+    bound = sum(r["bound_iii"] for r in optimal) / len(optimal)
+    assert value(optimal) >= bound - 0.05, (value(optimal), bound)
+    assert value(flawed) < value(optimal) - 0.1, (value(flawed), value(optimal))
+    by_flaw = {f: value([r for r in flawed if r["flaw_type"] == f]) for f in FLAW_TYPES}
     shown = ", ".join(f"{f} {v:.3f}" for f, v in by_flaw.items())
-    print(f"\nplan follower full success: optimal {rate(optimal):.3f} (bound iii {bound:.3f}); "
-          f"flawed {rate(flawed):.3f}; by flaw type: {shown}")
-    assert min(by_flaw.values()) < rate(optimal) - 0.2, "some flaw type should hurt a literal follower badly"
+    print(f"\nplan follower exact full success: optimal {value(optimal):.3f} (bound iii {bound:.3f}); "
+          f"flawed {value(flawed):.3f}; by flaw type: {shown}")
+    assert min(by_flaw.values()) < value(optimal) - 0.2, "some flaw type should hurt a literal follower badly"
 
 
 def test_messages_speak_the_protocol():

@@ -1,11 +1,10 @@
 """Following a plan: the step rule, the invalid-argument rule, and the exact success of following it."""
 
-import math
 
 import numpy as np
 import pytest
 
-from helpers import STRICT, make_task, representative_tasks, scripted_episode
+from helpers import STRICT, exact_play_success, make_task, representative_tasks, scripted_episode
 from resilibench.core.arguments import valid_arguments
 from resilibench.core.bounds import exact_policy_success, optimal_success, reference_workflow
 from resilibench.core.config import WorldConfig
@@ -78,13 +77,13 @@ def test_following_the_reference_attains_bound_iii_where_the_optimal_policy_keep
     assert follow < optimal_success(single) - 0.005
 
 
-def test_exact_success_matches_monte_carlo_of_play():
+def test_playing_the_plan_attains_its_exact_success():
+    """Exactly: every branch of ``PlanFollower.play`` on a scripted stream, weighted by its calls'
+    probabilities, sums to ``workflow_success``."""
     task = TASKS[-1]
     workflow = reference_workflow(task)
-    n = 4000
-    hits = [PlanFollower(workflow).play(Episode.start(task, seed)).level == "full_success" for seed in range(n)]
-    exact = workflow_success(task, workflow)
-    assert abs(np.mean(hits) - exact) < 4.5 * math.sqrt(exact * (1 - exact) / n)
+    assert exact_play_success(PlanFollower(workflow).play, task) == pytest.approx(
+        workflow_success(task, workflow), abs=1e-12)
 
 
 def test_flawed_orders_and_empty_plans():
@@ -100,19 +99,19 @@ def test_flawed_orders_and_empty_plans():
 
 
 def test_planner_plays_through_the_planner_interface():
+    """The planner (default plan: the reference workflow) played through ``act`` over every branch attains
+    the plan's exact success; it must be reset first."""
     task = TASKS[1]
     planner = PlanFollowingPlanner()
-    planner.reset(task, np.random.default_rng(0))
     finish = len(default_registry())
-    levels = []
-    for seed in range(200):
-        episode = Episode.start(task, seed)
-        planner.reset(task, np.random.default_rng(seed))
+
+    def play(episode: Episode) -> None:
+        planner.reset(task, np.random.default_rng(0))
         while not episode.done:
             action = planner.act(episode, None)
             episode.finish() if action == finish else episode.call(action)
-        levels.append(episode.evaluation.level == "full_success")
-    exact = workflow_success(task, reference_workflow(task))
-    assert abs(np.mean(levels) - exact) < 4.5 * math.sqrt(exact * (1 - exact) / 200)
+
+    assert exact_play_success(play, task) == pytest.approx(workflow_success(task, reference_workflow(task)),
+                                                           abs=1e-12)
     with pytest.raises(RuntimeError, match="reset"):
         PlanFollowingPlanner().act(Episode.start(task, 0), None)

@@ -1,8 +1,10 @@
 """Failure processes (docs/core/processes.md): the branch function, the Episode's sampling of
 it, each process's semantics, and the v1 world left bit for bit as it was when every process is off."""
 
+import itertools
 import json
 import math
+from collections import Counter
 
 import pytest
 
@@ -14,12 +16,17 @@ from resilibench.core.processes import (
     RATE_LIMIT_ERROR,
     SERVICE_UNAVAILABLE,
     STAGE_CODE,
+    STAGE_LATENCY,
+    STAGE_OUTAGE,
+    STAGE_RATE,
+    STAGE_STREAMS,
     STAGE_SUCCESS,
     TIMEOUT,
     CallOutcome,
     ToolState,
     call_outcomes,
     down_probability,
+    latency_probabilities,
     sample_outcome,
     select,
     tool_bases,
@@ -35,12 +42,6 @@ CODES = ("INVALID_INPUT", "OPERATION_FAILED", "TIMEOUT")
 
 def world(**processes) -> WorldConfig:
     return WorldConfig().replace(processes=processes)
-
-
-def assert_rate(hits: int, n: int, p: float) -> None:
-    """Binomial check at 4.5 standard errors (false alarm rate ~ 1e-5)."""
-    se = math.sqrt(p * (1 - p) / n)
-    assert abs(hits / n - p) < 4.5 * se, (hits / n, p)
 
 
 # --- the branch function --------------------------------------------------------------------------------
@@ -82,21 +83,52 @@ def test_processes_off_give_the_formula_branches():
         (0.8, True, None, True), *((round(0.2 / 3, 12), False, c, True) for c in CODES)]
 
 
-def test_sampling_takes_the_branch_its_draws_select():
-    """Over many draw vectors the sampled outcome's frequencies match the branch probabilities, and
-    every sampled outcome is one of the branches: enumerating them is exact for the simulator."""
-    state, n = ToolState(False, 0), 40000
-    branches = call_outcomes(EVERY_PROCESS, state, 0.6, CODES)
-    counts = dict.fromkeys((o for _, o in branches), 0)
-    for i in range(n):
-        k, stages = rs.key(i), {}
+class Unset(Exception):
+    """A stage's draw was read before the enumeration fixed it."""
 
-        def draw(stage, k=k, stages=stages):
-            return stages.setdefault(stage, rs.uniform(k, len(stages)))
 
-        counts[sample_outcome(EVERY_PROCESS, state, 0.6, CODES, draw)] += 1
-    for w, o in branches:
-        assert_rate(counts[o], n, w)
+def selection_measure(processes: FailureProcesses, state: ToolState, p: float, codes) -> dict[CallOutcome, float]:
+    """{outcome: the measure of the draw vectors for which ``sample_outcome`` returns it}. Each stage's
+    [0, 1) is cut where its option changes by the documented rule (cumulative probabilities; the code
+    stage at j / n) and every piece is tried with one draw inside it, stage by stage as the call reads them."""
+    down = down_probability(processes, state.down)
+    latency = latency_probabilities(processes)
+    cuts = {STAGE_RATE: [processes.rate_limit_probability], STAGE_OUTAGE: [down],
+            STAGE_LATENCY: list(itertools.accumulate(latency[:-1])), STAGE_SUCCESS: [p],
+            STAGE_CODE: [j / len(codes) for j in range(1, len(codes))]}
+    measure: dict[CallOutcome, float] = {}
+
+    def explore(fixed: dict[str, float], weight: float) -> None:
+        def draw(stage: str) -> float:
+            if stage not in fixed:
+                raise Unset(stage)
+            return fixed[stage]
+
+        try:
+            outcome = sample_outcome(processes, state, p, codes, draw)
+        except Unset as unset:
+            stage = unset.args[0]
+            for lo, hi in itertools.pairwise([0.0, *cuts[stage], 1.0]):
+                explore({**fixed, stage: (lo + hi) / 2}, weight * (hi - lo))
+            return
+        measure[outcome] = measure.get(outcome, 0.0) + weight
+
+    explore({}, 1.0)
+    return measure
+
+
+@pytest.mark.parametrize("state", [FRESH, ToolState(True, 0), ToolState(False, 0), ToolState(None, 2)])
+def test_sampling_takes_the_branch_its_draws_select(state):
+    """Exactly: the draws that select each outcome of ``sample_outcome`` have the measure ``call_outcomes``
+    gives that branch, and it samples no other outcome, so enumerating the branches is exact for the
+    simulator."""
+    expected: dict[CallOutcome, float] = {}
+    for w, o in call_outcomes(EVERY_PROCESS, state, 0.6, CODES):
+        expected[o] = expected.get(o, 0.0) + w
+    measure = selection_measure(EVERY_PROCESS, state, 0.6, CODES)
+    assert measure.keys() == expected.keys()
+    for outcome, w in expected.items():
+        assert math.isclose(measure[outcome], w, abs_tol=1e-12), outcome
 
 
 def test_select_matches_v1_for_the_formula_draws():
@@ -159,57 +191,58 @@ def test_process_draws_leave_the_formula_draws_alone():
         assert on.time_used == len(on.trace)
 
 
-def test_first_call_is_down_with_the_stationary_probability_and_bursts_persist():
-    """Frequencies of the two-state chain: first call down with start / (start + end); after a down call
-    down again with 1 - end; after an up call down with start (calls of one tool at turns 1, 2)."""
-    processes = dict(outage_start=0.2, outage_end=0.4)
-    task, n = make_task(max_retries=5), 20000
-    config = world(**processes).replace(rules={"max_same_tool_failures": 10, "max_consecutive_failures": 10})
-    first = after_down = downs_after_down = after_up = downs_after_up = 0
-    for seed in range(n):
+def stage_draw(seed: int, stage: str, turn: int) -> float:
+    """The draw of process stage ``stage`` in the call at ``turn`` of the episode of ``seed``:
+    ``uniform(subkey(key(seed), STAGE_STREAMS[stage]), turn - 1)`` (docs/core/processes.md)."""
+    return rs.uniform(rs.subkey(rs.key(seed), STAGE_STREAMS[stage]), turn - 1)
+
+
+def test_the_outage_chain_decides_each_call_by_its_draw():
+    """Draw by draw on the episodes' own streams: a first call finds the tool down iff its outage draw is
+    below start / (start + end); the tool's next call, iff below 1 - end after a down call and below start
+    after an up one (bursts persist). A down call makes no success draw. Every case is met."""
+    task = make_task(max_retries=5)
+    config = world(outage_start=0.2, outage_end=0.4).replace(
+        rules={"max_same_tool_failures": 10, "max_consecutive_failures": 10})
+    cases: Counter[tuple[bool, bool]] = Counter()
+    for seed in range(1000):
         episode = Episode.start(task, seed, config)
         a = episode.call(READER)
+        down = stage_draw(seed, STAGE_OUTAGE, 1) < 0.2 / (0.2 + 0.4)
+        assert (a.error_code == SERVICE_UNAVAILABLE) == down and (a.probability is None) == down
         if a.success:
             continue  # a succeeded tool is not called again
-        b = episode.call(READER)
-        was_down, is_down = a.error_code == SERVICE_UNAVAILABLE, b.error_code == SERVICE_UNAVAILABLE
-        first += was_down
-        after_down += was_down
-        downs_after_down += was_down and is_down
-        after_up += not was_down
-        downs_after_up += not was_down and is_down
-        assert (a.probability is None) == was_down
-    # First calls that did not succeed: down ones, and up ones that failed the formula (P 0.2).
-    stationary = 0.2 / 0.6
-    failed_first = stationary + (1 - stationary) * 0.2
-    assert_rate(first, after_down + after_up, stationary / failed_first)
-    assert_rate(downs_after_down, after_down, 1 - 0.4)
-    assert_rate(downs_after_up, after_up, 0.2)
+        again = stage_draw(seed, STAGE_OUTAGE, 2) < (1.0 - 0.4 if down else 0.2)
+        assert (episode.call(READER).error_code == SERVICE_UNAVAILABLE) == again
+        cases[down, again] += 1
+    assert min(cases[c] for c in itertools.product((True, False), repeat=2)) >= 10, cases
 
 
-def test_first_calls_are_down_with_the_stationary_probability():
-    config, n = world(outage_start=0.05, outage_end=0.45), 20000
-    task = make_task()
-    down = sum(Episode.start(task, seed, config).call(READER).error_code == SERVICE_UNAVAILABLE for seed in range(n))
-    assert_rate(down, n, 0.05 / 0.5)
+def test_first_calls_are_down_iff_their_draw_is_below_the_stationary_probability():
+    config, task, downs = world(outage_start=0.05, outage_end=0.45), make_task(), 0
+    for seed in range(300):
+        down = Episode.start(task, seed, config).call(READER).error_code == SERVICE_UNAVAILABLE
+        assert down == (stage_draw(seed, STAGE_OUTAGE, 1) < 0.05 / (0.05 + 0.45))
+        downs += down
+    assert 0 < downs < 300
 
 
 def test_the_chain_advances_only_when_its_tool_is_called():
-    """Calls of other tools in between leave a down tool's chain where it was: its next call is down
-    again with 1 - end, however many turns passed."""
+    """Calls of other tools in between leave a down tool's chain where it was: its next call (turn 6) is
+    down again iff that turn's outage draw is below 1 - end, however many turns passed."""
     config = world(outage_start=0.5, outage_end=0.2).replace(
         rules={"max_consecutive_failures": 10, "turn_limit": 12})
-    task, again, n = make_task(), 0, 0
-    for seed in range(8000):
+    task, met = make_task(), 0
+    for seed in range(300):
         episode = Episode.start(task, seed, config)
         if episode.call(READER).error_code != SERVICE_UNAVAILABLE:
             continue
         for tool in ("utility_logger", "utility_cache", "utility_tracker", "utility_notifier"):
             episode.call(tool)
-        n += 1
-        again += episode.call(READER).error_code == SERVICE_UNAVAILABLE
-    assert n > 4000
-    assert_rate(again, n, 0.8)
+        met += 1
+        down = episode.call(READER).error_code == SERVICE_UNAVAILABLE
+        assert down == (stage_draw(seed, STAGE_OUTAGE, 6) < 1.0 - 0.2), seed
+    assert met > 150
 
 
 def test_rate_limit_blocks_without_draws_and_counts_down_the_wait():
@@ -228,26 +261,34 @@ def test_rate_limit_blocks_without_draws_and_counts_down_the_wait():
     assert episode.trace[-1].to_dict()["retry_after"] == 3
 
 
-def test_rate_limit_refusals_happen_with_their_probability():
-    config, n = world(rate_limit_probability=0.3), 20000
-    task = make_task()
-    refused = sum(Episode.start(task, seed, config).call(READER).error_code == RATE_LIMIT_ERROR for seed in range(n))
-    assert_rate(refused, n, 0.3)
+def test_rate_limit_refuses_iff_its_draw_is_below_its_probability():
+    """Draw by draw: a call is refused iff its rate-limit draw is below the probability; a refused call
+    makes no success draw."""
+    config, task, refused = world(rate_limit_probability=0.3), make_task(), 0
+    for seed in range(300):
+        record = Episode.start(task, seed, config).call(READER)
+        hit = stage_draw(seed, STAGE_RATE, 1) < 0.3
+        assert (record.error_code == RATE_LIMIT_ERROR) == hit and (record.probability is None) == hit
+        refused += hit
+    assert 0 < refused < 300
 
 
 def test_timeouts_cost_the_timeout_and_latency_adds_up():
-    config, n = world(latency_seconds=(1.0, 8.0), latency_weights=(3, 1), call_timeout_seconds=4.0), 20000
+    """Draw by draw: latency 8 s (weight 1 of 4, past the 4 s timeout) is taken iff the latency draw is at
+    least 3/4; it costs the timeout and makes no success draw; 1 s calls draw the formula."""
+    config = world(latency_seconds=(1.0, 8.0), latency_weights=(3, 1), call_timeout_seconds=4.0)
     task, timeouts = make_task(), 0
-    for seed in range(n):
+    for seed in range(300):
         episode = Episode.start(task, seed, config)
         record = episode.call(READER)
-        assert episode.time_used == record.duration
-        if record.duration == 4.0:
-            timeouts += 1
+        timeout = stage_draw(seed, STAGE_LATENCY, 1) >= 0.75
+        assert episode.time_used == record.duration == (4.0 if timeout else 1.0)
+        if timeout:
             assert (record.error_code, record.probability) == (TIMEOUT, None)
         else:
-            assert record.duration == 1.0 and record.probability == 0.8
-    assert_rate(timeouts, n, 0.25)
+            assert record.probability == 0.8
+        timeouts += timeout
+    assert 0 < timeouts < 300
 
 
 def test_time_budget_ends_calls_like_the_turn_limit():

@@ -1,5 +1,6 @@
 """The failure model (paper app. B.3) and the episode rules (docs/core/rules.md)."""
 
+import itertools
 import math
 
 import numpy as np
@@ -11,60 +12,93 @@ from resilibench.core.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_r
 from resilibench.core.simulator import RETRY_LIMIT_ERROR, Episode
 
 REG = default_registry()
-N = 20000
+READER, PARSER, TRANSFORMER = "file_operations_reader", "data_processing_parser", "data_processing_transformer"
 
 
-def assert_rate(successes: int, n: int, p: float) -> None:
-    """Binomial check at 4.5 standard errors (false alarm rate ~ 1e-5)."""
-    se = math.sqrt(p * (1 - p) / n)
-    assert abs(successes / n - p) < 4.5 * se, (successes / n, p)
+def call_after(task, calls: dict[str, bool], tool: str, config: WorldConfig | None = None):
+    """The record of calling ``tool`` after the calls of ``calls`` (tool: outcome, in order), their outcomes
+    scripted; the call of ``tool`` itself meets a failing draw."""
+    episode = scripted_episode(task, list(calls.values()), config)
+    for t, ok in calls.items():
+        assert episode.call(t).success == ok
+    return episode.call(tool)
 
 
-def first_call_rate(task, tool, prefix=(), n=N):
-    """Empirical success rate of calling ``tool`` after the calls in ``prefix`` (all seeds), split by
-    what happened in the prefix: returns {prefix outcomes: (successes, count)}."""
-    out: dict[tuple[bool, ...], list[int]] = {}
-    for seed in range(n):
-        episode = Episode.start(task, seed)
-        outcomes = tuple(episode.call(t).success for t in prefix)
-        record = episode.call(tool)
-        counts = out.setdefault(outcomes, [0, 0])
-        counts[0] += record.success
-        counts[1] += 1
-    return out
+# The success formula, exactly: p = base * uncalled**N_u * failed**N_f * history**N_h with the defaults
+# 0.8, 0.5, 0.7, 0.9 (the products below are computed in the formula's order, so == is exact).
 
 
 def test_no_dependencies_base_rate():
-    task = make_task()
-    (succ, n), = first_call_rate(task, "file_operations_reader").values()
-    assert_rate(succ, n, 0.8)
+    assert call_after(make_task(), {}, READER).probability == 0.8
 
 
 def test_uncalled_dependency_halves():
     task = make_task()
-    (succ, n), = first_call_rate(task, "data_processing_transformer").values()
-    assert_rate(succ, n, 0.8 * 0.5)
-    (succ, n), = first_call_rate(task, "computation_analyzer").values()  # two uncalled dependencies
-    assert_rate(succ, n, 0.8 * 0.25)
+    assert call_after(task, {}, TRANSFORMER).probability == 0.8 * 0.5
+    assert call_after(task, {}, "computation_analyzer").probability == 0.8 * 0.25  # two uncalled dependencies
 
 
 def test_failed_dependency_and_history():
     task = make_task()
-    rates = first_call_rate(task, "data_processing_transformer", prefix=("data_processing_parser",))
-    succ, n = rates[(True,)]
-    assert_rate(succ, n, 0.8)  # dependency met, no history
-    succ, n = rates[(False,)]
-    assert_rate(succ, n, 0.8 * 0.7 * 0.9)  # dependency called but failed, one failure in history
+    assert call_after(task, {PARSER: True}, TRANSFORMER).probability == 0.8  # dependency met, no history
+    # Dependency called but failed, and that failure is one in the history.
+    assert call_after(task, {PARSER: False}, TRANSFORMER).probability == 0.8 * 0.7 * 0.9
 
 
 def test_history_factor_per_failure():
+    """Every outcome of two earlier calls: each failure multiplies by the history factor."""
     task = make_task()
-    prefix = ("utility_logger", "utility_cache")
-    rates = first_call_rate(task, "file_operations_reader", prefix=prefix)
-    for outcomes, (succ, n) in rates.items():
-        failures = outcomes.count(False)
-        if n > 500:
-            assert_rate(succ, n, 0.8 * 0.9**failures)
+    for first, second in itertools.product((True, False), repeat=2):
+        record = call_after(task, {"utility_logger": first, "utility_cache": second}, READER)
+        assert record.probability == 0.8 * 0.9 ** [first, second].count(False)
+
+
+def test_a_call_succeeds_iff_its_draw_is_below_its_probability():
+    """The sampling rule draw by draw: success draw u succeeds iff u < p (the boundary value itself fails),
+    for calls of several probabilities."""
+    task = make_task()
+    for calls, tool in (({}, READER), ({}, TRANSFORMER), ({"utility_logger": False}, READER)):
+        p = call_after(task, calls, tool).probability
+        below, top = math.nextafter(p, 0.0), math.nextafter(1.0, 0.0)
+        for u, success in ((0.0, True), (below, True), (p, False), (top, False)):
+            episode = scripted_episode(task, list(calls.values()))
+            for t in calls:
+                episode.call(t)
+            episode.stream[len(calls), 0] = u
+            record = episode.call(tool)
+            assert (record.success, record.probability) == (success, p), (tool, u)
+
+
+def test_error_code_is_the_draws_share_of_the_tool_list():
+    """A failed call's code is codes[int(u * n)] for its error-code draw u: every code of the list is
+    taken, each on the n-th of [0, 1) that the rule gives it."""
+    codes = REG["network_fetcher"].error_codes
+    n = len(codes)
+    for j, code in enumerate(codes):
+        for u in ((j + 0.001) / n, (j + 0.5) / n, (j + 0.999) / n):
+            episode = scripted_episode(make_task(), [False])
+            episode.stream[0, 1] = u
+            assert episode.call("network_fetcher").error_code == code
+    episode = scripted_episode(make_task(), [False])
+    episode.stream[0, 1] = math.nextafter(1.0, 0.0)
+    assert episode.call("network_fetcher").error_code == codes[-1]
+
+
+def test_sampled_outcomes_follow_their_probabilities():
+    """Statistical smoke test of sampling itself, on the episodes' own streams: over 3,000 seeds, a first
+    call of p = 0.4 succeeds with frequency 0.4 and its failures spread evenly over the tool's error codes
+    (5 standard errors, fixed seeds)."""
+    task, config, n = make_task(), WorldConfig(), 3000
+    records = [Episode.start(task, seed, config).call(TRANSFORMER) for seed in range(n)]
+    assert all(r.probability == 0.8 * 0.5 for r in records)
+    successes = sum(r.success for r in records)
+    assert abs(successes / n - 0.4) < 5 * math.sqrt(0.4 * 0.6 / n), successes / n
+    codes = REG[TRANSFORMER].error_codes
+    failed = n - successes
+    for code in codes:
+        share = 1 / len(codes)
+        hits = sum(r.error_code == code for r in records)
+        assert abs(hits / failed - share) < 5 * math.sqrt(share * (1 - share) / failed), (code, hits / failed)
 
 
 def test_probability_matches_formula_and_config():
@@ -73,19 +107,6 @@ def test_probability_matches_formula_and_config():
     episode.call("utility_logger")
     assert episode.probability(REG.id_of("file_operations_reader")) == pytest.approx(0.6 * 0.5)
     assert episode.probability(REG.id_of("data_processing_transformer")) == pytest.approx(0.6 * 0.5 * 0.5)
-
-
-def test_error_codes_drawn_uniformly_from_tool_list():
-    task = make_task()
-    codes = REG["network_fetcher"].error_codes
-    counts = dict.fromkeys(codes, 0)
-    for seed in range(6000):
-        record = Episode.start(task, seed).call("network_fetcher")
-        if not record.success:
-            counts[record.error_code] += 1
-    total = sum(counts.values())
-    for c in counts.values():
-        assert_rate(c, total, 1 / len(codes))
 
 
 def test_each_call_consumes_one_stream_row():

@@ -558,7 +558,7 @@ def test_calibration_reads_the_services_world_timing_from_http_rows(tmp_path):
     log = tmp_path / "calls.jsonl"
     with running_service(ToolService(config=served, slow_seconds=0.4, time_scale=0)) as url, \
             ToolClient(url, timeout=0.2, log=log) as c:
-        for task in load_tasks(split="test")[:40]:
+        for task in load_tasks(split="test")[:12]:
             for seed in range(4):
                 episode = Episode.start(task, run_episode_seed(task.instance_id, seed), served)
                 executor = HttpExecutor(c, episode)

@@ -1,7 +1,8 @@
 """PPO planners with real RLlib: training, checkpoints, resume, masking, curriculum, eval policy, CLI errors.
 
-One local Ray instance (2 CPUs) serves the module; networks and batches are tiny so the whole file runs in
-well under the CI budget on 2 cores.
+One local Ray instance (2 CPUs) serves the module's training tests, which are in the slow lane (Ray's
+start alone takes seconds); the wrappers, the masked module, the curriculum rule and the CLI's checks of
+its arguments run without Ray in the fast lane.
 """
 
 from __future__ import annotations
@@ -219,6 +220,7 @@ def test_table_12_thresholds_and_stage_pools():
         CurriculumConfig(advance=0.2, regress=0.3)
 
 
+@pytest.mark.slow
 def test_curriculum_callback_advances_on_a_real_iteration(ray_session):
     cfg = PPOTrainConfig(**TINY, curriculum=True, curriculum_config={"advance": 0.05, "regress": 0.0,
                                                                      "min_episodes": 5, "window": 50})
@@ -304,6 +306,7 @@ def test_module_reads_the_failure_process_blocks(encoder):
     assert steps and all(mask[action] == 1 for _obs, mask, action in steps)
 
 
+@pytest.mark.slow
 def test_rllib_sampling_and_restored_greedy_policy_stay_legal(trained):
     from ray.rllib.algorithms.algorithm import Algorithm
 
@@ -328,6 +331,7 @@ def test_rllib_sampling_and_restored_greedy_policy_stay_legal(trained):
 # --- training, checkpoints, resume ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_training_writes_progress_config_and_checkpoints(trained):
     contents = read_jsonl(trained / "progress.jsonl")
     assert [r["iteration"] for r in contents.rows] == [1, 2]
@@ -344,6 +348,7 @@ def test_training_writes_progress_config_and_checkpoints(trained):
     assert (trained / "checkpoints" / "iter_000001" / "rllib_checkpoint.json").is_file()
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip_gives_the_same_greedy_actions(trained, tmp_path):
     from ray.rllib.algorithms.algorithm import Algorithm
 
@@ -364,6 +369,7 @@ def test_checkpoint_round_trip_gives_the_same_greedy_actions(trained, tmp_path):
     assert PPOPlanner(tmp_path / "again").actions(obs, masks) == [s[2] for s in steps]
 
 
+@pytest.mark.slow
 def test_resume_continues_the_iteration_count(trained, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(trained, copy)
@@ -390,6 +396,7 @@ def test_resume_continues_the_iteration_count(trained, tmp_path):
     training_directory(copy, PPOTrainConfig(**{**TINY, "num_env_runners": 2})).check()  # resources may change
 
 
+@pytest.mark.slow
 def test_the_batch_is_split_across_learners_and_the_learner_count_is_kept_on_resume(trained, tmp_path):
     """train_batch_size is the env steps of an iteration whatever the learner count (docs/policies/ppo.md); a resume
     with another learner count is refused with the change."""
@@ -407,6 +414,7 @@ def test_the_batch_is_split_across_learners_and_the_learner_count_is_kept_on_res
         train(PPOTrainConfig(**{**TINY, "num_learners": 2, "iterations": 3}), copy, resume=True)
 
 
+@pytest.mark.slow
 def test_more_cpus_than_ray_has_are_refused_up_front(ray_session):
     from resilibench.policies.ppo.training import RayClusterError, init_ray
 
@@ -419,6 +427,7 @@ def test_more_cpus_than_ray_has_are_refused_up_front(ray_session):
 # --- evaluation ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_eval_policy_writes_the_run_files_and_workflows(trained, tmp_path, capsys):
     out, workflows = tmp_path / "eval", tmp_path / "workflows.json"
     args = ["eval", "policy", str(trained), "--task-type", TYPE, "--limit", "3", "--seeds", "0", "1",
@@ -449,6 +458,7 @@ def test_workflow_export_of_the_optimal_planner_matches_the_reference():
     assert policy_workflow(planner, tasks[-1]).tools == happy and len(happy) > len(tasks[-1].required_tools)
 
 
+@pytest.mark.slow
 def test_training_without_dependency_hints_builds_and_plays_the_ablated_policy(ray_session, tmp_path):
     """`train ppo --features no_dependency_hints`: the config, the envs and the network drop the hints, and
     the trained planner computes its own ablated observations when an env hands it full ones."""
@@ -472,6 +482,7 @@ def test_training_without_dependency_hints_builds_and_plays_the_ablated_policy(r
     assert PPOPlanner(resolve_checkpoint(out), module=planner.module).features == "no_dependency_hints"
 
 
+@pytest.mark.slow
 def test_ppo_planner_exact_success_is_bounded(trained):
     planner = PPOPlanner(trained)
     task = load_tasks(split="test", task_types=[TYPE])[0]
@@ -498,11 +509,13 @@ def test_cli_rejects_bad_arguments(args, message, capsys):
     assert message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_train_refuses_an_existing_run_without_resume(trained, capsys):
     assert main(["train", "ppo", "--iterations", "1", "--output-dir", str(trained), *TINY_FLAGS]) == 2
     assert "already holds a training run: add --resume" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ppo_policy_plays_the_text_protocol(trained, tmp_path, capsys):
     """`eval --agent ppo:DIR`: the trained policy as a text agent, greedy, so two runs play the same calls."""
     def run(out):

@@ -77,6 +77,7 @@ def _train(model: Path, out: Path, *extra: str) -> list[str]:
             "--save-steps", "1", "--max-steps", "2", *extra]
 
 
+@pytest.mark.slow
 def test_train_grpo_steps_evaluates_resumes_and_refuses_a_changed_config(tiny_model, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     out = tmp_path / "run"

@@ -109,6 +109,7 @@ def sft_generator(cluster_records, tmp_path_factory, torch_one_thread):  # noqa:
         lora=None, save_steps=1000), fmt, progress=False)
 
 
+@pytest.mark.slow
 def test_one_full_iteration(cluster_records, sft_generator, tmp_path):
     """One ScPO iteration: sampling, ranking, weighted DPO on a LoRA adapter, merge; a rerun resumes
     without new work; the merged model is evaluated."""
@@ -149,6 +150,7 @@ def test_one_full_iteration(cluster_records, sft_generator, tmp_path):
     assert robustness_table(cluster_records, answers) == table
 
 
+@pytest.mark.slow
 def test_cli_sft_scpo_evaluate(cluster_records, sft_generator, tmp_path, capsys):
     """`robust sft` (one LoRA step), `robust scpo` (one iteration, soft votes, one DPO step) and `robust evaluate`
     through the command line, and their input errors."""

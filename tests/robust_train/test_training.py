@@ -117,6 +117,7 @@ def test_sft_lora_lowers_completion_loss_and_trains_only_the_adapter(tiny, tmp_p
         train_sft(tiny, rows[:3], tmp_path / "sft", settings, progress=False)
 
 
+@pytest.mark.slow
 def test_sft_full_finetune(tiny, tmp_path):
     rows = sft_rows(2)
     tokenizer = AutoTokenizer.from_pretrained(tiny)
@@ -140,6 +141,7 @@ class StopAt(TrainerCallback):
             raise KeyboardInterrupt(f"stopped at step {self.step}")
 
 
+@pytest.mark.slow
 def test_sft_resume_continues_from_the_checkpoint(tiny, tmp_path):
     rows = sft_rows()
     settings = SFTSettings(max_steps=4, save_steps=2, learning_rate=5e-3, batch_size=2,
