@@ -19,7 +19,7 @@ from resilibench.agents.scripted import (
     PlanFollowingTextAgent,
     call_message,
 )
-from resilibench.core.bounds.exact import optimal_success
+from resilibench.core.bounds import optimal_success
 from resilibench.core.plan_follower import PlanFollower, workflow_success
 from resilibench.core.simulator import task_seed
 from resilibench.core.tasks.library import TASK_TYPE_NAMES
