@@ -2,6 +2,14 @@
 packages, scripted and text-only agents, the batched evaluation harness and its reports, task enhancement
 and the breaker loop. Names are imported on first use (backends load their libraries only then)."""
 
+__all__ = [
+    "MODELS", "Agent", "EvalJob", "FlawTaxonomy", "LLMAgent", "LLMTaxonomy", "NameReadingTextAgent",
+    "OpenAIBackend", "OptimalTextAgent", "PlanFollowingTextAgent", "PlannerTextAgent", "SearchTextAgent",
+    "TaskEnhancer", "TransformersBackend", "VLLMBackend", "eval_jobs", "format_tables", "get_model",
+    "llama_server", "make_backend", "make_scripted_agent", "make_text_agent", "run_breaker", "run_eval",
+    "summarize_eval",
+]
+
 from typing import TYPE_CHECKING
 
 from resilibench.lazy import lazy_exports
@@ -17,13 +25,6 @@ if TYPE_CHECKING:
     from .task_enhancer import TaskEnhancer
     from .text_baselines import NameReadingTextAgent, SearchTextAgent
 
-__all__ = [
-    "MODELS", "Agent", "EvalJob", "FlawTaxonomy", "LLMAgent", "LLMTaxonomy", "NameReadingTextAgent",
-    "OpenAIBackend", "OptimalTextAgent", "PlanFollowingTextAgent", "PlannerTextAgent", "SearchTextAgent",
-    "TaskEnhancer", "TransformersBackend", "VLLMBackend", "eval_jobs", "format_tables", "get_model",
-    "llama_server", "make_backend", "make_scripted_agent", "make_text_agent", "run_breaker", "run_eval",
-    "summarize_eval",
-]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     ".backends": ("OpenAIBackend", "TransformersBackend", "VLLMBackend", "make_backend"),

@@ -21,6 +21,9 @@ request field, transformers and vLLM through the chat template's ``tools`` argum
 
 from __future__ import annotations
 
+__all__ = ["BACKEND_KINDS", "BackendError", "ContextOverflowError", "OpenAIBackend", "TransformersBackend",
+           "VLLMBackend", "make_backend", "parse_tool_calls"]
+
 import contextlib
 import json
 import os
@@ -50,8 +53,6 @@ from resilibench.llm import (
 from resilibench.settings import Settings, setting
 
 BACKEND_KINDS = ("hf", "vllm", "openai")
-__all__ = ["BACKEND_KINDS", "BackendError", "ContextOverflowError", "OpenAIBackend", "TransformersBackend",
-           "VLLMBackend", "make_backend", "parse_tool_calls"]
 
 
 def truncate_at_stop(text: str, stop: Sequence[str]) -> str:

@@ -26,6 +26,14 @@ the parse error; after that the iteration is recorded ``invalid`` and the loop g
 
 from __future__ import annotations
 
+__all__ = [
+    "LLM_TAXONOMIES", "TAXONOMIES", "ATTEMPTS", "BREAK_THRESHOLD", "KEEP_THRESHOLD", "JSON_ATTEMPTS",
+    "Record", "ROW_FIELDS", "CSV_COLUMNS", "parse_runs", "parse_max_iterations", "derive_seed", "AnswerError",
+    "Asked", "one_object", "ask_json", "parse_task", "parse_validation", "parse_grading", "refinement_report",
+    "Taxonomy", "LLMTaxonomy", "FLAW_CRITERIA", "FlawTaxonomy", "prompt_embedding", "max_similarity",
+    "BreakerSummary", "breaker_directory", "run_breaker", "export_csv",
+]
+
 import csv
 import io
 import json
@@ -49,14 +57,6 @@ from ..envs.text.env import ResiliBenchTextEnv
 from ..metrics.judge import json_objects
 from . import breaker_prompts as bp
 from .scripted import Agent
-
-__all__ = [
-    "LLM_TAXONOMIES", "TAXONOMIES", "ATTEMPTS", "BREAK_THRESHOLD", "KEEP_THRESHOLD", "JSON_ATTEMPTS",
-    "Record", "ROW_FIELDS", "CSV_COLUMNS", "parse_runs", "parse_max_iterations", "derive_seed", "AnswerError",
-    "Asked", "one_object", "ask_json", "parse_task", "parse_validation", "parse_grading", "refinement_report",
-    "Taxonomy", "LLMTaxonomy", "FLAW_CRITERIA", "FlawTaxonomy", "prompt_embedding", "max_similarity",
-    "BreakerSummary", "breaker_directory", "run_breaker", "export_csv",
-]
 
 LLM_TAXONOMIES = ("qc", "itf", "mim")
 TAXONOMIES = (*LLM_TAXONOMIES, "flaw")

@@ -21,6 +21,11 @@ row on resume, unless ``retry_infra_errors``.
 
 from __future__ import annotations
 
+__all__ = [
+    "EVAL_KEY", "PLAN_PROMPTS", "EvalJob", "eval_jobs", "as_agent", "episode_row", "run_eval",
+    "eval_directory", "settled_rows",
+]
+
 import sys
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -39,11 +44,6 @@ from ..core.simulator import task_seed
 from ..core.tasks.library import Task
 from ..core.text.prompts import PromptSettings
 from .scripted import Agent, LLMAgent, for_protocol
-
-__all__ = [
-    "EVAL_KEY", "PLAN_PROMPTS", "EvalJob", "eval_jobs", "as_agent", "episode_row", "run_eval",
-    "eval_directory", "settled_rows",
-]
 
 EVAL_KEY = ("model", "task_id", "prompt", "flaw_type", "seed")
 PLAN_PROMPTS = ("optimal", "flawed")

@@ -18,6 +18,11 @@ The cache directory is ``$RESILIBENCH_MODEL_CACHE``, else ``~/.cache/resilibench
 
 from __future__ import annotations
 
+__all__ = [
+    "UnknownModel", "ModelNotInstalled", "ShippedModel", "MODELS", "get_model", "cache_dir", "shipped_files",
+    "installed", "join_chunks", "gguf_path", "free_port", "llama_server", "main",
+]
+
 import contextlib
 import fnmatch
 import hashlib
@@ -32,11 +37,6 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-__all__ = [
-    "UnknownModel", "ModelNotInstalled", "ShippedModel", "MODELS", "get_model", "cache_dir", "shipped_files",
-    "installed", "join_chunks", "gguf_path", "free_port", "llama_server", "main",
-]
 
 
 class UnknownModel(ValueError):

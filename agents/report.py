@@ -23,6 +23,12 @@ full / bound (iii)).
 
 from __future__ import annotations
 
+__all__ = [
+    "PROMPT_ORDER", "INVALID_INPUT", "RETRY_LIMIT", "WASTE_REASONS", "condition", "pass_hat_k", "pass_k",
+    "recovery", "waste_reason", "useful_tools", "wasted_calls", "summarize_eval", "format_tables",
+    "plot_summary",
+]
+
 from collections import defaultdict
 from collections.abc import Sequence
 from math import comb
@@ -30,12 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from resilibench.results import INFRA_ERROR, LEVEL_NAMES, level_stats
-
-__all__ = [
-    "PROMPT_ORDER", "INVALID_INPUT", "RETRY_LIMIT", "WASTE_REASONS", "condition", "pass_hat_k", "pass_k",
-    "recovery", "waste_reason", "useful_tools", "wasted_calls", "summarize_eval", "format_tables",
-    "plot_summary",
-]
 
 PROMPT_ORDER = ("baseline", "cot", "optimal", "flawed")
 INVALID_INPUT = "INVALID_INPUT"

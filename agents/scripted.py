@@ -25,6 +25,12 @@ meet the same episode under either protocol.
 
 from __future__ import annotations
 
+__all__ = [
+    "COMPLETION_MESSAGE", "Batch", "Agent", "call_message", "episode_of", "LLMAgent", "tool_message",
+    "tag_view", "TagsAgentWithTools", "for_protocol", "OptimalTextAgent", "PlanFollowingTextAgent",
+    "PlannerTextAgent",
+]
+
 import hashlib
 import json
 from collections import OrderedDict
@@ -35,12 +41,6 @@ from resilibench.llm import Backend, BackendError, GenerationConfig, InfraError,
 
 from ..core.simulator import Episode
 from ..core.workflow import Workflow
-
-__all__ = [
-    "COMPLETION_MESSAGE", "Batch", "Agent", "call_message", "episode_of", "LLMAgent", "tool_message",
-    "tag_view", "TagsAgentWithTools", "for_protocol", "OptimalTextAgent", "PlanFollowingTextAgent",
-    "PlannerTextAgent",
-]
 
 COMPLETION_MESSAGE = "Task completed."
 

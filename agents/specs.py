@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+__all__ = ["SCRIPTED_AGENTS", "make_scripted_agent", "AGENT_SPECS", "check_agent_spec", "make_text_agent"]
+
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,6 @@ from .scripted import (
     PlannerTextAgent,
 )
 from .text_baselines import NameReadingTextAgent, SearchTextAgent
-
-__all__ = ["SCRIPTED_AGENTS", "make_scripted_agent", "AGENT_SPECS", "check_agent_spec", "make_text_agent"]
 
 SCRIPTED_AGENTS = ("optimal", "plan", "names", "search")
 

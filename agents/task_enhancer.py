@@ -9,6 +9,11 @@ text always stays in ``original_description``.
 
 from __future__ import annotations
 
+__all__ = [
+    "SYSTEM_PROMPT", "MIN_LENGTH_RATIO", "MAX_LENGTH_RATIO", "description_literals", "description_problem",
+    "enhancement_messages", "TaskEnhancer",
+]
+
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
@@ -19,11 +24,6 @@ from resilibench.llm import Backend, GenerationConfig, Message, ask_until_valid,
 
 from ..core.registry import ToolRegistry, default_registry, named_tools
 from ..core.tasks.library import Task
-
-__all__ = [
-    "SYSTEM_PROMPT", "MIN_LENGTH_RATIO", "MAX_LENGTH_RATIO", "description_literals", "description_problem",
-    "enhancement_messages", "TaskEnhancer",
-]
 
 SYSTEM_PROMPT = (
     "You rewrite task descriptions for a benchmark of software agents. Keep the meaning, the order of the "

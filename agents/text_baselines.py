@@ -17,6 +17,11 @@ left, retried on failure, with a dependency that the feedback names as unmet cal
 
 from __future__ import annotations
 
+__all__ = [
+    "MAX_CALLS_PER_TOOL", "MAX_SEARCHES", "task_text", "clauses", "next_message", "NameReadingTextAgent",
+    "SearchTextAgent",
+]
+
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -27,11 +32,6 @@ from ..core.registry import ToolRegistry, default_registry, named_tools
 from ..core.text.toolbox import UnknownToolError, resolve_tool
 from ..envs.text.env import MAX_REQUESTS
 from .scripted import COMPLETION_MESSAGE, Batch, call_message
-
-__all__ = [
-    "MAX_CALLS_PER_TOOL", "MAX_SEARCHES", "task_text", "clauses", "next_message", "NameReadingTextAgent",
-    "SearchTextAgent",
-]
 
 MAX_CALLS_PER_TOOL = 4  # the default task's cap (1 + max_retries)
 MAX_SEARCHES = 10  # searches in all

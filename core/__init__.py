@@ -4,6 +4,13 @@ the evaluator, the tool registry, the ``Workflow`` type, the planner interface a
 The names below are imported on first use; ``core.tasks``, ``core.text`` and ``core.bounds`` declare their own.
 """
 
+__all__ = [
+    "DEFAULT_WORLD", "LEVELS", "WORLDS", "CallRecord", "Episode", "EpisodeRules", "Evaluation", "EvaluatorConfig",
+    "FailureModel", "FailureProcesses", "Node", "PlanFollower", "PlanFollowingPlanner", "Planner", "ShapedReward",
+    "Tool", "ToolRegistry", "TrainingDynamics", "Workflow", "World", "WorldConfig", "default_registry", "evaluate",
+    "get_task", "get_world", "load_config", "load_tasks", "workflow_success",
+]
+
 from typing import TYPE_CHECKING
 
 from resilibench.lazy import lazy_exports
@@ -27,12 +34,6 @@ if TYPE_CHECKING:
     from .workflow import Node, Workflow
     from .world import DEFAULT_WORLD, WORLDS, World, get_task, get_world, load_tasks
 
-__all__ = [
-    "DEFAULT_WORLD", "LEVELS", "WORLDS", "CallRecord", "Episode", "EpisodeRules", "Evaluation", "EvaluatorConfig",
-    "FailureModel", "FailureProcesses", "Node", "PlanFollower", "PlanFollowingPlanner", "Planner", "ShapedReward",
-    "Tool", "ToolRegistry", "TrainingDynamics", "Workflow", "World", "WorldConfig", "default_registry", "evaluate",
-    "get_task", "get_world", "load_config", "load_tasks", "workflow_success",
-]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     ".config": ("EpisodeRules", "EvaluatorConfig", "FailureModel", "FailureProcesses", "ShapedReward",

@@ -5,13 +5,13 @@ Plan following, workflow prompts, flaw injection and live APIs fill a call's arg
 
 from __future__ import annotations
 
+__all__ = ["DEFAULT_VALUES", "TYPE_DEFAULTS", "valid_arguments", "task_hints"]
+
 from pathlib import PurePosixPath
 from typing import Any
 
 from .registry import Tool
 from .tasks.library import Task
-
-__all__ = ["DEFAULT_VALUES", "TYPE_DEFAULTS", "valid_arguments", "task_hints"]
 
 # Values for required parameters that no hint supplies, by parameter name, then by JSON type.
 DEFAULT_VALUES: dict[str, Any] = {

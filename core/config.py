@@ -7,6 +7,11 @@ values and help text, and check themselves when built. World configs load from Y
 
 from __future__ import annotations
 
+__all__ = [
+    "MAX_TURN_LIMIT", "FailureModel", "TrainingDynamics", "EpisodeRules", "EvaluatorConfig", "ShapedReward",
+    "FailureProcesses", "WorldConfig", "load_config",
+]
+
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -15,11 +20,6 @@ from typing import Any, ClassVar
 
 from resilibench.errors import ConfigError
 from resilibench.settings import AT_LEAST_ONE, UNIT, Settings, from_dict, setting, short_repr, type_hints
-
-__all__ = [
-    "MAX_TURN_LIMIT", "FailureModel", "TrainingDynamics", "EpisodeRules", "EvaluatorConfig", "ShapedReward",
-    "FailureProcesses", "WorldConfig", "load_config",
-]
 
 # The largest turn limit: the batched env tabulates success probabilities and draw offsets per call count
 # (turn_limit + 1 rows), and no task can use more than 30 tools x (1 + max_retries) calls.

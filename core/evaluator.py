@@ -6,6 +6,11 @@ arrays, so the batched vector env applies exactly the same rule.
 
 from __future__ import annotations
 
+__all__ = [
+    "LEVELS", "FAILURE", "PARTIAL", "FULL", "FAILURE_TERMINATIONS", "Evaluation", "PARTIAL_RULES", "classify",
+    "grade", "signals_completion", "output_tool_ids", "task_tables", "evaluate",
+]
+
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -18,10 +23,6 @@ from .registry import ToolRegistry, default_registry
 if TYPE_CHECKING:
     from .tasks.library import Task
 
-__all__ = [
-    "LEVELS", "FAILURE", "PARTIAL", "FULL", "FAILURE_TERMINATIONS", "Evaluation", "PARTIAL_RULES", "classify",
-    "grade", "signals_completion", "output_tool_ids", "task_tables", "evaluate",
-]
 
 LEVELS = ("failure", "partial_success", "full_success")
 FAILURE, PARTIAL, FULL = 0, 1, 2

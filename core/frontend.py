@@ -6,6 +6,11 @@ seeds pair across them) and check actions the same way; the helpers live here on
 
 from __future__ import annotations
 
+__all__ = [
+    "front_end_world", "TaskPool", "task_by_id", "reset_task_id", "choose_task", "discrete_action",
+    "select_tasks",
+]
+
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,11 +20,6 @@ from .config import WorldConfig
 from .simulator import EnvEpisodes
 from .tasks.library import Task
 from .world import World, get_world
-
-__all__ = [
-    "front_end_world", "TaskPool", "task_by_id", "reset_task_id", "choose_task", "discrete_action",
-    "select_tasks",
-]
 
 
 def front_end_world(world: str | World, config: WorldConfig | None, rules: Mapping[str, Any] | None) -> World:

@@ -5,14 +5,14 @@ Task generation, tool search and flaw injection rank tools by similarity to a te
 
 from __future__ import annotations
 
+__all__ = ["tool_text", "LexicalMatcher", "EmbeddingMatcher", "load_embedding_model", "make_matcher"]
+
 import math
 import re
 from collections.abc import Sequence
 from functools import cache
 
 import numpy as np
-
-__all__ = ["tool_text", "LexicalMatcher", "EmbeddingMatcher", "load_embedding_model", "make_matcher"]
 
 # --- semantic matching --------------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ equals bound (iii) wherever the optimal policy never deviates from its happy pat
 
 from __future__ import annotations
 
+__all__ = ["PlanFollower", "PlanFollowingPlanner", "workflow_success"]
+
 from collections.abc import Callable
 
 import numpy as np
@@ -31,8 +33,6 @@ from .registry import ToolRegistry, default_registry
 from .simulator import Episode
 from .tasks.library import Task
 from .workflow import Workflow
-
-__all__ = ["PlanFollower", "PlanFollowingPlanner", "workflow_success"]
 
 
 class PlanFollower:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+__all__ = ["Planner"]
+
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from .simulator import Episode
 from .tasks.library import Task
-
-__all__ = ["Planner"]
 
 
 @runtime_checkable

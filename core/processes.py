@@ -21,6 +21,12 @@ A stage whose process is off is skipped without a draw. Each stage's uniform com
 
 from __future__ import annotations
 
+__all__ = [
+    "RATE_LIMIT_ERROR", "SERVICE_UNAVAILABLE", "TIMEOUT", "STAGE_RATE", "STAGE_OUTAGE", "STAGE_LATENCY",
+    "STAGE_SUCCESS", "STAGE_CODE", "STAGE_STREAMS", "ToolState", "FRESH", "CallOutcome", "Pick",
+    "down_probability", "latency_probabilities", "call_outcomes", "select", "sample_outcome", "tool_bases",
+]
+
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
@@ -28,12 +34,6 @@ from resilibench.errors import ConfigError
 
 from .config import FailureModel, FailureProcesses
 from .registry import ToolRegistry
-
-__all__ = [
-    "RATE_LIMIT_ERROR", "SERVICE_UNAVAILABLE", "TIMEOUT", "STAGE_RATE", "STAGE_OUTAGE", "STAGE_LATENCY",
-    "STAGE_SUCCESS", "STAGE_CODE", "STAGE_STREAMS", "ToolState", "FRESH", "CallOutcome", "Pick",
-    "down_probability", "latency_probabilities", "call_outcomes", "select", "sample_outcome", "tool_bases",
-]
 
 RATE_LIMIT_ERROR, SERVICE_UNAVAILABLE, TIMEOUT = "RATE_LIMIT_ERROR", "SERVICE_UNAVAILABLE", "TIMEOUT"
 

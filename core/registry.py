@@ -7,6 +7,13 @@ the bounds and every front end read it from here and nowhere else.
 
 from __future__ import annotations
 
+__all__ = [
+    "CATEGORIES", "ROLES", "ROLE_ALIASES", "DEPENDENCY_RULES", "COMMON_ERRORS", "CATEGORY_ERRORS",
+    "DEPENDENCY_ERROR", "INVALID_INPUT", "OPERATION_PHRASES", "CATEGORY_PHRASES", "RETURN_VALUES",
+    "topological_order", "Parameter", "Tool", "schema_problem", "role_of", "ToolRegistry", "default_registry",
+    "named_tools",
+]
+
 import heapq
 import json
 import re
@@ -16,13 +23,6 @@ from functools import cache, cached_property
 from typing import Any
 
 import networkx as nx
-
-__all__ = [
-    "CATEGORIES", "ROLES", "ROLE_ALIASES", "DEPENDENCY_RULES", "COMMON_ERRORS", "CATEGORY_ERRORS",
-    "DEPENDENCY_ERROR", "INVALID_INPUT", "OPERATION_PHRASES", "CATEGORY_PHRASES", "RETURN_VALUES",
-    "topological_order", "Parameter", "Tool", "schema_problem", "role_of", "ToolRegistry", "default_registry",
-    "named_tools",
-]
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "data_processing": ("parser", "transformer", "validator", "aggregator", "filter"),

@@ -6,13 +6,13 @@ rate over the last ``success_rate_window`` episodes reaches ``adapt_threshold``;
 
 from __future__ import annotations
 
+__all__ = ["REWARD_MODES", "PHASES", "ShapedRewarder"]
+
 from collections import deque
 
 from .config import ShapedReward
 from .evaluator import Evaluation
 from .simulator import CallRecord, Episode
-
-__all__ = ["REWARD_MODES", "PHASES", "ShapedRewarder"]
 
 REWARD_MODES = ("sparse", "shaped")
 PHASES = ("adaptive", "coverage", "sequence")

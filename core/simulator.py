@@ -16,6 +16,15 @@ env applies the same rule functions (``success_probability``, ``termination_code
 
 from __future__ import annotations
 
+__all__ = [
+    "RETRY_LIMIT_ERROR", "ANSWERED_AT_ONCE", "NOT_ATTEMPTED", "SUCCESS", "FAILED", "DEPENDENCY_FAILED",
+    "FINISHED", "OUT_OF_TURNS", "CONSECUTIVE_FAILURES", "REPETITION_LOOP", "OUT_OF_TIME", "END_REASONS",
+    "FINISHED_CODE", "OUT_OF_TURNS_CODE", "CONSECUTIVE_FAILURES_CODE", "REPETITION_LOOP_CODE",
+    "success_probability", "termination_code", "termination_reason", "draw_stream", "env_episode",
+    "EnvEpisodes", "registry_tables", "probability_memo", "task_seed", "run_episode_seed", "CallRecord",
+    "Episode",
+]
+
 import secrets
 import zlib
 from collections.abc import Callable
@@ -37,15 +46,6 @@ from .processes import (
 )
 from .registry import DEPENDENCY_ERROR, INVALID_INPUT, ToolRegistry, default_registry
 from .tasks.library import Task
-
-__all__ = [
-    "RETRY_LIMIT_ERROR", "ANSWERED_AT_ONCE", "NOT_ATTEMPTED", "SUCCESS", "FAILED", "DEPENDENCY_FAILED",
-    "FINISHED", "OUT_OF_TURNS", "CONSECUTIVE_FAILURES", "REPETITION_LOOP", "OUT_OF_TIME", "END_REASONS",
-    "FINISHED_CODE", "OUT_OF_TURNS_CODE", "CONSECUTIVE_FAILURES_CODE", "REPETITION_LOOP_CODE",
-    "success_probability", "termination_code", "termination_reason", "draw_stream", "env_episode",
-    "EnvEpisodes", "registry_tables", "probability_memo", "task_seed", "run_episode_seed", "CallRecord",
-    "Episode",
-]
 
 RETRY_LIMIT_ERROR = "RETRY_LIMIT_EXCEEDED"
 ANSWERED_AT_ONCE = frozenset({RETRY_LIMIT_ERROR, INVALID_INPUT, DEPENDENCY_ERROR})  # the episode rules' codes

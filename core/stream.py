@@ -17,12 +17,12 @@ are defined in ``resilibench.core.simulator``.
 
 from __future__ import annotations
 
-import numpy as np
-
 __all__ = [
     "M64", "GAMMA", "UNIT", "mix", "key", "bits", "uniform", "SUBKEY_MUL", "subkey", "below", "mix_array",
     "key_array", "offsets", "bits_array", "to_uniform", "below_array",
 ]
+
+import numpy as np
 
 M64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15

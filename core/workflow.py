@@ -6,6 +6,8 @@ converts to and from JSON, networkx and a numbered plan, and has a canonical for
 
 from __future__ import annotations
 
+__all__ = ["Node", "STRING_STEPS", "SENTINELS", "Repairs", "Workflow"]
+
 import json
 import re
 from collections.abc import Collection, Sequence
@@ -15,8 +17,6 @@ from typing import Any
 import networkx as nx
 
 from .registry import topological_order
-
-__all__ = ["Node", "STRING_STEPS", "SENTINELS", "Repairs", "Workflow"]
 
 
 @dataclass(frozen=True)

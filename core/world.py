@@ -12,6 +12,8 @@ the world's rule, and a config file that sets another one is refused (``World.lo
 
 from __future__ import annotations
 
+__all__ = ["DEFAULT_WORLD", "World", "WORLDS", "get_world", "load_tasks", "get_task"]
+
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +29,6 @@ from .registry import ToolRegistry
 from .tasks.generator_v0 import generate_tasks_v0
 from .tasks.generator_v1 import generate_tasks_v1
 from .tasks.library import DEFAULT_SEED, Task, filter_tasks, find_task, read_tasks
-
-__all__ = ["DEFAULT_WORLD", "World", "WORLDS", "get_world", "load_tasks", "get_task"]
 
 DEFAULT_WORLD = "v1"
 

@@ -4,6 +4,11 @@
 The names below are imported on first use: importing ``resilibench.envs`` loads no front end.
 """
 
+__all__ = [
+    "AdversarialParallelEnv", "LiveApi", "RealApi", "ResiliBenchEnv", "ResiliBenchTextEnv", "ResiliBenchVectorEnv",
+    "WorkflowGenEnv", "WorkflowReward", "build_server", "load_live_api", "register_envs",
+]
+
 from typing import TYPE_CHECKING
 
 from resilibench.lazy import lazy_exports
@@ -18,10 +23,6 @@ if TYPE_CHECKING:
     from .text.env import ResiliBenchTextEnv
     from .workflowgen.env import WorkflowGenEnv, WorkflowReward
 
-__all__ = [
-    "AdversarialParallelEnv", "LiveApi", "RealApi", "ResiliBenchEnv", "ResiliBenchTextEnv", "ResiliBenchVectorEnv",
-    "WorkflowGenEnv", "WorkflowReward", "build_server", "load_live_api", "register_envs",
-]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     ".adversarial.game": ("AdversarialParallelEnv",),

@@ -4,11 +4,11 @@ Each id's version suffix is its world: ``-v1`` (the default world: the v1 task l
 ``-v0`` (the first library and grading, kept so that earlier figures can be reproduced).
 """
 
+__all__ = ["register_envs"]
+
 import gymnasium as gym
 
 from ..core.world import WORLDS
-
-__all__ = ["register_envs"]
 
 
 def register_envs() -> None:

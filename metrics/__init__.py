@@ -4,6 +4,14 @@ perturbations and calibration of every metric. Names are imported on first use, 
 and judge metrics load their heavier libraries only when used.
 """
 
+__all__ = [
+    "Alignment", "BertScore", "BertScorer", "CalibrationSettings", "Cluster", "GoldenSet", "Judge", "NodeEmbedder",
+    "Perturbation", "RiskReport", "Score", "Verdict", "WorkflowScorer", "align", "bertscore", "bleu", "chain_f1",
+    "gleu", "golden_workflows", "kendall_tau", "lexical_scores", "mcis_f1", "parse_verdict",
+    "perturbation_rng", "plan_calibration", "reachability_f1", "robustness_risk", "similarity_matrix",
+    "score_items", "structural_details", "structural_scores", "workflow_text",
+]
+
 from typing import TYPE_CHECKING
 
 from resilibench.lazy import lazy_exports
@@ -26,13 +34,6 @@ if TYPE_CHECKING:
         structural_scores,
     )
 
-__all__ = [
-    "Alignment", "BertScore", "BertScorer", "CalibrationSettings", "Cluster", "GoldenSet", "Judge", "NodeEmbedder",
-    "Perturbation", "RiskReport", "Score", "Verdict", "WorkflowScorer", "align", "bertscore", "bleu", "chain_f1",
-    "gleu", "golden_workflows", "kendall_tau", "lexical_scores", "mcis_f1", "parse_verdict",
-    "perturbation_rng", "plan_calibration", "reachability_f1", "robustness_risk", "similarity_matrix",
-    "score_items", "structural_details", "structural_scores", "workflow_text",
-]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     ".alignment": ("Alignment", "NodeEmbedder", "align", "similarity_matrix"),

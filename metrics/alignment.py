@@ -15,6 +15,11 @@ by a stated rule (see ``align``), so the result is a function of the two workflo
 
 from __future__ import annotations
 
+__all__ = [
+    "DEFAULT_BETA", "DECIMALS", "NodeEmbedder", "default_embedder", "Alignment", "node_text",
+    "similarity_matrix", "execution_order", "match", "align",
+]
+
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,11 +30,6 @@ from scipy.optimize import linear_sum_assignment
 
 from ..core.registry import OPERATION_PHRASES, default_registry
 from ..core.workflow import Node, Workflow
-
-__all__ = [
-    "DEFAULT_BETA", "DECIMALS", "NodeEmbedder", "default_embedder", "Alignment", "node_text",
-    "similarity_matrix", "execution_order", "match", "align",
-]
 
 DEFAULT_BETA = 0.6
 DECIMALS = 4  # similarities are rounded to this many decimals before pruning and matching

@@ -20,6 +20,12 @@ for every task of that golden.
 
 from __future__ import annotations
 
+__all__ = [
+    "STRUCTURAL", "LEXICAL", "METRICS", "DEFAULT_METRICS", "METHODS", "METRIC_DEFINITIONS",
+    "CalibrationSettings", "WorkflowScorer", "CalibrationItem", "CalibrationPlan", "plan_calibration",
+    "score_items", "sensitivity", "summarize", "plot_scores", "plot_sensitivity", "iter_chunks", "run_items",
+]
+
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -43,12 +49,6 @@ from .perturb import (
     perturb,
     perturbation_rng,
 )
-
-__all__ = [
-    "STRUCTURAL", "LEXICAL", "METRICS", "DEFAULT_METRICS", "METHODS", "METRIC_DEFINITIONS",
-    "CalibrationSettings", "WorkflowScorer", "CalibrationItem", "CalibrationPlan", "plan_calibration",
-    "score_items", "sensitivity", "summarize", "plot_scores", "plot_sensitivity", "iter_chunks", "run_items",
-]
 
 STRUCTURAL = ("chain_f1", "mcis_f1", "reachability_f1", "kendall_tau")
 LEXICAL = ("bleu", "gleu")

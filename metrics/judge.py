@@ -27,6 +27,11 @@ recorded as invalid (score None, every raw answer kept). All pending pairs go to
 
 from __future__ import annotations
 
+__all__ = [
+    "MAX_SCORE", "RUBRIC", "SYSTEM_PROMPT", "RETRY_PROMPT", "VerdictError", "Verdict", "describe_workflow",
+    "judge_messages", "json_objects", "parse_verdict", "Judge",
+]
+
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,11 +40,6 @@ from typing import Any
 from resilibench.llm import Backend, GenerationConfig, Message, ask_until_valid
 
 from ..core.workflow import Workflow
-
-__all__ = [
-    "MAX_SCORE", "RUBRIC", "SYSTEM_PROMPT", "RETRY_PROMPT", "VerdictError", "Verdict", "describe_workflow",
-    "judge_messages", "json_objects", "parse_verdict", "Judge",
-]
 
 MAX_SCORE = 5
 

@@ -13,14 +13,14 @@ text against a non-empty one 0: the convention of every workflow metric.
 
 from __future__ import annotations
 
+__all__ = [
+    "TextLike", "workflow_text", "tokens", "bleu", "corpus_bleu", "gleu", "corpus_gleu", "lexical_scores",
+]
+
 from collections.abc import Sequence
 from functools import cache
 
 from ..core.workflow import Workflow
-
-__all__ = [
-    "TextLike", "workflow_text", "tokens", "bleu", "corpus_bleu", "gleu", "corpus_gleu", "lexical_scores",
-]
 
 TextLike = Workflow | str
 

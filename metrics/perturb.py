@@ -24,6 +24,14 @@ recorded as invalid.
 
 from __future__ import annotations
 
+__all__ = [
+    "PERTURBATIONS", "RATES", "DEFAULT_MIN_NODES", "Golden", "GoldenSet", "golden_id", "golden_workflows",
+    "affected_count", "expected_node_count", "expected_score", "perturbation_rng", "Perturbation",
+    "remove_steps", "merge_text", "merge_steps", "missing_steps", "compressed_steps", "description_change",
+    "RULES", "perturb", "SYNONYMS", "FRAMES", "reword", "paraphrase", "FORMAT_NOTE", "PROMPTS", "ACTIONS",
+    "PerturbRequest", "PerturbFormatError", "LLMPerturber", "validate_variant",
+]
+
 import hashlib
 import json
 import re
@@ -39,14 +47,6 @@ from resilibench.llm import Backend, GenerationConfig, Message, ask_until_valid
 
 from ..core.workflow import Node, Workflow
 from .alignment import execution_order
-
-__all__ = [
-    "PERTURBATIONS", "RATES", "DEFAULT_MIN_NODES", "Golden", "GoldenSet", "golden_id", "golden_workflows",
-    "affected_count", "expected_node_count", "expected_score", "perturbation_rng", "Perturbation",
-    "remove_steps", "merge_text", "merge_steps", "missing_steps", "compressed_steps", "description_change",
-    "RULES", "perturb", "SYNONYMS", "FRAMES", "reword", "paraphrase", "FORMAT_NOTE", "PROMPTS", "ACTIONS",
-    "PerturbRequest", "PerturbFormatError", "LLMPerturber", "validate_variant",
-]
 
 PERTURBATIONS = ("missing_steps", "compressed_steps", "description_change")
 RATES = (0.1, 0.3, 0.5)

@@ -16,17 +16,17 @@ F1 (F_graph, eq. 7): ``SIMILARITIES["node"]`` and ``SIMILARITIES["graph"]``.
 
 from __future__ import annotations
 
+__all__ = [
+    "Similarity", "TOLERANCE", "SIMILARITIES", "Cluster", "RiskReport", "risk_from_similarities",
+    "robustness_risk",
+]
+
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
 
 from ..core.workflow import Workflow
-
-__all__ = [
-    "Similarity", "TOLERANCE", "SIMILARITIES", "Cluster", "RiskReport", "risk_from_similarities",
-    "robustness_risk",
-]
 
 # F(reference, variant) -> similarity in [0, 1].
 Similarity = Callable[[Workflow, Workflow], float]

@@ -28,6 +28,8 @@ The text of a workflow is ``metrics.lexical.workflow_text`` (step descriptions i
 
 from __future__ import annotations
 
+__all__ = ["BertScore", "default_model_path", "BertScorer", "default_scorer", "bertscore"]
+
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -38,8 +40,6 @@ from pathlib import Path
 import numpy as np
 
 from .lexical import TextLike, workflow_text
-
-__all__ = ["BertScore", "default_model_path", "BertScorer", "default_scorer", "bertscore"]
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,11 @@ Definitions (proofs and examples in docs/metrics/structural.md):
 
 from __future__ import annotations
 
+__all__ = [
+    "DEFAULT_MCIS_BUDGET", "Score", "chain_f1", "reachability_f1", "mcis_f1", "kendall_tau",
+    "structural_details", "structural_scores",
+]
+
 import sys
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -40,11 +45,6 @@ import numpy as np
 
 from ..core.workflow import Workflow
 from .alignment import Alignment, NodeEmbedder, align, execution_order
-
-__all__ = [
-    "DEFAULT_MCIS_BUDGET", "Score", "chain_f1", "reachability_f1", "mcis_f1", "kendall_tau",
-    "structural_details", "structural_scores",
-]
 
 DEFAULT_MCIS_BUDGET = 100_000  # search calls per MCIS before it reports bounds (seconds, not minutes)
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+__all__ = ["RandomLegalPlanner", "InOrderPlanner", "DependencyAwarePlanner", "HEURISTICS"]
+
 import numpy as np
 
 from ..core.simulator import Episode
 from ..core.tasks.library import Task
-
-__all__ = ["RandomLegalPlanner", "InOrderPlanner", "DependencyAwarePlanner", "HEURISTICS"]
 
 
 class RandomLegalPlanner:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+__all__ = ["OptimalPlanner"]
+
 import numpy as np
 
 from ..core.bounds import exact_bound
 from ..core.config import WorldConfig
 from ..core.simulator import Episode
 from ..core.tasks.library import Task
-
-__all__ = ["OptimalPlanner"]
 
 
 class OptimalPlanner:

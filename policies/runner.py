@@ -7,6 +7,10 @@ comparison between planners, and with bound (iii), paired. A run can also write 
 
 from __future__ import annotations
 
+__all__ = [
+    "PLANNER_NAMES", "make_planner", "planner_rng", "run_episode", "log_row", "episode_jobs", "run_jobs",
+]
+
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -27,9 +31,6 @@ from .optimal import OptimalPlanner
 if TYPE_CHECKING:  # real-API mode's client (and its HTTP stack) loads only when an api is given
     from ..envs.real_api.live_apis import RealApi
 
-__all__ = [
-    "PLANNER_NAMES", "make_planner", "planner_rng", "run_episode", "log_row", "episode_jobs", "run_jobs",
-]
 
 PLANNER_NAMES = (*HEURISTICS, OptimalPlanner.name)
 

@@ -14,6 +14,11 @@ Needs the ``rl`` extra (``pip install 'resilibench[rl]'``).
 
 from __future__ import annotations
 
+__all__ = [
+    "ENV_NAME", "AGENTS", "SelfPlayConfig", "require_rl", "make_env", "build_algorithm", "greedy_policy",
+    "evaluate", "SelfPlayResult", "run_selfplay", "format_report", "main",
+]
+
 import argparse
 import logging
 import sys
@@ -28,11 +33,6 @@ import numpy as np
 from ..core.plan_follower import PlanFollower
 from ..envs.adversarial.game import ADVERSARY, EXECUTOR, NO_FLAW, AdversarialParallelEnv
 from ..envs.adversarial_v0 import parallel_env
-
-__all__ = [
-    "ENV_NAME", "AGENTS", "SelfPlayConfig", "require_rl", "make_env", "build_algorithm", "greedy_policy",
-    "evaluate", "SelfPlayResult", "run_selfplay", "format_report", "main",
-]
 
 ENV_NAME = "resilibench_adversarial"
 AGENTS = (ADVERSARY, EXECUTOR)

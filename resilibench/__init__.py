@@ -5,6 +5,32 @@ worlds). The names a user needs are declared here and imported on first use, so 
 stays light: ``from resilibench import WorldConfig, load_tasks, optimal_success``.
 """
 
+__all__ = [
+    "Episode",
+    "Node",
+    "Planner",
+    "PromptSettings",
+    "RealApi",
+    "ResiliBenchEnv",
+    "ResiliBenchTextEnv",
+    "ResiliBenchVectorEnv",
+    "SearchSettings",
+    "Task",
+    "Workflow",
+    "WorkflowGenEnv",
+    "World",
+    "WorldConfig",
+    "__version__",
+    "clairvoyant_success",
+    "get_task",
+    "get_world",
+    "load_config",
+    "load_tasks",
+    "optimal_success",
+    "reference_workflow",
+    "register_envs",
+]
+
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,31 +63,6 @@ if TYPE_CHECKING:
 
 register_envs()
 
-__all__ = [
-    "Episode",
-    "Node",
-    "Planner",
-    "PromptSettings",
-    "RealApi",
-    "ResiliBenchEnv",
-    "ResiliBenchTextEnv",
-    "ResiliBenchVectorEnv",
-    "SearchSettings",
-    "Task",
-    "Workflow",
-    "WorkflowGenEnv",
-    "World",
-    "WorldConfig",
-    "__version__",
-    "clairvoyant_success",
-    "get_task",
-    "get_world",
-    "load_config",
-    "load_tasks",
-    "optimal_success",
-    "reference_workflow",
-    "register_envs",
-]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     ".core.bounds": ("clairvoyant_success", "optimal_success", "reference_workflow"),

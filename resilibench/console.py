@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+__all__ = ["format_table", "progress_bar"]
+
 import sys
 from collections.abc import Sequence
 from typing import Any
-
-__all__ = ["format_table", "progress_bar"]
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

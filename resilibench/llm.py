@@ -15,18 +15,18 @@ that a caller can carry on with the rest.
 
 from __future__ import annotations
 
+__all__ = [
+    "Message", "BackendError", "InfraError", "ContextOverflowError", "RequestTimeoutError", "PartialFailure",
+    "raise_failures", "GenerationConfig", "Backend", "ValidatedAnswer", "RETRY_MESSAGE", "ask_until_valid",
+    "extract_answer",
+]
+
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from resilibench.settings import Settings, setting
-
-__all__ = [
-    "Message", "BackendError", "InfraError", "ContextOverflowError", "RequestTimeoutError", "PartialFailure",
-    "raise_failures", "GenerationConfig", "Backend", "ValidatedAnswer", "RETRY_MESSAGE", "ask_until_valid",
-    "extract_answer",
-]
 
 Message = dict[str, Any]  # {"role": "system" | "user" | "assistant" | "tool", "content": "...", ...}
 

@@ -9,6 +9,13 @@ for resuming; a truncated last line (a crash mid-write) is dropped with a warnin
 
 from __future__ import annotations
 
+__all__ = [
+    "METADATA_KEY", "CORE_PACKAGES", "OPTIONAL_PACKAGES", "package_versions", "git_revision", "run_metadata",
+    "to_jsonable", "dumps_row", "write_text_atomic", "write_json_atomic", "JsonlContents", "read_jsonl",
+    "JsonlWriter", "LEVEL_NAMES", "INFRA_ERROR", "wilson_interval", "check_level_rows", "level_stats",
+    "summarize_levels", "plot_full_success", "new_figure", "save_figure", "json_diff",
+]
+
 import importlib.metadata
 import importlib.util
 import json
@@ -24,13 +31,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-__all__ = [
-    "METADATA_KEY", "CORE_PACKAGES", "OPTIONAL_PACKAGES", "package_versions", "git_revision", "run_metadata",
-    "to_jsonable", "dumps_row", "write_text_atomic", "write_json_atomic", "JsonlContents", "read_jsonl",
-    "JsonlWriter", "LEVEL_NAMES", "INFRA_ERROR", "wilson_interval", "check_level_rows", "level_stats",
-    "summarize_levels", "plot_full_success", "new_figure", "save_figure", "json_diff",
-]
 
 METADATA_KEY = "__metadata__"
 CORE_PACKAGES = ("resilibench", "numpy", "gymnasium", "scipy", "networkx")

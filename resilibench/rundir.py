@@ -23,6 +23,10 @@ What it guarantees:
 
 from __future__ import annotations
 
+__all__ = [
+    "LOCK_FILE", "START_AFRESH", "check_directory", "blocking_ancestor", "recorded_identity", "RunDirectory",
+]
+
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -40,10 +44,6 @@ from resilibench.results import (
     to_jsonable,
     write_json_atomic,
 )
-
-__all__ = [
-    "LOCK_FILE", "START_AFRESH", "check_directory", "blocking_ancestor", "recorded_identity", "RunDirectory",
-]
 
 LOCK_FILE = ".lock"
 START_AFRESH = "use another directory, or start afresh without resuming"

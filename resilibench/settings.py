@@ -14,6 +14,11 @@ or an unknown key raises ``ConfigError`` (a ``ValueError``) naming the field by 
 
 from __future__ import annotations
 
+__all__ = [
+    "UNIT", "AT_LEAST_ONE", "setting", "Settings", "field_name", "type_hints", "without_none", "check_value",
+    "short_repr", "from_dict",
+]
+
 import dataclasses
 import math
 import numbers
@@ -23,11 +28,6 @@ from functools import cache
 from typing import Any, ClassVar, TypeVar
 
 from resilibench.errors import ConfigError
-
-__all__ = [
-    "UNIT", "AT_LEAST_ONE", "setting", "Settings", "field_name", "type_hints", "without_none", "check_value",
-    "short_repr", "from_dict",
-]
 
 T = TypeVar("T", bound="Settings")
 

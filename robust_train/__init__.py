@@ -2,6 +2,13 @@
 format, SFT and weighted DPO (TRL + PEFT), ScPO, the robustness table, small generators built from scratch,
 and GRPO training of LLM agents. Names are imported on first use (training loads torch and TRL only then)."""
 
+__all__ = [
+    "PERTURBATION_TYPES", "ClusterRecord", "DemoSettings", "GRPOSettings", "GeneratorFormat", "LoraSettings",
+    "PreferenceSettings", "RobustnessTable", "SFTSettings", "ScPOSettings", "Variant", "build_causal_lm",
+    "build_clusters", "execution_score", "load_clusters", "merge_adapter", "parse_workflow", "robustness_table",
+    "run_demo", "run_scpo", "train_grpo", "train_preferences", "train_sft", "workflow_text", "write_clusters",
+]
+
 from typing import TYPE_CHECKING
 
 from resilibench.lazy import lazy_exports
@@ -24,12 +31,6 @@ if TYPE_CHECKING:
         train_sft,
     )
 
-__all__ = [
-    "PERTURBATION_TYPES", "ClusterRecord", "DemoSettings", "GRPOSettings", "GeneratorFormat", "LoraSettings",
-    "PreferenceSettings", "RobustnessTable", "SFTSettings", "ScPOSettings", "Variant", "build_causal_lm",
-    "build_clusters", "execution_score", "load_clusters", "merge_adapter", "parse_workflow", "robustness_table",
-    "run_demo", "run_scpo", "train_grpo", "train_preferences", "train_sft", "workflow_text", "write_clusters",
-]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     ".clusters": ("ClusterRecord", "build_clusters", "load_clusters", "write_clusters"),

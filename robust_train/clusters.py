@@ -10,6 +10,11 @@ gives the clusters a fresh build would give.
 
 from __future__ import annotations
 
+__all__ = [
+    "CLUSTERS_FILE", "META_FILE", "FORMAT_VERSION", "ClusterRecord", "parse_types", "build_clusters",
+    "clusters_path", "clusters_digest", "load_clusters", "WriteResult", "write_clusters",
+]
+
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +35,6 @@ from .instructions import (
     rule_variant,
     variant_rng,
 )
-
-__all__ = [
-    "CLUSTERS_FILE", "META_FILE", "FORMAT_VERSION", "ClusterRecord", "parse_types", "build_clusters",
-    "clusters_path", "clusters_digest", "load_clusters", "WriteResult", "write_clusters",
-]
 
 CLUSTERS_FILE = "clusters.jsonl"
 META_FILE = "meta.json"

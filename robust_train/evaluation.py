@@ -19,6 +19,11 @@ instruction of a task type with the type's most frequent training workflow, what
 
 from __future__ import annotations
 
+__all__ = [
+    "COLUMNS", "RobustnessTable", "generate_answers", "named_chain", "name_copy_answers", "lookup_answers",
+    "baseline_tables", "robustness_table", "format_tables",
+]
+
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -39,11 +44,6 @@ from .generator import (
     parse_workflow,
     workflow_text,
 )
-
-__all__ = [
-    "COLUMNS", "RobustnessTable", "generate_answers", "named_chain", "name_copy_answers", "lookup_answers",
-    "baseline_tables", "robustness_table", "format_tables",
-]
 
 COLUMNS = ("node", "graph", "exec", "exec_ratio", "valid", "optimal")
 

@@ -16,6 +16,11 @@ the shared ``Workflow``. Everything the training and the evaluation need comes f
 
 from __future__ import annotations
 
+__all__ = [
+    "SYSTEM_PROMPT", "GeneratorFormat", "reduced", "workflow_text", "GeneratorOutputError", "parse_workflow",
+    "canonical_form", "execution_score",
+]
+
 import json
 from dataclasses import dataclass
 from functools import cache
@@ -25,11 +30,6 @@ import networkx as nx
 from ..core.registry import default_registry
 from ..core.tasks.library import Task
 from ..core.workflow import Node, Workflow
-
-__all__ = [
-    "SYSTEM_PROMPT", "GeneratorFormat", "reduced", "workflow_text", "GeneratorOutputError", "parse_workflow",
-    "canonical_form", "execution_score",
-]
 
 SYSTEM_PROMPT = ('Answer with the workflow for the task as JSON: {"nodes": [tool names in call order], '
                  '"edges": [[i, j], ...] where step j needs step i}.')

@@ -19,6 +19,11 @@ and tokenizer), ``eval_before.json`` / ``eval_after.json`` (every evaluation rol
 
 from __future__ import annotations
 
+__all__ = [
+    "CHAT_TEMPLATES", "VLLM_MODES", "BASE_DIR", "SUMMARY_FILE", "EVAL_FILES", "GRPOSettings", "locate_model",
+    "dequantise_gguf", "load_agent_model", "summarize", "no_tool_outcomes", "make_grpo_trainer", "train_grpo",
+]
+
 import json
 import shutil
 import time
@@ -48,11 +53,6 @@ from .training import (
     set_torch_threads,
     training_directory,
 )
-
-__all__ = [
-    "CHAT_TEMPLATES", "VLLM_MODES", "BASE_DIR", "SUMMARY_FILE", "EVAL_FILES", "GRPOSettings", "locate_model",
-    "dequantise_gguf", "load_agent_model", "summarize", "no_tool_outcomes", "make_grpo_trainer", "train_grpo",
-]
 
 CHAT_TEMPLATES = ("auto", "model", "qwen2_5")
 VLLM_MODES = ("colocate", "server")

@@ -28,6 +28,18 @@ reason recorded, so a cluster is never lost.
 
 from __future__ import annotations
 
+__all__ = [
+    "ORIGINAL", "PERTURBATION_TYPES", "NOISE_RATES", "LLM_TYPES", "SOURCES", "LENGTH_TOLERANCE", "Variant",
+    "original_variant", "check_type", "variant_rng", "protected_spans", "protected_texts", "tool_mentions",
+    "VariantError", "literal_problem", "check_variant", "NOISE_SYNONYMS", "INSERT_WORDS", "NOISE_OPS",
+    "noise_rate", "unprotected_words", "inject_noise", "FIRST_WORDS", "MIDDLE_WORDS", "LAST_WORDS",
+    "MUST_LEADS", "MUST_LINKS", "MUST_ENDS", "LIST_HEADERS", "STYLES", "StepList", "find_step_list",
+    "step_count", "render_steps", "reword_clause", "PARAPHRASE_RULES", "PARAPHRASE_CANDIDATES",
+    "FALLBACK_FRAME", "paraphrase_instruction", "REQUIREMENT_TEMPLATES", "REQUIREMENT_LEADS",
+    "requirement_values", "augment_requirements", "rule_variant", "SYSTEM_PROMPTS", "llm_messages",
+    "extract_answer", "InstructionRequest", "InstructionPerturber",
+]
+
 import re
 import zlib
 from collections.abc import Callable, Sequence
@@ -45,18 +57,6 @@ from ..core.tasks import phrases as phrases
 from ..core.tasks.library import Task
 from ..core.workflow import Workflow
 from ..metrics.perturb import SYNONYMS, paraphrase, reword
-
-__all__ = [
-    "ORIGINAL", "PERTURBATION_TYPES", "NOISE_RATES", "LLM_TYPES", "SOURCES", "LENGTH_TOLERANCE", "Variant",
-    "original_variant", "check_type", "variant_rng", "protected_spans", "protected_texts", "tool_mentions",
-    "VariantError", "literal_problem", "check_variant", "NOISE_SYNONYMS", "INSERT_WORDS", "NOISE_OPS",
-    "noise_rate", "unprotected_words", "inject_noise", "FIRST_WORDS", "MIDDLE_WORDS", "LAST_WORDS",
-    "MUST_LEADS", "MUST_LINKS", "MUST_ENDS", "LIST_HEADERS", "STYLES", "StepList", "find_step_list",
-    "step_count", "render_steps", "reword_clause", "PARAPHRASE_RULES", "PARAPHRASE_CANDIDATES",
-    "FALLBACK_FRAME", "paraphrase_instruction", "REQUIREMENT_TEMPLATES", "REQUIREMENT_LEADS",
-    "requirement_values", "augment_requirements", "rule_variant", "SYSTEM_PROMPTS", "llm_messages",
-    "extract_answer", "InstructionRequest", "InstructionPerturber",
-]
 
 ORIGINAL = "original"
 PERTURBATION_TYPES = ("paraphrase", "requirements", "noise_light", "noise_moderate", "noise_heavy")

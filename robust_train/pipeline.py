@@ -20,6 +20,11 @@ difference (``ConfigChanged``), so a rerun never returns a model trained on some
 
 from __future__ import annotations
 
+__all__ = [
+    "MODEL", "STAGE_FILE", "stage_directory", "reuse_stage", "record_stage", "sft_rows", "run_sft",
+    "generator_corpus", "build_generator", "evaluate_generator", "DemoSettings", "demo_clusters", "run_demo",
+]
+
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -43,11 +48,6 @@ from .evaluation import (
 from .generator import GeneratorFormat, workflow_text
 from .scpo import ScPOSettings, run_scpo
 from .training import PreferenceSettings, SFTSettings, json_digest, model_digest
-
-__all__ = [
-    "MODEL", "STAGE_FILE", "stage_directory", "reuse_stage", "record_stage", "sft_rows", "run_sft",
-    "generator_corpus", "build_generator", "evaluate_generator", "DemoSettings", "demo_clusters", "run_demo",
-]
 
 MODEL = "model"  # the directory name of a stage's resulting model
 STAGE_FILE = "stage.json"  # a stage's recorded inputs

@@ -22,6 +22,12 @@ model, ``state.json`` after each iteration) and a rerun resumes where the last o
 
 from __future__ import annotations
 
+__all__ = [
+    "VOTES", "PAIR_PROMPTS", "INVALID", "ScPOSettings", "Candidate", "Ranked", "judge_answer",
+    "rank_candidates", "preference_pair", "pair_rows", "sample_cluster_candidates", "cluster_row",
+    "rows_from_candidates", "sampling_backend", "run_scpo", "iteration_summary",
+]
+
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -49,12 +55,6 @@ from .training import (
     model_digest,
     train_preferences,
 )
-
-__all__ = [
-    "VOTES", "PAIR_PROMPTS", "INVALID", "ScPOSettings", "Candidate", "Ranked", "judge_answer",
-    "rank_candidates", "preference_pair", "pair_rows", "sample_cluster_candidates", "cluster_row",
-    "rows_from_candidates", "sampling_backend", "run_scpo", "iteration_summary",
-]
 
 VOTES = ("exact", "soft")
 PAIR_PROMPTS = ("rejected", "all")

@@ -12,10 +12,10 @@ in ``{% generation %}`` markers, so TRL's assistant-only losses work.
 
 from __future__ import annotations
 
+__all__ = ["SPECIAL_TOKENS", "ROLE_TOKENS", "CHAT_TEMPLATE", "build_tokenizer", "build_causal_lm"]
+
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-
-__all__ = ["SPECIAL_TOKENS", "ROLE_TOKENS", "CHAT_TEMPLATE", "build_tokenizer", "build_causal_lm"]
 
 SPECIAL_TOKENS = ("<|pad|>", "<|begin|>", "<|end|>", "<|unk|>")
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")

@@ -22,6 +22,13 @@ torch, transformers, trl and peft are imported on first use (``pip install 'resi
 
 from __future__ import annotations
 
+__all__ = [
+    "LLM_EXTRA", "FINAL_DIR", "CHECKPOINT_DIR", "RESULT_FILE", "RUN_FILE", "MERGE_FILE", "WEIGHT_SUFFIXES",
+    "DIGEST_CHARS", "PROMPT_ROLES", "LoraSettings", "SFTSettings", "PreferenceSettings", "TrainResult",
+    "DEFAULT_TORCH_THREADS", "set_torch_threads", "json_digest", "model_digest", "training_directory",
+    "make_sft_trainer", "train_sft", "make_preference_trainer", "train_preferences", "merge_adapter",
+]
+
 import contextlib
 import functools
 import hashlib
@@ -37,13 +44,6 @@ from typing import Any
 
 from resilibench.errors import ConfigError
 from resilibench.settings import AT_LEAST_ONE, Settings, setting
-
-__all__ = [
-    "LLM_EXTRA", "FINAL_DIR", "CHECKPOINT_DIR", "RESULT_FILE", "RUN_FILE", "MERGE_FILE", "WEIGHT_SUFFIXES",
-    "DIGEST_CHARS", "PROMPT_ROLES", "LoraSettings", "SFTSettings", "PreferenceSettings", "TrainResult",
-    "DEFAULT_TORCH_THREADS", "set_torch_threads", "json_digest", "model_digest", "training_directory",
-    "make_sft_trainer", "train_sft", "make_preference_trainer", "train_preferences", "merge_adapter",
-]
 
 LLM_EXTRA = "pip install 'resilibench[llm]'"
 FINAL_DIR = "final"

@@ -7,28 +7,6 @@
 * ``policy_success``: a planner's full-success probability, exact or by Monte Carlo.
 """
 
-from .api import (
-    bound_of,
-    clairvoyant_success,
-    exact_bound,
-    optimal_success,
-    path_workflow,
-    reference_workflow,
-    task_problem,
-    varied_tasks,
-)
-from .base import FILLER, ExactBound, Problem, State, largest_turn_limit
-from .plain import PlainBound
-from .policy_success import (
-    branch_episode,
-    call_branches,
-    episode_state,
-    exact_policy_success,
-    monte_carlo_success,
-    play_episode,
-)
-from .processes import ProcessBound, process_problem
-
 __all__ = [
     "FILLER",
     "ExactBound",
@@ -53,3 +31,26 @@ __all__ = [
     "task_problem",
     "varied_tasks",
 ]
+
+from .api import (
+    bound_of,
+    clairvoyant_success,
+    exact_bound,
+    optimal_success,
+    path_workflow,
+    reference_workflow,
+    task_problem,
+    varied_tasks,
+)
+from .base import FILLER, ExactBound, Problem, State, largest_turn_limit
+from .plain import PlainBound
+from .policy_success import (
+    branch_episode,
+    call_branches,
+    episode_state,
+    exact_policy_success,
+    monte_carlo_success,
+    play_episode,
+)
+from .processes import ProcessBound, process_problem
+

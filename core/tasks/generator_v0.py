@@ -7,6 +7,11 @@ and matcher -> byte-identical JSONL.
 
 from __future__ import annotations
 
+__all__ = [
+    "GENERATOR_VERSION", "OPERATION_QUERIES", "CANDIDATES_PER_OPERATION", "CANDIDATE_MIN_RATIO",
+    "CANDIDATE_WEIGHTS", "operation_candidates", "generate_tasks_v0",
+]
+
 from typing import Any
 
 import numpy as np
@@ -21,11 +26,6 @@ from .library import (
     TaskType,
     dependency_sort,
 )
-
-__all__ = [
-    "GENERATOR_VERSION", "OPERATION_QUERIES", "CANDIDATES_PER_OPERATION", "CANDIDATE_MIN_RATIO",
-    "CANDIDATE_WEIGHTS", "operation_candidates", "generate_tasks_v0",
-]
 
 GENERATOR_VERSION = "1"
 OPERATION_QUERIES: dict[str, str] = {

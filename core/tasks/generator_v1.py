@@ -18,6 +18,12 @@ required-tool list of the test split occurs in train or validation. Same seed an
 
 from __future__ import annotations
 
+__all__ = [
+    "GENERATOR_VERSION", "OPERATION_POOLS", "OPERATION_QUERIES", "SUPPORT_STEPS", "SUPPORT_PROBABILITY",
+    "SIMILARITY_FLOOR", "DRAW_ATTEMPTS", "candidate_weights", "draw_tool_list", "describe",
+    "structural_splits", "generate_tasks_v1",
+]
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,12 +40,6 @@ from .library import (
     TaskType,
     dependency_sort,
 )
-
-__all__ = [
-    "GENERATOR_VERSION", "OPERATION_POOLS", "OPERATION_QUERIES", "SUPPORT_STEPS", "SUPPORT_PROBABILITY",
-    "SIMILARITY_FLOOR", "DRAW_ATTEMPTS", "candidate_weights", "draw_tool_list", "describe",
-    "structural_splits", "generate_tasks_v1",
-]
 
 GENERATOR_VERSION = "v1.0"
 

@@ -7,6 +7,12 @@ The shipped libraries (``data/tasks_v1.jsonl.gz``, ``data/tasks_v0.jsonl.gz``) b
 
 from __future__ import annotations
 
+__all__ = [
+    "DEFAULT_SEED", "SPLITS", "SPLIT_FRACTIONS", "TaskType", "TASK_TYPES", "TASK_TYPE_NAMES", "COMPLEXITIES",
+    "Task", "read_tasks", "write_tasks", "filter_tasks", "find_task", "interleave_task_types",
+    "library_stats", "dependency_sort",
+]
+
 import gzip
 import io
 import json
@@ -22,12 +28,6 @@ from ..registry import (
     named_tools,
     topological_order,
 )
-
-__all__ = [
-    "DEFAULT_SEED", "SPLITS", "SPLIT_FRACTIONS", "TaskType", "TASK_TYPES", "TASK_TYPE_NAMES", "COMPLEXITIES",
-    "Task", "read_tasks", "write_tasks", "filter_tasks", "find_task", "interleave_task_types",
-    "library_stats", "dependency_sort",
-]
 
 DEFAULT_SEED = 2024
 SPLITS = ("train", "validation", "test")

@@ -14,6 +14,12 @@ computed once per process.
 
 from __future__ import annotations
 
+__all__ = [
+    "FLAW_TYPES", "FLAW_METHODS", "VALIDATION_OPERATIONS", "UNNEEDED_OPERATIONS", "SIMILAR_CANDIDATES",
+    "WRONG_TYPE_VALUES", "FORMATS", "FlawNotApplicable", "FlawInjection", "MATCHERS", "tool_similarity",
+    "similar_tools", "applicable_positions", "Applier", "APPLIERS", "inject_flaw",
+]
+
 import json
 import math
 import zlib
@@ -29,12 +35,6 @@ from ..arguments import valid_arguments
 from ..matching import make_matcher, tool_text
 from ..registry import OPERATION_PHRASES, ToolRegistry, default_registry
 from ..workflow import Node, Workflow
-
-__all__ = [
-    "FLAW_TYPES", "FLAW_METHODS", "VALIDATION_OPERATIONS", "UNNEEDED_OPERATIONS", "SIMILAR_CANDIDATES",
-    "WRONG_TYPE_VALUES", "FORMATS", "FlawNotApplicable", "FlawInjection", "MATCHERS", "tool_similarity",
-    "similar_tools", "applicable_positions", "Applier", "APPLIERS", "inject_flaw",
-]
 
 FLAW_TYPES = ("order", "tool_misuse", "parameter", "missing_step", "redundant", "logic_discontinuity",
               "semantic_drift")

@@ -11,6 +11,11 @@ the flawed plan is that plan after ``inject_flaw``, shown exactly like an optima
 
 from __future__ import annotations
 
+__all__ = [
+    "PROMPT_VARIANTS", "PLAN_STYLES", "PLAN_HEADING", "N_ALTERNATIVES", "ROLE_STEPS", "Prompt",
+    "with_arguments", "render_plan", "parse_plan", "task_statement", "PromptSettings", "build_prompt",
+]
+
 import json
 import re
 from dataclasses import dataclass
@@ -28,11 +33,6 @@ from ..tasks.library import Task
 from ..workflow import Node, Workflow
 from .flaws import FLAW_TYPES, MATCHERS, FlawInjection, inject_flaw, similar_tools
 from .toolbox import PROTOCOLS, WORDINGS
-
-__all__ = [
-    "PROMPT_VARIANTS", "PLAN_STYLES", "PLAN_HEADING", "N_ALTERNATIVES", "ROLE_STEPS", "Prompt",
-    "with_arguments", "render_plan", "parse_plan", "task_statement", "PromptSettings", "build_prompt",
-]
 
 PROMPT_VARIANTS = ("baseline", "cot", "optimal", "flawed")
 

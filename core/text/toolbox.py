@@ -7,6 +7,15 @@ plays the call on the shared ``Episode``; no rule of the world lives here.
 
 from __future__ import annotations
 
+__all__ = [
+    "SEARCH_METHODS", "EXTRA_ERRORS", "UnknownToolError", "SearchSettings", "ToolHit", "search_method",
+    "search_tools", "TAG_SEARCH_HINT", "FUNCTION_SEARCH_HINT", "resolve_tool", "describe_tool",
+    "describe_text", "search_text", "ToolCall", "ParsedMessage", "TAGS", "call_with_arguments", "parse_call",
+    "parse_message", "message_completes", "CallResult", "call_output", "default_arguments", "call_tool",
+    "progress_text", "no_calls_left", "process_text", "feedback_text", "end_text", "PROTOCOLS", "WORDINGS",
+    "SEARCH_FUNCTION", "INFO_FUNCTION", "function_schemas",
+]
+
 import difflib
 import json
 import re
@@ -26,15 +35,6 @@ from ..processes import RATE_LIMIT_ERROR, SERVICE_UNAVAILABLE, TIMEOUT
 from ..registry import DEPENDENCY_ERROR, INVALID_INPUT, Tool, ToolRegistry, default_registry
 from ..simulator import RETRY_LIMIT_ERROR, CallRecord, Episode
 from ..tasks.library import Task
-
-__all__ = [
-    "SEARCH_METHODS", "EXTRA_ERRORS", "UnknownToolError", "SearchSettings", "ToolHit", "search_method",
-    "search_tools", "TAG_SEARCH_HINT", "FUNCTION_SEARCH_HINT", "resolve_tool", "describe_tool",
-    "describe_text", "search_text", "ToolCall", "ParsedMessage", "TAGS", "call_with_arguments", "parse_call",
-    "parse_message", "message_completes", "CallResult", "call_output", "default_arguments", "call_tool",
-    "progress_text", "no_calls_left", "process_text", "feedback_text", "end_text", "PROTOCOLS", "WORDINGS",
-    "SEARCH_FUNCTION", "INFO_FUNCTION", "function_schemas",
-]
 
 SEARCH_METHODS = ("auto", "semantic", "lexical")
 

@@ -8,6 +8,11 @@ parallel env; ``help(raw_env)`` documents the game.
 
 from __future__ import annotations
 
+__all__ = [
+    "ADVERSARY", "EXECUTOR", "NO_FLAW", "FLAW_CHOICES", "STEP_FEATURES", "RESET_OPTIONS", "env",
+    "parallel_env", "versioned", "raw_env", "AdversarialParallelEnv",
+]
+
 import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -39,11 +44,6 @@ from ...core.text.prompts import with_arguments
 from ...core.workflow import Workflow
 from ...core.world import DEFAULT_WORLD, World
 from ..planner.env import ResiliBenchEnv
-
-__all__ = [
-    "ADVERSARY", "EXECUTOR", "NO_FLAW", "FLAW_CHOICES", "STEP_FEATURES", "RESET_OPTIONS", "env",
-    "parallel_env", "versioned", "raw_env", "AdversarialParallelEnv",
-]
 
 ADVERSARY, EXECUTOR = "adversary", "executor"
 NO_FLAW = 0

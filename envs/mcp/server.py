@@ -16,6 +16,14 @@ session id, and a handle lets one client run many episodes at once. Every call g
 
 from __future__ import annotations
 
+__all__ = [
+    "SERVER_NAME", "EPISODE_ARGUMENT", "DEFAULT_SESSION_IDLE_TIMEOUT", "DEFAULT_MAX_SESSIONS",
+    "MAX_TURN_LIMIT", "LOOPBACK_HOSTS", "TOOLS_URI", "TASKS_URI", "TASK_URI_PREFIX", "TASK_URI_TEMPLATE",
+    "BAD_ARGUMENTS", "UNKNOWN_TOOL", "UNKNOWN_EPISODE", "UNKNOWN_TASK", "EPISODE_ENDED", "OUT_OF_TURNS",
+    "API_ERROR", "SEARCH_HINT", "INSTRUCTIONS", "ResiliBenchMCP", "build_server", "malformed_replies",
+    "serve_stdio", "loopback_security", "serve_http",
+]
+
 import json
 import logging
 import socket
@@ -64,14 +72,6 @@ from ..real_api.serving import (
     is_loopback,
     start_episode,
 )
-
-__all__ = [
-    "SERVER_NAME", "EPISODE_ARGUMENT", "DEFAULT_SESSION_IDLE_TIMEOUT", "DEFAULT_MAX_SESSIONS",
-    "MAX_TURN_LIMIT", "LOOPBACK_HOSTS", "TOOLS_URI", "TASKS_URI", "TASK_URI_PREFIX", "TASK_URI_TEMPLATE",
-    "BAD_ARGUMENTS", "UNKNOWN_TOOL", "UNKNOWN_EPISODE", "UNKNOWN_TASK", "EPISODE_ENDED", "OUT_OF_TURNS",
-    "API_ERROR", "SEARCH_HINT", "INSTRUCTIONS", "ResiliBenchMCP", "build_server", "malformed_replies",
-    "serve_stdio", "loopback_security", "serve_http",
-]
 
 logger = logging.getLogger(__name__)
 

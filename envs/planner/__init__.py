@@ -1,6 +1,8 @@
 """``ResiliBench-v1``: the planner MDP (``env``), its natively batched vector env (``vector``) and its
 observation layout (``observation``). Names are imported on first use."""
 
+__all__ = ["ObservationLayout", "ResiliBenchEnv", "ResiliBenchVectorEnv", "task_features"]
+
 from typing import TYPE_CHECKING
 
 from resilibench.lazy import lazy_exports
@@ -10,7 +12,6 @@ if TYPE_CHECKING:
     from .observation import ObservationLayout, task_features
     from .vector import ResiliBenchVectorEnv
 
-__all__ = ["ObservationLayout", "ResiliBenchEnv", "ResiliBenchVectorEnv", "task_features"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     ".env": ("ResiliBenchEnv",),

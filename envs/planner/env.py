@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["ResiliBenchEnv"]
+
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +29,6 @@ from .observation import (
 
 if TYPE_CHECKING:  # real-API mode's client (and its HTTP stack) loads only when an api is given
     from ..real_api.live_apis import RealApi
-
-__all__ = ["ResiliBenchEnv"]
 
 
 class ResiliBenchEnv(gym.Env):

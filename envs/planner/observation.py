@@ -28,16 +28,16 @@ track it from the statuses and the order) and both dependency features (zero). S
 
 from __future__ import annotations
 
-import numpy as np
-
-from ...core.registry import CATEGORIES, ToolRegistry
-from ...core.tasks.library import COMPLEXITIES, TASK_TYPE_NAMES, Task
-
 __all__ = [
     "N_STATUS", "N_TASK_FEATURES", "OBSERVATION_FEATURES", "DEPENDENCY_TASK_FEATURES", "check_features",
     "ObservationLayout", "task_features", "counter_features", "counter_tables", "initial_observation",
     "process_features",
 ]
+
+import numpy as np
+
+from ...core.registry import CATEGORIES, ToolRegistry
+from ...core.tasks.library import COMPLEXITIES, TASK_TYPE_NAMES, Task
 
 N_STATUS = 4
 N_TASK_FEATURES = 20

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+__all__ = ["ResiliBenchVectorEnv"]
+
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -43,8 +45,6 @@ from .observation import (
     counter_tables,
     initial_observation,
 )
-
-__all__ = ["ResiliBenchVectorEnv"]
 
 
 class ResiliBenchVectorEnv(gym.vector.VectorEnv):

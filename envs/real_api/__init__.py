@@ -2,6 +2,12 @@
 its client, live APIs from OpenAPI documents or MCP servers, call logs, and the failure model fitted to
 them. Names are imported on first use."""
 
+__all__ = [
+    "CallLogRow", "FailureFit", "HttpExecutor", "LiveApi", "McpToolClient", "RealApi", "ToolClient", "ToolService",
+    "calibrate", "fit_failures", "load_live_api", "mcp_live_api", "openapi_document", "read_rows",
+    "running_service", "write_rows",
+]
+
 from typing import TYPE_CHECKING
 
 from resilibench.lazy import lazy_exports
@@ -13,11 +19,6 @@ if TYPE_CHECKING:
     from .live_apis import LiveApi, McpToolClient, RealApi, load_live_api, mcp_live_api
     from .service import ToolService, openapi_document, running_service
 
-__all__ = [
-    "CallLogRow", "FailureFit", "HttpExecutor", "LiveApi", "McpToolClient", "RealApi", "ToolClient", "ToolService",
-    "calibrate", "fit_failures", "load_live_api", "mcp_live_api", "openapi_document", "read_rows",
-    "running_service", "write_rows",
-]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     ".call_log": ("CallLogRow", "read_rows", "write_rows"),

@@ -10,6 +10,8 @@ episode share ``episode`` and come in turn order.
 
 from __future__ import annotations
 
+__all__ = ["SOURCES", "CallLogRow", "FIELDS", "write_rows", "read_rows"]
+
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
@@ -17,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from resilibench.errors import InputError
-
-__all__ = ["SOURCES", "CallLogRow", "FIELDS", "write_rows", "read_rows"]
 
 SOURCES = ("simulator", "http")
 

@@ -12,6 +12,11 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "METHODS", "EPISODE_HEADER", "REPLAY_HEADER", "LOG_RUN", "DURATION_HEADER", "WAIT_TURNS_HEADER",
+    "Endpoint", "HttpOutcome", "retry_after_seconds", "ToolClient", "HttpExecutor",
+]
+
 import email.utils
 import itertools
 import json
@@ -33,11 +38,6 @@ from ...core.registry import INVALID_INPUT, ToolRegistry, default_registry
 from ...core.simulator import CallRecord, Episode
 from . import http_faults as hf
 from .call_log import CallLogRow, write_rows
-
-__all__ = [
-    "METHODS", "EPISODE_HEADER", "REPLAY_HEADER", "LOG_RUN", "DURATION_HEADER", "WAIT_TURNS_HEADER",
-    "Endpoint", "HttpOutcome", "retry_after_seconds", "ToolClient", "HttpExecutor",
-]
 
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 EPISODE_HEADER = "X-Episode"

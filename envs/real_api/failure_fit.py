@@ -24,6 +24,12 @@ model").
 
 from __future__ import annotations
 
+__all__ = [
+    "DRAWLESS_CODES", "FACTORS", "COVARIATES", "EDGE", "ROUGH_LOGIT", "IMPOSSIBLE", "MIN_EXPECTED",
+    "Estimate", "FitTest", "FailureFit", "drawing_calls", "PROCESS_OPTIONS", "ANY", "MAX_GRID",
+    "in_world_terms", "log_likelihood", "fit_failures", "calibrate",
+]
+
 import dataclasses
 import json
 import math
@@ -51,12 +57,6 @@ from ...core.processes import (
 from ...core.registry import DEPENDENCY_ERROR, ToolRegistry, default_registry
 from ...core.simulator import RETRY_LIMIT_ERROR
 from .call_log import CallLogRow, read_rows
-
-__all__ = [
-    "DRAWLESS_CODES", "FACTORS", "COVARIATES", "EDGE", "ROUGH_LOGIT", "IMPOSSIBLE", "MIN_EXPECTED",
-    "Estimate", "FitTest", "FailureFit", "drawing_calls", "PROCESS_OPTIONS", "ANY", "MAX_GRID",
-    "in_world_terms", "log_likelihood", "fit_failures", "calibrate",
-]
 
 # Codes that rules give without a draw: they carry no information on the failure model.
 DRAWLESS_CODES = (RETRY_LIMIT_ERROR, DEPENDENCY_ERROR)

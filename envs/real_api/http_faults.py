@@ -25,17 +25,17 @@ when it is one of the called tool's codes, and otherwise takes the code of the e
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from dataclasses import dataclass
-
-from ...core.registry import INVALID_INPUT
-
 __all__ = [
     "TIMEOUT", "RATE_LIMIT_ERROR", "SERVICE_UNAVAILABLE", "NETWORK_ERROR", "SCHEMA_MISMATCH",
     "OPERATION_FAILED", "TIMEOUT_CLASS", "RATE_LIMITED", "UNAVAILABLE", "CONNECTION", "MALFORMED_BODY",
     "CLIENT_ERROR", "SERVER_ERROR", "ERROR_CLASSES", "SLOW", "STATUS", "DROP", "MALFORMED", "Fault", "FAULTS",
     "OTHER_FAULT", "CLASS_CODES", "fault_of", "class_of_status", "code_of",
 ]
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from ...core.registry import INVALID_INPUT
 
 TIMEOUT = "TIMEOUT"
 RATE_LIMIT_ERROR = "RATE_LIMIT_ERROR"

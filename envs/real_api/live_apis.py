@@ -20,6 +20,14 @@ the field (``tasks[2].steps[0].tool``).
 
 from __future__ import annotations
 
+__all__ = [
+    "LIVE_CATEGORY", "LIVE_TASK_TYPE", "DEFAULT_MIN_COVERAGE", "HTTP_METHODS", "LIVE_ERRORS", "LOST_SESSION",
+    "schema_parameters", "live_tool", "load_document", "openapi_tools", "mcp_tools", "McpToolClient",
+    "mcp_live_api", "TASK_FILE_KEYS", "API_KEYS", "TASK_KEYS", "STEP_KEYS", "TaskFile", "SHIPPED_TASK_FILES",
+    "task_file_path", "read_task_file", "task_workflow", "LiveApi", "RealApi", "live_registry",
+    "service_openapi_url", "load_live_api",
+]
+
 import dataclasses
 import json
 import os
@@ -45,14 +53,6 @@ from ...core.workflow import Node, Workflow
 from . import http_faults as hf
 from .client import Endpoint, HttpOutcome, ToolClient
 from .http_faults import FAULTS
-
-__all__ = [
-    "LIVE_CATEGORY", "LIVE_TASK_TYPE", "DEFAULT_MIN_COVERAGE", "HTTP_METHODS", "LIVE_ERRORS", "LOST_SESSION",
-    "schema_parameters", "live_tool", "load_document", "openapi_tools", "mcp_tools", "McpToolClient",
-    "mcp_live_api", "TASK_FILE_KEYS", "API_KEYS", "TASK_KEYS", "STEP_KEYS", "TaskFile", "SHIPPED_TASK_FILES",
-    "task_file_path", "read_task_file", "task_workflow", "LiveApi", "RealApi", "live_registry",
-    "service_openapi_url", "load_live_api",
-]
 
 LIVE_CATEGORY = "live_api"
 LIVE_TASK_TYPE = "live_workflow"  # the task type of a task file's tasks unless it names another

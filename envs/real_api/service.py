@@ -22,6 +22,13 @@ uvicorn (with the connection-dropping protocol), ``running_service`` in a backgr
 
 from __future__ import annotations
 
+__all__ = [
+    "DEFAULT_SLOW_SECONDS", "DEFAULT_RETRY_AFTER", "DROP_EXTENSION", "UNKNOWN_TOOL", "UNKNOWN_EPISODE",
+    "UNKNOWN_TASK", "BAD_REQUEST", "CONFIG_MISMATCH", "EPISODE_ENDED", "OUT_OF_TURNS", "REPLAY_MISMATCH",
+    "ServiceError", "DroppingH11Protocol", "ToolService", "openapi_document", "serve_tools", "url_of",
+    "running_service",
+]
+
 import asyncio
 import json
 import socket
@@ -62,13 +69,6 @@ from .serving import (
     bind_socket,
     is_loopback,
 )
-
-__all__ = [
-    "DEFAULT_SLOW_SECONDS", "DEFAULT_RETRY_AFTER", "DROP_EXTENSION", "UNKNOWN_TOOL", "UNKNOWN_EPISODE",
-    "UNKNOWN_TASK", "BAD_REQUEST", "CONFIG_MISMATCH", "EPISODE_ENDED", "OUT_OF_TURNS", "REPLAY_MISMATCH",
-    "ServiceError", "DroppingH11Protocol", "ToolService", "openapi_document", "serve_tools", "url_of",
-    "running_service",
-]
 
 DEFAULT_SLOW_SECONDS = 2.0
 DEFAULT_RETRY_AFTER = 1.0

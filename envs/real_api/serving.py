@@ -6,6 +6,11 @@ both keep many clients' episodes in an ``EpisodeTable`` and listen on a socket f
 
 from __future__ import annotations
 
+__all__ = [
+    "DEFAULT_MAX_EPISODES", "start_episode", "UnknownEpisodeError", "EpisodeTable", "is_loopback",
+    "bind_socket",
+]
+
 import ipaddress
 import secrets
 import socket
@@ -19,11 +24,6 @@ from ...core.config import WorldConfig
 from ...core.registry import ToolRegistry
 from ...core.simulator import Episode, run_episode_seed
 from ...core.tasks.library import Task
-
-__all__ = [
-    "DEFAULT_MAX_EPISODES", "start_episode", "UnknownEpisodeError", "EpisodeTable", "is_loopback",
-    "bind_socket",
-]
 
 DEFAULT_MAX_EPISODES = 10_000
 

@@ -1,6 +1,8 @@
 """``ResiliBenchText-v1``: LLM agents play the world through chat messages (``env``), and its environment
 for TRL's GRPO trainer (``trl``). Names are imported on first use."""
 
+__all__ = ["GRPOEnvironmentBase", "GRPOReward", "ResiliBenchTextEnv", "grpo_environment_class", "task_rows"]
+
 from typing import TYPE_CHECKING
 
 from resilibench.lazy import lazy_exports
@@ -9,7 +11,6 @@ if TYPE_CHECKING:
     from .env import ResiliBenchTextEnv
     from .trl import GRPOEnvironmentBase, GRPOReward, grpo_environment_class, task_rows
 
-__all__ = ["GRPOEnvironmentBase", "GRPOReward", "ResiliBenchTextEnv", "grpo_environment_class", "task_rows"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     ".env": ("ResiliBenchTextEnv",),

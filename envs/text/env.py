@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "CHARSET", "RESET_OPTIONS", "PROMPT_FIELDS", "TEXT_RULES", "TRUNCATION_MARK", "TAIL_CHARS",
+    "MAX_REQUESTS", "MAX_QUERY_CHARS", "REMINDER", "TOOLS_REMINDER", "flaw_seed", "ResiliBenchTextEnv",
+    "read_tool_calls",
+]
+
 import dataclasses
 import json
 import string
@@ -46,12 +52,6 @@ from ...core.workflow import Workflow
 from ...core.world import DEFAULT_WORLD, World, get_world
 from ..real_api.client import HttpExecutor
 from ..real_api.live_apis import RealApi, task_workflow
-
-__all__ = [
-    "CHARSET", "RESET_OPTIONS", "PROMPT_FIELDS", "TEXT_RULES", "TRUNCATION_MARK", "TAIL_CHARS",
-    "MAX_REQUESTS", "MAX_QUERY_CHARS", "REMINDER", "TOOLS_REMINDER", "flaw_seed", "ResiliBenchTextEnv",
-    "read_tool_calls",
-]
 
 # The characters of observations: printable ASCII, Latin-1 letters and signs, typographic quotes, dashes,
 # ellipsis, bullet and arrow; any other character of a prompt becomes "?". ``step`` accepts any string.

@@ -25,6 +25,9 @@ the completion signal.
 
 from __future__ import annotations
 
+__all__ = ["SURFACES", "GRPOReward", "GRPOEnvironmentBase", "grpo_environment_class", "task_prompt",
+           "task_rows", "tool_method"]
+
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -248,5 +251,3 @@ def grpo_environment_class(registry: ToolRegistry | None = None, *, surface: str
     return type("ResiliBenchGRPOEnv", (GRPOEnvironmentBase,), methods)
 
 
-__all__ = ["SURFACES", "GRPOReward", "GRPOEnvironmentBase", "grpo_environment_class", "task_prompt",
-           "task_rows", "tool_method"]

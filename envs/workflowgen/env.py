@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["STRUCTURAL_METRICS", "WorkflowReward", "WorkflowGenEnv"]
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +26,6 @@ from ...core.workflow import Node, Workflow
 from ...core.world import DEFAULT_WORLD, World, get_world
 from ...metrics.structural import chain_f1, reachability_f1
 from ..planner.observation import N_TASK_FEATURES, task_features
-
-__all__ = ["STRUCTURAL_METRICS", "WorkflowReward", "WorkflowGenEnv"]
 
 STRUCTURAL_METRICS = {"chain_f1": chain_f1, "reachability_f1": reachability_f1}
 

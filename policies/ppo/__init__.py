@@ -13,6 +13,11 @@ curriculum logic; ``require_rl`` says so when they are missing. ``PPOTrainConfig
 
 from __future__ import annotations
 
+__all__ = [
+    "CHECKPOINTS", "DEFAULT_MODEL_CONFIG", "ENCODERS", "LATEST", "MaskedPlannerEnv", "PPOPlanner", "PPOTrainConfig",
+    "latest_checkpoint", "policy_workflow", "quiet_logs", "require_rl", "train",
+]
+
 import json
 import logging
 from pathlib import Path
@@ -25,10 +30,6 @@ if TYPE_CHECKING:
     from .training import PPOTrainConfig, train
     from .wrappers import MaskedPlannerEnv
 
-__all__ = [
-    "CHECKPOINTS", "DEFAULT_MODEL_CONFIG", "ENCODERS", "LATEST", "MaskedPlannerEnv", "PPOPlanner", "PPOTrainConfig",
-    "latest_checkpoint", "policy_workflow", "quiet_logs", "require_rl", "train",
-]
 
 ENCODERS = ("transformer", "mlp")
 CHECKPOINTS, LATEST = "checkpoints", "latest.json"  # a training directory's checkpoints and its pointer

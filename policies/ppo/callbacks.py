@@ -10,13 +10,13 @@ starting stage) and ``curriculum_config`` (``CurriculumConfig`` fields).
 
 from __future__ import annotations
 
+__all__ = ["METRICS", "EPISODES", "FULL_SUCCESS", "OUTCOMES", "set_env_runner_stage", "TrainingCallbacks"]
+
 from typing import Any
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from .curriculum import CurriculumConfig, CurriculumTracker, stage_success
-
-__all__ = ["METRICS", "EPISODES", "FULL_SUCCESS", "OUTCOMES", "set_env_runner_stage", "TrainingCallbacks"]
 
 METRICS = "resilibench"
 EPISODES, FULL_SUCCESS, OUTCOMES = "episodes", "full_success", "curriculum_outcomes"

@@ -13,6 +13,10 @@ RLlib.
 
 from __future__ import annotations
 
+__all__ = [
+    "Stage", "STAGES", "CurriculumConfig", "stage_success", "next_stage", "stage_pools", "CurriculumTracker",
+]
+
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,10 +24,6 @@ from dataclasses import dataclass
 from resilibench.settings import AT_LEAST_ONE, UNIT, Settings, setting
 
 from ...core.tasks.library import Task
-
-__all__ = [
-    "Stage", "STAGES", "CurriculumConfig", "stage_success", "next_stage", "stage_pools", "CurriculumTracker",
-]
 
 
 @dataclass(frozen=True)

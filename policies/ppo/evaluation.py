@@ -10,6 +10,11 @@ policy's) for a list of tasks.
 
 from __future__ import annotations
 
+__all__ = [
+    "MODULE_PATH", "CHECKPOINT_MARKER", "resolve_checkpoint", "checkpoint_digest", "load_module",
+    "PPOPlanner", "policy_workflow", "policy_key", "compare_workflows", "registered_planner",
+]
+
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,11 +31,6 @@ from ...core.workflow import Workflow
 from ...envs.planner.observation import ObservationLayout
 from . import CHECKPOINTS, latest_checkpoint, quiet_logs, require_rl
 from .wrappers import episode_observation
-
-__all__ = [
-    "MODULE_PATH", "CHECKPOINT_MARKER", "resolve_checkpoint", "checkpoint_digest", "load_module",
-    "PPOPlanner", "policy_workflow", "policy_key", "compare_workflows", "registered_planner",
-]
 
 MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 CHECKPOINT_MARKER = "rllib_checkpoint.json"

@@ -18,6 +18,10 @@ their probability is exactly 0: they are never sampled and never the argmax.
 
 from __future__ import annotations
 
+__all__ = [
+    "mask_logits", "dependency_matrix", "EncoderBlock", "ToolSetEncoder", "FlatEncoder", "PlannerModule",
+]
+
 from typing import Any
 
 import gymnasium as gym
@@ -32,10 +36,6 @@ from ...core.simulator import NOT_ATTEMPTED, SUCCESS
 from ...envs.planner.observation import N_STATUS, ObservationLayout, check_features
 from . import DEFAULT_MODEL_CONFIG, ENCODERS, quiet_logs
 from .wrappers import ACTION_MASK, OBSERVATIONS
-
-__all__ = [
-    "mask_logits", "dependency_matrix", "EncoderBlock", "ToolSetEncoder", "FlatEncoder", "PlannerModule",
-]
 
 quiet_logs()  # this module is imported by every Ray process that builds the policy
 

@@ -15,6 +15,13 @@ adds what RLlib does not know about: the curriculum stage, env steps and the tra
 
 from __future__ import annotations
 
+__all__ = [
+    "REWARDS", "ENV_NAME", "TRAINING_FILE", "PROGRESS_FILE", "STATE_FILE", "RESUMABLE_CHANGES",
+    "PPOTrainConfig", "build_ppo_config", "RayClusterError", "required_cpus", "probe_ray_head",
+    "check_cluster_resources", "init_ray", "bound_iii_mean", "TrainingState", "read_state",
+    "training_directory", "format_progress", "train", "restore_algorithm", "save_checkpoint",
+]
+
 import dataclasses
 import json
 import logging
@@ -45,13 +52,6 @@ from . import (
     require_rl,
 )
 from .curriculum import CurriculumConfig, stage_pools
-
-__all__ = [
-    "REWARDS", "ENV_NAME", "TRAINING_FILE", "PROGRESS_FILE", "STATE_FILE", "RESUMABLE_CHANGES",
-    "PPOTrainConfig", "build_ppo_config", "RayClusterError", "required_cpus", "probe_ray_head",
-    "check_cluster_resources", "init_ray", "bound_iii_mean", "TrainingState", "read_state",
-    "training_directory", "format_progress", "train", "restore_algorithm", "save_checkpoint",
-]
 
 REWARDS = ("sparse", "shaped")
 ENV_NAME = "ResiliBenchMasked-v0"  # MaskedPlannerEnv over ResiliBench-v1, registered with Ray Tune

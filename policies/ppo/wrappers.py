@@ -13,6 +13,11 @@ observation).
 
 from __future__ import annotations
 
+__all__ = [
+    "OBSERVATIONS", "ACTION_MASK", "episode_observation", "masked_observation", "MaskedPlannerEnv",
+    "make_env",
+]
+
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,11 +37,6 @@ from ...envs.planner.observation import (
     initial_observation,
     process_features,
 )
-
-__all__ = [
-    "OBSERVATIONS", "ACTION_MASK", "episode_observation", "masked_observation", "MaskedPlannerEnv",
-    "make_env",
-]
 
 OBSERVATIONS = "observations"
 ACTION_MASK = "action_mask"
