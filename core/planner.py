@@ -25,3 +25,4 @@ class Planner(Protocol):
 
     def act(self, episode: Episode, observation: np.ndarray) -> int:
         """The next action."""
+        ...

@@ -148,7 +148,7 @@ def registry_tables(registry: ToolRegistry) -> tuple[tuple[str, ...], tuple[tupl
     return entry[1:]
 
 
-def probability_memo(failure) -> dict:
+def probability_memo(failure) -> dict[tuple[int, int, int], float]:
     """The memo {(N_u, N_f, N_h): success probability} shared by every episode of a failure model (looked
     up by identity: hashing the model costs more than an episode start's other work)."""
     entry = _PROBABILITY_MEMO.get(id(failure))
@@ -330,7 +330,7 @@ class Episode:
         p = self._probabilities.get(key)
         if p is None:  # memo of success_probability, shared by every episode with this failure model
             fm = self.config.failure
-            p = self._probabilities[key] = success_probability(fm.base_success, *key, fm)
+            p = self._probabilities[key] = float(success_probability(fm.base_success, *key, fm))
         return p
 
     def covariates(self, tool: int) -> tuple[int, int, int]:
@@ -528,9 +528,9 @@ class Episode:
         self.consecutive_failures += 1
         self.same_tool_streak = self.same_tool_streak + 1 if tool == self.last_tool else 1
         self.last_tool = tool
-        code = termination_code(self.consecutive_failures, self.same_tool_streak, self._rules)
-        if code:
-            self._end(END_REASONS[code])
+        reason = END_REASONS[termination_code(self.consecutive_failures, self.same_tool_streak, self._rules)]
+        if reason is not None:
+            self._end(reason)
         return record
 
     def _end(self, reason: str) -> Evaluation:
