@@ -264,6 +264,7 @@ def _play(agent: Agent, jobs: Sequence[EvalJob], run: RunDirectory | None,
                             continue
                     else:
                         info = slot.env.unwrapped.info()
+                    assert slot.job is not None  # a running slot plays a job
                     row = episode_row(model, slot.job, slot.env, info, keep_messages, failure)
                     slot.job = None
                     new_rows[tuple(row[f] for f in EVAL_KEY)] = row
