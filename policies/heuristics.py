@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from ..core.planner import Planner
 from ..core.simulator import Episode
 from ..core.tasks.library import Task
 
@@ -61,4 +64,6 @@ class DependencyAwarePlanner(InOrderPlanner):
         return tool
 
 
-HEURISTICS = {p.name: p for p in (RandomLegalPlanner, InOrderPlanner, DependencyAwarePlanner)}
+# Factories of the planners by name (``ppo.evaluation.registered_planner`` adds one while a block runs).
+HEURISTICS: dict[str, Callable[[], Planner]] = {
+    p.name: p for p in (RandomLegalPlanner, InOrderPlanner, DependencyAwarePlanner)}

@@ -137,6 +137,7 @@ def _run_in(env: ResiliBenchEnv, jobs: list[tuple[str, Task, int]], config: Worl
         if clairvoyant:
             key = (task.instance_id, seed)
             if key not in clairvoyant_hits:
+                assert env.episode is not None  # run_episode played it
                 clairvoyant_hits[key] = exact_bound(task, config).clairvoyant(env.episode.stream)
             row["bound_ii"] = float(clairvoyant_hits[key])
         rows.append(row)
