@@ -20,12 +20,12 @@ import secrets
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import numpy as np
 
 from . import stream as rs
-from .config import WorldConfig
+from .config import FailureModel, WorldConfig
 from .evaluator import Evaluation, evaluate, task_tables
 from .processes import (
     STAGE_STREAMS,
@@ -66,6 +66,12 @@ def _table_power(factor: float, exponent: np.ndarray) -> np.ndarray:
     return table[exponent]
 
 
+@overload
+def success_probability(base: float, n_uncalled: int, n_failed: int, n_history: int,
+                        failure_model: FailureModel) -> float: ...
+@overload
+def success_probability(base: float | np.ndarray, n_uncalled: np.ndarray, n_failed: np.ndarray,
+                        n_history: np.ndarray, failure_model: FailureModel) -> np.ndarray: ...
 def success_probability(base, n_uncalled, n_failed, n_history, failure_model):
     """The success formula (paper app. B.3; docs/core/rules.md); works on scalars and numpy integer arrays alike (bit-identical results)."""
     fm = failure_model
@@ -330,7 +336,7 @@ class Episode:
         p = self._probabilities.get(key)
         if p is None:  # memo of success_probability, shared by every episode with this failure model
             fm = self.config.failure
-            p = self._probabilities[key] = float(success_probability(fm.base_success, *key, fm))
+            p = self._probabilities[key] = success_probability(fm.base_success, *key, fm)
         return p
 
     def covariates(self, tool: int) -> tuple[int, int, int]:

@@ -19,7 +19,7 @@ class RandomLegalPlanner:
     def reset(self, task: Task, rng: np.random.Generator) -> None:
         self.rng = rng
 
-    def act(self, episode: Episode, observation: np.ndarray) -> int:
+    def act(self, episode: Episode, observation: np.ndarray | None) -> int:
         legal = np.flatnonzero(episode.action_mask)
         return int(legal[self.rng.integers(len(legal))])
 
@@ -40,7 +40,7 @@ class InOrderPlanner:
         tool = episode.required[episode.next_required]
         return tool if episode.action_mask[tool] else None
 
-    def act(self, episode: Episode, observation: np.ndarray) -> int:
+    def act(self, episode: Episode, observation: np.ndarray | None) -> int:
         tool = self.next_tool(episode)
         return len(episode.registry) if tool is None else tool
 

@@ -19,10 +19,10 @@ class OptimalPlanner:
     def __init__(self, config: WorldConfig | None = None):
         self.config = config or WorldConfig()
 
-    def reset(self, task: Task, rng: np.random.Generator | None = None) -> None:
+    def reset(self, task: Task, rng: np.random.Generator | None) -> None:
         self.bound = exact_bound(task, self.config)
         self.rng = rng
 
-    def act(self, episode: Episode, observation: np.ndarray | None = None) -> int:
+    def act(self, episode: Episode, observation: np.ndarray | None) -> int:
         tool = self.bound.next_tool(episode)
         return len(episode.registry) if tool is None else tool
