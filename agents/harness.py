@@ -167,7 +167,7 @@ def run_eval(
     resume: bool = True,
     metadata: dict[str, Any] | None = None,
     keep_messages: bool = False,
-    on_result: Callable[[dict[str, Any]], None] | None = None,
+    on_result: Callable[[dict[str, Any]], object] | None = None,
     progress: bool = True,
     retry_infra_errors: bool = False,
 ) -> list[dict[str, Any]]:
@@ -227,7 +227,7 @@ def settled_rows(rows: Sequence[dict[str, Any]]) -> dict[tuple[Any, ...], dict[s
 
 
 def _play(agent: Agent, jobs: Sequence[EvalJob], run: RunDirectory | None,
-          on_result: Callable[[dict[str, Any]], None] | None, progress: bool, env_kwargs: dict[str, Any],
+          on_result: Callable[[dict[str, Any]], object] | None, progress: bool, env_kwargs: dict[str, Any],
           batch_size: int, keep_messages: bool) -> dict[tuple[Any, ...], dict[str, Any]]:
     """Play ``jobs`` in a pool of ``batch_size`` text envs; the new rows by key, each written to ``run``."""
     from ..envs.text.env import ResiliBenchTextEnv

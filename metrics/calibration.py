@@ -400,8 +400,9 @@ def iter_chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
         yield items[start:start + size]
 
 
-def run_items(items: Sequence[CalibrationItem], scorer: WorkflowScorer, on_row: Callable[[dict[str, Any]], None], *,
-              seed: int = 0, perturber: LLMPerturber | None = None, chunk_size: int = 64) -> None:
+def run_items(items: Sequence[CalibrationItem], scorer: WorkflowScorer,
+              on_row: Callable[[dict[str, Any]], object], *, seed: int = 0, perturber: LLMPerturber | None = None,
+              chunk_size: int = 64) -> None:
     """Score ``items`` chunk by chunk (one judge / LLM call per attempt per chunk), handing each row to
     ``on_row`` as soon as its chunk is done (the caller writes it out, so an interruption loses at most
     one chunk)."""

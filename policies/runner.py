@@ -95,7 +95,7 @@ def episode_jobs(planners: Sequence[str], tasks: Sequence[Task], seeds: Sequence
 def run_jobs(
     jobs: Iterable[tuple[str, Task, int]],
     config: WorldConfig | None = None,
-    on_result: Callable[[dict[str, Any]], None] | None = None,
+    on_result: Callable[[dict[str, Any]], object] | None = None,
     clairvoyant: bool = True,
     call_log: str | Path | None = None,
     api: RealApi | None = None,
@@ -120,7 +120,7 @@ def run_jobs(
 
 
 def _run_in(env: ResiliBenchEnv, jobs: list[tuple[str, Task, int]], config: WorldConfig,
-            on_result: Callable[[dict[str, Any]], None] | None, clairvoyant: bool,
+            on_result: Callable[[dict[str, Any]], object] | None, clairvoyant: bool,
             call_log: str | Path | None, bounds: bool) -> list[dict[str, Any]]:
     """The rows of ``jobs`` played in ``env`` (see ``run_jobs``)."""
     planners: dict[str, Planner] = {}

@@ -143,7 +143,7 @@ def policy_key(task: Task) -> tuple:
 
 
 def compare_workflows(planner: Any, tasks: Sequence[Task], config: WorldConfig | None = None,
-                      exact: bool = True, on_task: Callable[[], None] | None = None) -> dict[str, Any]:
+                      exact: bool = True, on_task: Callable[[], object] | None = None) -> dict[str, Any]:
     """Per task: the policy's happy-path workflow, the reference (bound-(iii)) workflow, whether they
     coincide (equal canonical keys), bound (iii) and, with ``exact``, the policy's exact full-success
     probability and the gap; plus a summary (match rate, mean success gap) over ``tasks`` and per task
