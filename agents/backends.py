@@ -283,7 +283,10 @@ class TransformersBackend:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise ValueError(f"model_path {model_path}: the tokenizer has no chat template")
-        self.model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf, dtype=dtype or "auto").to(device)
+        # transformers declares ``to`` through functools.wraps(Module.to) (read as the unbound method) and
+        # ``generate``'s self as a protocol its own models do not match: pyright is wrong on both.
+        model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf, dtype=dtype or "auto")
+        self.model = model.to(device)  # pyright: ignore[reportArgumentType]
         self.model.eval()
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
         self._template_takes_tools: bool | None = None
@@ -347,7 +350,7 @@ class TransformersBackend:
         with torch.random.fork_rng(devices=devices, enabled=seed is not None), torch.inference_mode():
             if seed is not None:
                 torch.manual_seed(seed)
-            generated = self.model.generate(**inputs, **kwargs)
+            generated = self.model.generate(**inputs, **kwargs)  # pyright: ignore[reportAttributeAccessIssue]
         new_tokens = generated[:, inputs["input_ids"].shape[1]:]
         decoded = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
         return [truncate_at_stop(text, config.stop) for text in decoded]

@@ -286,6 +286,7 @@ class LLMTaxonomy:
                 "judging": _generation(self.judging)}
 
     def _names(self) -> dict[str, str]:
+        assert self.validator is not None  # __post_init__ defaults it to the judge
         return {"generator": self.generator.name, "validator": self.validator.name,
                 "solver": self.solver.name, "judge": self.judge.name}
 
@@ -322,6 +323,7 @@ class LLMTaxonomy:
         criteria = "\n".join(f"{c['id']}: {c['criterion']}" for c in task["response_reference"])
         check = bp.VALIDATOR_PROMPT.format(prompt=task["prompt"], correct_response=task["correct_response"],
                                            criteria=criteria)
+        assert self.validator is not None  # __post_init__ defaults it to the judge
         (verdict,) = ask_json(self.validator, [[{"role": "user", "content": check}]], parse_validation,
                               self.judging)
         if verdict.value is None:
@@ -467,6 +469,8 @@ class FlawTaxonomy:
                             "position": None}
                 if (task.instance_id, flaw_type) not in tried and self._applicable(proposal, flaw_seed):
                     return proposal
+        if last is None:
+            raise RuntimeError(f"no flaw type of {types} applies to a task of run {run}")
         return {**_pick(last), "method": last["method"]}  # everything tried: repeat the last proposal
 
     def generator_prompt(self, run: int, history: Sequence[Record], seed: int, flaw_seed: int) -> str:

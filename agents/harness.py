@@ -172,7 +172,7 @@ def run_eval(
     resume: bool = True,
     metadata: dict[str, Any] | None = None,
     keep_messages: bool = False,
-    on_result: Callable[[dict[str, Any]], None] | None = None,
+    on_result: Callable[[dict[str, Any]], object] | None = None,
     progress: bool = True,
     retry_infra_errors: bool = False,
 ) -> list[dict[str, Any]]:
@@ -232,7 +232,7 @@ def settled_rows(rows: Sequence[dict[str, Any]]) -> dict[tuple[Any, ...], dict[s
 
 
 def _play(agent: Agent, jobs: Sequence[EvalJob], run: RunDirectory | None,
-          on_result: Callable[[dict[str, Any]], None] | None, progress: bool, env_kwargs: dict[str, Any],
+          on_result: Callable[[dict[str, Any]], object] | None, progress: bool, env_kwargs: dict[str, Any],
           batch_size: int, keep_messages: bool) -> dict[tuple[Any, ...], dict[str, Any]]:
     """Play ``jobs`` in a pool of ``batch_size`` text envs; the new rows by key, each written to ``run``."""
     from ..envs.text.env import ResiliBenchTextEnv
@@ -269,6 +269,7 @@ def _play(agent: Agent, jobs: Sequence[EvalJob], run: RunDirectory | None,
                             continue
                     else:
                         info = slot.env.unwrapped.info()
+                    assert slot.job is not None  # a running slot plays a job
                     row = episode_row(model, slot.job, slot.env, info, keep_messages, failure)
                     slot.job = None
                     new_rows[tuple(row[f] for f in EVAL_KEY)] = row

@@ -115,7 +115,7 @@ def shipped_files(model: ShippedModel) -> list[Path]:
         except importlib.metadata.PackageNotFoundError:
             missing.append(package)
             continue
-        found = [Path(dist.locate_file(f)) for f in dist.files or () if fnmatch.fnmatch(f.name, model.pattern)]
+        found = [Path(str(dist.locate_file(f))) for f in dist.files or () if fnmatch.fnmatch(f.name, model.pattern)]
         if len(found) != 1 or not found[0].is_file():
             missing.append(package)
             continue
@@ -195,7 +195,7 @@ def llama_server(name: str, n_ctx: int | None = None, n_threads: int = 1, startu
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:
-            _wait_until_up(server, url, log, startup_timeout)
+            _wait_until_up(server, command, url, log, startup_timeout)
             yield url
         finally:
             server.terminate()
@@ -206,7 +206,7 @@ def llama_server(name: str, n_ctx: int | None = None, n_threads: int = 1, startu
                 server.wait()
 
 
-def _wait_until_up(server: subprocess.Popen, url: str, log, timeout: float) -> None:
+def _wait_until_up(server: subprocess.Popen, command: list[str], url: str, log, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -219,7 +219,7 @@ def _wait_until_up(server: subprocess.Popen, url: str, log, timeout: float) -> N
     log.seek(0)
     tail = log.read().decode("utf-8", "replace")[-1500:]
     state = f"exited with {server.returncode}" if server.poll() is not None else f"not up after {timeout:.0f} s"
-    raise RuntimeError(f"llama.cpp server {state} ({' '.join(server.args)}):\n{tail}")
+    raise RuntimeError(f"llama.cpp server {state} ({' '.join(command)}):\n{tail}")
 
 
 def _table() -> str:

@@ -84,8 +84,9 @@ def pass_k(rows: Sequence[dict[str, Any]], max_k: int = 4) -> dict[str, Any]:
                   for runs in per_task.values()]
         out["pass_k"][str(k)] = sum(values) / len(values)
         bounds = [runs[0].get("bound_iii") for runs in per_task.values()]
-        if all(b is not None for b in bounds):
-            out["bound_iii"][str(k)] = sum(b**k for b in bounds) / len(bounds)
+        known = [b for b in bounds if b is not None]
+        if len(known) == len(bounds):
+            out["bound_iii"][str(k)] = sum(b**k for b in known) / len(known)
     return out
 
 
@@ -141,7 +142,7 @@ def useful_tools(required: Sequence[str], registry: Any = None) -> frozenset[str
 
 def wasted_calls(rows: Sequence[dict[str, Any]], registry: Any = None) -> dict[str, Any]:
     """Mean wasted calls per episode, in all and by reason, and the share of calls that were wasted."""
-    counts = dict.fromkeys(WASTE_REASONS, 0)
+    counts: dict[str, int] = dict.fromkeys(WASTE_REASONS, 0)
     calls = 0
     useful_of: dict[tuple[str, ...], frozenset[str]] = {}
     for row in rows:

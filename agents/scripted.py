@@ -216,6 +216,7 @@ class PlanFollowingTextAgent:
         step = None if follower is None else follower.next_step(episode)
         if step is None:
             return COMPLETION_MESSAGE
+        assert workflow is not None  # there is a follower only for a plan
         node = workflow.nodes[step]
         return call_message(node.tool, node.arguments if node.params else None)
 

@@ -78,6 +78,7 @@ class PlanFollower:
                 episode.finish()
             else:
                 episode.call(call[0], invalid_input=call[1])
+        assert episode.evaluation is not None  # an ended episode is graded
         return episode.evaluation
 
 
@@ -159,8 +160,9 @@ def _enumerate(follower: PlanFollower, task: Task, config: WorldConfig, registry
     values: dict[tuple, float] = {}
 
     def expand(episode: Episode) -> float:
-        if episode.done:
-            return float(episode.evaluation.level == "full_success")
+        evaluation = episode.evaluation
+        if evaluation is not None:  # the episode has ended
+            return float(evaluation.level == "full_success")
         k = episode.next_required
         succeeded, calls = episode.succeeded, episode.calls
         if sum(succeeded[t] for t in required) != k:  # a required tool succeeded out of order

@@ -17,7 +17,9 @@ class Planner(Protocol):
     """Chooses the next action of a planner episode.
 
     ``act`` returns a tool id in ``[0, n_tools)`` or ``n_tools`` for FINISH. A planner may read the
-    episode state (heuristics, the exact optimal policy) or only the observation (learned policies).
+    episode state (heuristics, the exact optimal policy) or only the observation (learned policies); the
+    observation is None when the caller plays the episode without an env (the exact bounds), and a planner
+    that reads it then computes it from the episode.
     """
 
     name: str
@@ -25,5 +27,6 @@ class Planner(Protocol):
     def reset(self, task: Task, rng: np.random.Generator) -> None:
         """Prepare for a new episode of ``task``; ``rng`` is the planner's own randomness."""
 
-    def act(self, episode: Episode, observation: np.ndarray) -> int:
+    def act(self, episode: Episode, observation: np.ndarray | None) -> int:
         """The next action."""
+        ...

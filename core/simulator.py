@@ -29,12 +29,12 @@ import secrets
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import numpy as np
 
 from . import stream as rs
-from .config import WorldConfig
+from .config import FailureModel, WorldConfig
 from .evaluator import Evaluation, evaluate, task_tables
 from .processes import (
     STAGE_STREAMS,
@@ -75,6 +75,12 @@ def _table_power(factor: float, exponent: np.ndarray) -> np.ndarray:
     return table[exponent]
 
 
+@overload
+def success_probability(base: float, n_uncalled: int, n_failed: int, n_history: int,
+                        failure_model: FailureModel) -> float: ...
+@overload
+def success_probability(base: float | np.ndarray, n_uncalled: np.ndarray, n_failed: np.ndarray,
+                        n_history: np.ndarray, failure_model: FailureModel) -> np.ndarray: ...
 def success_probability(base, n_uncalled, n_failed, n_history, failure_model):
     """The success formula (paper app. B.3; docs/core/rules.md); works on scalars and numpy integer arrays alike (bit-identical results)."""
     fm = failure_model
@@ -157,7 +163,7 @@ def registry_tables(registry: ToolRegistry) -> tuple[tuple[str, ...], tuple[tupl
     return entry[1:]
 
 
-def probability_memo(failure) -> dict:
+def probability_memo(failure) -> dict[tuple[int, int, int], float]:
     """The memo {(N_u, N_f, N_h): success probability} shared by every episode of a failure model (looked
     up by identity: hashing the model costs more than an episode start's other work)."""
     entry = _PROBABILITY_MEMO.get(id(failure))
@@ -537,9 +543,9 @@ class Episode:
         self.consecutive_failures += 1
         self.same_tool_streak = self.same_tool_streak + 1 if tool == self.last_tool else 1
         self.last_tool = tool
-        code = termination_code(self.consecutive_failures, self.same_tool_streak, self._rules)
-        if code:
-            self._end(END_REASONS[code])
+        reason = END_REASONS[termination_code(self.consecutive_failures, self.same_tool_streak, self._rules)]
+        if reason is not None:
+            self._end(reason)
         return record
 
     def _end(self, reason: str) -> Evaluation:

@@ -281,7 +281,9 @@ class Workflow:
                 raise ValueError(f"step {number}: arguments are not valid JSON: {exc}") from None
             tool, text = m.group(2), m.group(3)
             if tool is not None and not (tool in tools if tools is not None else _TOOL_NAME.fullmatch(tool)):
-                prefix = re.match(r"^\s*\d+\.\s*(.*?:)", line).group(1)
+                named = re.match(r"^\s*\d+\.\s*(.*?:)", line)
+                assert named is not None  # the line has a ``name:`` prefix (group 2 of the pattern)
+                prefix = named.group(1)
                 tool, text = None, f"{prefix} {text}".strip()
             nodes.append(Node.make(tool, text, arguments))
             for prev in (m.group(5) or "").replace(" ", "").split(","):
@@ -354,7 +356,7 @@ class Workflow:
                 self.nodes[i].tool or "", self.nodes[i].text, self.nodes[i].params,
                 sorted(placed[p] for p in predecessors[i]), i)):
             placed[i] = len(placed)
-        order = sorted(placed, key=placed.get)
+        order = list(placed)  # placed in order
         nodes = tuple(self.nodes[i] for i in order)
         edges = tuple(sorted((placed[a], placed[b]) for a, b in self.edges))
         return Workflow(nodes, edges)

@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from resilibench.results import new_figure, save_figure
 from resilibench.settings import Settings, setting
@@ -89,7 +89,8 @@ class WorkflowScorer:
     on first use."""
 
     def __init__(self, metrics: Sequence[str] = DEFAULT_METRICS, *, judge: Any = None, beta: float | None = None,
-                 embedder: Any = None, bert: Any = None, mcis_budget: int | None | str = "default"):
+                 embedder: Any = None, bert: Any = None,
+                 mcis_budget: int | None | Literal["default"] = "default"):
         unknown = [m for m in metrics if m not in METRICS]
         if unknown:
             raise ValueError(f"unknown metric(s) {unknown}; accepted: {', '.join(METRICS)}")
@@ -142,7 +143,7 @@ class WorkflowScorer:
         budget, the judge's full verdict, and ``repairs``: what a lenient reading removed from the
         prediction (a cyclic prediction scores 0 on the structural metrics)."""
         from .lexical import lexical_scores
-        from .structural import structural_details
+        from .structural import Score, structural_details
 
         out: list[dict[str, Any]] = [{"scores": {}, "details": {}} for _ in pairs]
         if any(m in STRUCTURAL for m in self.metrics):
@@ -156,7 +157,7 @@ class WorkflowScorer:
                     if name not in self.metrics:
                         continue
                     value = details[name.removesuffix("_f1")]
-                    if name == "kendall_tau":
+                    if not isinstance(value, Score):  # kendall_tau
                         row["scores"][name] = value
                         continue
                     row["scores"][name] = value.f1
@@ -247,6 +248,7 @@ def plan_calibration(goldens: GoldenSet, *, seed: int = 0, method: str = "rules"
             for kind in kinds:
                 for rate in rates:
                     variant = perturb(golden.workflow, kind, rate, perturbation_rng(seed, task_id, kind, rate))
+                    assert variant.workflow is not None  # the rules always draw a variant
                     key = _item_id(golden, kind, rate, variant.workflow)
                     if key in items:
                         item = items[key]
@@ -262,21 +264,20 @@ def score_items(items: Sequence[CalibrationItem], scorer: WorkflowScorer, *, see
     of them), then every valid pair is scored in one batch. An invalid variant gives a row without
     scores that keeps the LLM's answers."""
     missing = [i for i, item in enumerate(items) if item.perturbation is None]
-    perturbations = [item.perturbation for item in items]
+    drawn: dict[int, Perturbation] = {}
     if missing:
         if perturber is None:
             raise ValueError("LLM items need an LLMPerturber")
-        drawn = perturber.perturb([items[i].request(seed) for i in missing])
-        for i, p in zip(missing, drawn, strict=True):
-            perturbations[i] = p
-    valid = [i for i, p in enumerate(perturbations) if p is not None and p.valid]
-    scored = scorer.score([(perturbations[i].workflow, items[i].golden.workflow) for i in valid])
+        drawn = dict(zip(missing, perturber.perturb([items[i].request(seed) for i in missing]), strict=True))
+    perturbations = [drawn[i] if item.perturbation is None else item.perturbation for i, item in enumerate(items)]
+    valid = {i: p.workflow for i, p in enumerate(perturbations) if p.workflow is not None}
+    scored = scorer.score([(workflow, items[i].golden.workflow) for i, workflow in valid.items()])
     by_index = dict(zip(valid, scored, strict=True))
     rows = []
     for i, (item, p) in enumerate(zip(items, perturbations, strict=True)):
         row = {"item_id": item.item_id, "golden_id": item.golden.golden_id, "kind": item.kind, "rate": item.rate,
                "expected": expected_score(item.kind, item.rate), "golden_nodes": len(item.golden.workflow.nodes),
-               "variant_nodes": len(p.workflow.nodes) if p.valid else None, "valid": p.valid,
+               "variant_nodes": len(p.workflow.nodes) if p.workflow is not None else None, "valid": p.valid,
                "perturbation": p.to_dict()}
         row |= by_index.get(i, {"scores": {}, "details": {}})
         rows.append(row)
@@ -296,9 +297,10 @@ def _weighted(values: Sequence[float], weights: Sequence[float]) -> tuple[float,
 def sensitivity(means: Sequence[float | None], rates: Sequence[float]) -> float | None:
     """Mean slope of the score's fall between consecutive rates (app. C.1; for 10/30/50 percent,
     1/2 [(s10 - s30)/0.2 + (s30 - s50)/0.2]); None when a mean is missing or there is one rate."""
-    if len(rates) < 2 or any(m is None for m in means):
+    known = [m for m in means if m is not None]
+    if len(rates) < 2 or len(known) < len(means):
         return None
-    slopes = [(means[i] - means[i + 1]) / (rates[i + 1] - rates[i]) for i in range(len(rates) - 1)]
+    slopes = [(known[i] - known[i + 1]) / (rates[i + 1] - rates[i]) for i in range(len(rates) - 1)]
     return sum(slopes) / len(slopes)
 
 
@@ -404,8 +406,9 @@ def iter_chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
         yield items[start:start + size]
 
 
-def run_items(items: Sequence[CalibrationItem], scorer: WorkflowScorer, on_row: Callable[[dict[str, Any]], None], *,
-              seed: int = 0, perturber: LLMPerturber | None = None, chunk_size: int = 64) -> None:
+def run_items(items: Sequence[CalibrationItem], scorer: WorkflowScorer,
+              on_row: Callable[[dict[str, Any]], object], *, seed: int = 0, perturber: LLMPerturber | None = None,
+              chunk_size: int = 64) -> None:
     """Score ``items`` chunk by chunk (one judge / LLM call per attempt per chunk), handing each row to
     ``on_row`` as soon as its chunk is done (the caller writes it out, so an interruption loses at most
     one chunk)."""

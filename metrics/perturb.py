@@ -434,8 +434,11 @@ class LLMPerturber:
         answers = ask_until_valid(self.backend, conversations,
                                   lambda i, answer: validate_variant(requests[i], chosen[i], answer), self.attempts,
                                   self.generation, retry_message="{error}", record_backend_errors=False)
-        return [Perturbation(r.kind, r.rate, *(got.value or (None, c)), "llm", tuple(got.raw), tuple(got.errors))
-                for r, c, got in zip(requests, chosen, answers, strict=True)]
+        out = []
+        for r, c, got in zip(requests, chosen, answers, strict=True):
+            workflow, changed = got.value or (None, c)
+            out.append(Perturbation(r.kind, r.rate, workflow, changed, "llm", tuple(got.raw), tuple(got.errors)))
+        return out
 
 
 def _parse_workflow(answer: str) -> Workflow:

@@ -81,7 +81,7 @@ class BertScorer:
         self.model_name = "all-MiniLM-L6-v2" if model_path is None else str(path)
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.model = AutoModel.from_pretrained(path, local_files_only=True).to(device).eval()
-        n_layers = self.model.config.num_hidden_layers
+        n_layers = int(self.model.config.num_hidden_layers)
         if layer is None:
             layer = n_layers
         if not 1 <= layer <= n_layers:

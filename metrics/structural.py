@@ -73,7 +73,10 @@ class Score:
     @property
     def f1_bounds(self) -> tuple[float, float]:
         """(lowest, highest) F1 the exact answer can have: (f1, f1) when exact."""
-        return (self.f1, self.f1) if self.exact else (self.f1, self.f1_upper)
+        if self.exact:
+            return (self.f1, self.f1)
+        assert self.f1_upper is not None  # an inexact score carries its upper bound
+        return (self.f1, self.f1_upper)
 
     @classmethod
     def from_counts(cls, shared: int, n_pred: int, n_ref: int) -> Score:

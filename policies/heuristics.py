@@ -4,8 +4,11 @@ from __future__ import annotations
 
 __all__ = ["RandomLegalPlanner", "InOrderPlanner", "DependencyAwarePlanner", "HEURISTICS"]
 
+from collections.abc import Callable
+
 import numpy as np
 
+from ..core.planner import Planner
 from ..core.simulator import Episode
 from ..core.tasks.library import Task
 
@@ -18,7 +21,7 @@ class RandomLegalPlanner:
     def reset(self, task: Task, rng: np.random.Generator) -> None:
         self.rng = rng
 
-    def act(self, episode: Episode, observation: np.ndarray) -> int:
+    def act(self, episode: Episode, observation: np.ndarray | None) -> int:
         legal = np.flatnonzero(episode.action_mask)
         return int(legal[self.rng.integers(len(legal))])
 
@@ -39,7 +42,7 @@ class InOrderPlanner:
         tool = episode.required[episode.next_required]
         return tool if episode.action_mask[tool] else None
 
-    def act(self, episode: Episode, observation: np.ndarray) -> int:
+    def act(self, episode: Episode, observation: np.ndarray | None) -> int:
         tool = self.next_tool(episode)
         return len(episode.registry) if tool is None else tool
 
@@ -63,4 +66,6 @@ class DependencyAwarePlanner(InOrderPlanner):
         return tool
 
 
-HEURISTICS = {p.name: p for p in (RandomLegalPlanner, InOrderPlanner, DependencyAwarePlanner)}
+# Factories of the planners by name (``ppo.evaluation.registered_planner`` adds one while a block runs).
+HEURISTICS: dict[str, Callable[[], Planner]] = {
+    p.name: p for p in (RandomLegalPlanner, InOrderPlanner, DependencyAwarePlanner)}

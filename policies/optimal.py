@@ -13,17 +13,18 @@ from ..core.tasks.library import Task
 
 
 class OptimalPlanner:
-    """Follows the bound-(iii) policy; FINISHes once full success is reached or no longer possible."""
+    """Follows the bound-(iii) policy; FINISHes once full success is reached or no longer possible. It reads
+    the episode, so it needs neither randomness nor the observation."""
 
     name = "optimal"
 
     def __init__(self, config: WorldConfig | None = None):
         self.config = config or WorldConfig()
 
-    def reset(self, task: Task, rng: np.random.Generator) -> None:
+    def reset(self, task: Task, rng: np.random.Generator | None) -> None:
         self.bound = exact_bound(task, self.config)
         self.rng = rng
 
-    def act(self, episode: Episode, observation: np.ndarray) -> int:
+    def act(self, episode: Episode, observation: np.ndarray | None) -> int:
         tool = self.bound.next_tool(episode)
         return len(episode.registry) if tool is None else tool

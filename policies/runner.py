@@ -102,7 +102,7 @@ def episode_jobs(planners: Sequence[str], tasks: Sequence[Task], seeds: Sequence
 def run_jobs(
     jobs: Iterable[tuple[str, Task, int]],
     config: WorldConfig | None = None,
-    on_result: Callable[[dict[str, Any]], None] | None = None,
+    on_result: Callable[[dict[str, Any]], object] | None = None,
     clairvoyant: bool = True,
     call_log: str | Path | None = None,
     api: RealApi | None = None,
@@ -127,7 +127,7 @@ def run_jobs(
 
 
 def _run_in(env: ResiliBenchEnv, jobs: list[tuple[str, Task, int]], config: WorldConfig,
-            on_result: Callable[[dict[str, Any]], None] | None, clairvoyant: bool,
+            on_result: Callable[[dict[str, Any]], object] | None, clairvoyant: bool,
             call_log: str | Path | None, bounds: bool) -> list[dict[str, Any]]:
     """The rows of ``jobs`` played in ``env`` (see ``run_jobs``)."""
     planners: dict[str, Planner] = {}
@@ -144,6 +144,7 @@ def _run_in(env: ResiliBenchEnv, jobs: list[tuple[str, Task, int]], config: Worl
         if clairvoyant:
             key = (task.instance_id, seed)
             if key not in clairvoyant_hits:
+                assert env.episode is not None  # run_episode played it
                 clairvoyant_hits[key] = exact_bound(task, config).clairvoyant(env.episode.stream)
             row["bound_ii"] = float(clairvoyant_hits[key])
         rows.append(row)

@@ -24,7 +24,7 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -176,9 +176,9 @@ def build_algorithm(cfg: SelfPlayConfig):
     return config.build_algo()
 
 
-def _agent_module(agent_id: str, *args, **kwargs) -> str:
+def _agent_module(agent_id: Hashable, *args, **kwargs) -> str:
     """Each agent has its own module, named after it."""
-    return agent_id
+    return str(agent_id)
 
 
 def greedy_policy(module) -> Callable[[dict[str, np.ndarray]], int]:
@@ -226,12 +226,15 @@ def _play(env: AdversarialParallelEnv, seed: int, adversary, executor) -> str:
     info: dict[str, Any] = {}
     while env.agents:
         agent = env.agent_on_turn
+        assert agent is not None  # one is on turn while the game runs
         if agent == ADVERSARY:
             action = NO_FLAW if adversary is None else adversary(obs[ADVERSARY])
         elif executor is not None:
             action = executor(obs[EXECUTOR])
         else:
-            call = PlanFollower(env.game.plan, env.game.registry).next_call(env.game.episode)
+            game = env.game
+            assert game.plan is not None and game.episode is not None  # reset() made them
+            call = PlanFollower(game.plan, game.registry).next_call(game.episode)
             action = env.action_space(EXECUTOR).n - 1 if call is None else call[0]  # FINISH is the last
         obs, _, _, _, info = env.step({agent: action})
     return info[EXECUTOR]["level"]
@@ -305,7 +308,7 @@ def format_report(result: SelfPlayResult) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resilibench.policies.selfplay", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m resilibench.policies.selfplay", description=(__doc__ or "").partition("\n")[0])
     defaults = SelfPlayConfig()
     parser.add_argument("--iterations", type=int, default=defaults.iterations, help="PPO iterations")
     parser.add_argument("--seed", type=int, default=defaults.seed)

@@ -152,9 +152,12 @@ def robustness_table(records: Sequence[ClusterRecord], answers: dict[str, dict[s
             workflow = parsed[v.variant_id]
             row = values.setdefault(v.perturbation, {c: [] for c in COLUMNS})
             if v.perturbation != "original":
-                both = workflow is not None and original is not None
-                row["node"].append(chain_f1(workflow, original).f1 if both else 0.0)
-                row["graph"].append(reachability_f1(workflow, original).f1 if both else 0.0)
+                if workflow is not None and original is not None:
+                    row["node"].append(chain_f1(workflow, original).f1)
+                    row["graph"].append(reachability_f1(workflow, original).f1)
+                else:
+                    row["node"].append(0.0)
+                    row["graph"].append(0.0)
             score = execution_score(record.task, workflow)
             row["exec"].append(score)
             row["exec_ratio"].append(score / optimal if optimal > 0 else 1.0)

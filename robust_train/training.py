@@ -415,7 +415,7 @@ def make_sft_trainer(model_path: str | Path, rows: Sequence[dict], output_dir: s
     ``output_dir/checkpoints``. Exposed for callers that drive the trainer themselves."""
     _require_llm()
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig, SFTTrainer  # pyright: ignore[reportPrivateImportUsage]: exported lazily
 
     model_path = _check_model_dir(model_path)
     rows = _check_rows(rows, ("prompt", "completion"))
@@ -481,7 +481,7 @@ def _example(inputs: dict, i: int, n: int) -> dict:
 @functools.cache
 def _weighted_dpo_trainer_class():
     """Build ``WeightedDPOTrainer`` on first use, so importing this module does not import TRL."""
-    from trl import DPOTrainer
+    from trl import DPOTrainer  # pyright: ignore[reportPrivateImportUsage]: exported lazily
 
     class WeightedDPOTrainer(DPOTrainer):
         """TRL's ``DPOTrainer`` with a per-example weight: a ``weight`` column (float >= 0) survives
@@ -535,7 +535,7 @@ def make_preference_trainer(model_path: str | Path, rows: Sequence[dict], output
     ``nll_alpha`` times the SFT term, weighted per row. Exposed for callers that drive the trainer."""
     _require_llm()
     from datasets import Dataset
-    from trl import DPOConfig
+    from trl import DPOConfig  # pyright: ignore[reportPrivateImportUsage]: exported lazily
 
     model_path = _check_model_dir(model_path)
     rows = _check_rows(rows, ("prompt", "chosen", "rejected", "weight"))

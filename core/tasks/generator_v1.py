@@ -142,6 +142,7 @@ def draw_tool_list(task_type: TaskType, weights, rng: np.random.Generator, regis
         tools = [single]
     elif name == "basic_file_processing":
         first = _draw(OPERATION_POOLS["read"], weights["read"], set(), rng)
+        assert first is not None  # nothing is excluded from the pool
         rest = [t for t in registry.names if t not in OPERATION_POOLS["read"]]
         k = int(rng.integers(1, 3))
         tools = [first] + [rest[i] for i in rng.choice(len(rest), size=k, replace=False)]
@@ -254,10 +255,11 @@ def generate_tasks_v1(seed: int = DEFAULT_SEED, matcher=None, registry: ToolRegi
         tool_lists = []
         for i in range(task_type.count):
             single = singles[i] if i < len(singles) else None
-            for _ in range(DRAW_ATTEMPTS):
-                tools = draw_tool_list(task_type, weights, rng, registry, single)
+            tools = draw_tool_list(task_type, weights, rng, registry, single)
+            for _ in range(DRAW_ATTEMPTS - 1):
                 if frozenset(tools) not in seen:
                     break
+                tools = draw_tool_list(task_type, weights, rng, registry, single)
             seen.add(frozenset(tools))
             tool_lists.append(tools)
         labels = structural_splits(tool_lists, rng)

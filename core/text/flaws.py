@@ -126,6 +126,13 @@ def _tool_ids(workflow: Workflow, registry: ToolRegistry) -> list[int | None]:
     return [registry.id_of(n.tool) if n.tool is not None and n.tool in registry else None for n in workflow.nodes]
 
 
+def _step_tool(workflow: Workflow, index: int, registry: ToolRegistry) -> int:
+    """The id of the tool of step ``index``, an eligible step of a method that needs one."""
+    tool = _tool_ids(workflow, registry)[index]
+    assert tool is not None, f"step {index + 1} calls no tool of the registry"
+    return tool
+
+
 def _plan_hints(workflow: Workflow) -> dict[str, Any]:
     """Argument values already in the plan, by parameter name (first occurrence), as hints for new steps."""
     hints: dict[str, Any] = {}
@@ -180,9 +187,10 @@ def _prerequisite(workflow: Workflow, index: int, registry: ToolRegistry) -> int
     """The earliest earlier step whose tool the tool of step ``index`` depends on (registry dependencies,
     which stay true however the plan's steps are moved)."""
     tools = _tool_ids(workflow, registry)
-    if tools[index] is None:
+    tool = tools[index]
+    if tool is None:
         return None
-    deps = set(registry.dependency_ids[tools[index]])
+    deps = set(registry.dependency_ids[tool])
     earlier = [i for i in range(index) if tools[i] in deps]
     return earlier[0] if earlier else None
 
@@ -197,17 +205,17 @@ def _required_params(workflow: Workflow, index: int, registry: ToolRegistry) -> 
 
 def _eligible(workflow: Workflow, method: str, registry: ToolRegistry, matcher: str) -> list[int]:
     n = len(workflow.nodes)
-    tools = _tool_ids(workflow, registry)
-    in_plan = {t for t in tools if t is not None}
-    tool_steps = [i for i in range(n) if tools[i] is not None]
+    tool_at = {i: t for i, t in enumerate(_tool_ids(workflow, registry)) if t is not None}
+    in_plan = set(tool_at.values())
+    tool_steps = list(tool_at)
     if method == "adjacent_swap":
         return [i for i in range(n - 1) if workflow.nodes[i].tool != workflow.nodes[i + 1].tool]
     if method == "dependency_violation":
         return [i for i in range(n) if _prerequisite(workflow, i, registry) is not None]
     if method == "similar_tool":
-        return [i for i in tool_steps if similar_tools(tools[i], in_plan, registry, matcher)]
+        return [i for i, t in tool_at.items() if similar_tools(t, in_plan, registry, matcher)]
     if method == "category_mismatch":
-        return [i for i in tool_steps if _other_category_tools(tools[i], in_plan, registry)]
+        return [i for i, t in tool_at.items() if _other_category_tools(t, in_plan, registry)]
     if method == "missing_required":  # the node keeps other arguments, so the call still carries some
         return [i for i in range(n) if _required_params(workflow, i, registry) and len(workflow.nodes[i].params) > 1]
     if method == "wrong_type":
@@ -215,7 +223,7 @@ def _eligible(workflow: Workflow, method: str, registry: ToolRegistry, matcher: 
     if method == "middle_removal":
         return list(range(1, n - 1))
     if method == "validation_removal":
-        return [i for i in tool_steps if registry.tools[tools[i]].operation in VALIDATION_OPERATIONS]
+        return [i for i, t in tool_at.items() if registry.tools[t].operation in VALIDATION_OPERATIONS]
     if method == "duplicate_step":
         return tool_steps
     if method == "unneeded_insertion":
@@ -300,6 +308,7 @@ def _adjacent_swap(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[d
 
 def _dependency_violation(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
     target = _prerequisite(w, i, ctx.registry)
+    assert target is not None  # an eligible step has a prerequisite
     node = w.nodes[i]
     return _move(w, i, target), [_change(target, w.nodes[target], node,
                                          f"moved step {i + 1} ({node.tool}) before its prerequisite "
@@ -312,14 +321,13 @@ def _replace_tool(w: Workflow, i: int, new: int, ctx: _Context, reason: str) -> 
 
 
 def _similar_tool(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
-    options = similar_tools(_tool_ids(w, ctx.registry)[i], ctx.taken(w), ctx.registry, ctx.matcher)
+    options = similar_tools(_step_tool(w, i, ctx.registry), ctx.taken(w), ctx.registry, ctx.matcher)
     new = ctx.pick(options[:SIMILAR_CANDIDATES])
     return _replace_tool(w, i, new, ctx, f"replaced by the similar tool {ctx.registry.names[new]}")
 
 
 def _category_mismatch(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict]]:
-    tool = _tool_ids(w, ctx.registry)[i]
-    new = ctx.pick(_other_category_tools(tool, ctx.taken(w), ctx.registry))
+    new = ctx.pick(_other_category_tools(_step_tool(w, i, ctx.registry), ctx.taken(w), ctx.registry))
     return _replace_tool(w, i, new, ctx, f"replaced by {ctx.registry.names[new]} from another category")
 
 
@@ -336,7 +344,7 @@ def _wrong_type(w: Workflow, i: int, ctx: _Context) -> tuple[Workflow, list[dict
     parameter (a mix-up, in the plan's own vocabulary), else ``WRONG_TYPE_VALUES``."""
     name = ctx.pick(_required_params(w, i, ctx.registry))
     node = w.nodes[i]
-    tool = ctx.registry[node.tool]
+    tool = ctx.registry[_step_tool(w, i, ctx.registry)]
     expected = next(p.type for p in tool.parameters if p.name == name)
     known = {json.dumps(v, sort_keys=True) for v in [*_plan_hints(w).values(), *ctx.hints.values()]}
     wrong = [json.loads(v) for v in sorted(known)
@@ -404,7 +412,7 @@ def _drift(w: Workflow, positions: list[int], ctx: _Context, rename: bool) -> tu
     changes = []
     previous = None
     for i in positions:
-        anchor = _tool_ids(w, registry)[i] if previous is None else previous
+        anchor = _step_tool(w, i, registry) if previous is None else previous
         candidates = similar_tools(anchor, ctx.taken(w), registry, ctx.matcher)
         if not candidates:  # a small registry (a live API's) has run out of spare tools: the drift stops here
             break
@@ -515,7 +523,7 @@ def _apply_each(workflow: Workflow, positions: list[int], method: str, ctx: _Con
     that could undo an earlier one: a swap of a step already swapped, a move of a moved step's prerequisite."""
     registry = ctx.registry
     ids: list[int | None] = list(range(len(workflow.nodes)))  # original index of each current step (None: new)
-    moved: set[int] = set()
+    moved: set[int | None] = set()
     moved_tools: set[str] = set()
     changes: list[dict] = []
     w = workflow

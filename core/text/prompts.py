@@ -129,20 +129,20 @@ def _mcp_steps(workflow: Workflow, registry: ToolRegistry, config: WorldConfig, 
     for a, b in workflow.edges:
         preds[b].append(a)
         succs[a].append(b)
-    tools = [n.tool if n.tool in registry else None for n in workflow.nodes]
+    tools = [n.tool if n.tool is not None and n.tool in registry else None for n in workflow.nodes]
     in_plan = {registry.id_of(t) for t in tools if t is not None}
     lines = []
-    for i, node in enumerate(workflow.nodes):
+    for i, (node, known) in enumerate(zip(workflow.nodes, tools, strict=True)):
         lines.append(f"{i + 1}. Execute {node.tool}" if node.tool else f"{i + 1}. Step")
         if node.text:
             lines.append(f"   - Purpose: {node.text}")
-        if tools[i] is not None:
-            lines.append(f"   - Reason: {_reason(i, workflow, sorted(succs[i]), registry)}")
+        if known is not None:
+            lines.append(f"   - Reason: {_reason(i, known, workflow, sorted(succs[i]), registry)}")
         if node.params:
             lines.append(f"   - Arguments: {json.dumps(node.arguments, sort_keys=True)}")
         lines.append(f"   - Requires: {_steps_named(workflow, sorted(preds[i])) or 'none'}")
-        if tools[i] is not None:
-            tool = registry.id_of(tools[i])
+        if known is not None:
+            tool = registry.id_of(known)
             alternatives = similar_tools(tool, in_plan, registry, matcher)[:N_ALTERNATIVES]
             lines.append(f"   - Alternatives: {', '.join(registry.names[t] for t in alternatives)}")
             name, _, description = RETURN_VALUES[registry.tools[tool].operation]
@@ -155,10 +155,10 @@ def _steps_named(workflow: Workflow, indices: list[int]) -> str:
     return ", ".join(f"step {j + 1} ({workflow.nodes[j].tool or workflow.nodes[j].text})" for j in indices)
 
 
-def _reason(i: int, workflow: Workflow, dependents: list[int], registry: ToolRegistry) -> str:
-    """Why step ``i`` is there, in three parts whatever the plan: the kind of step its tool's role makes
-    it, its operation, and the later steps of the plan that require it (or that it ends the plan)."""
-    spec = registry[workflow.nodes[i].tool]
+def _reason(i: int, tool: str, workflow: Workflow, dependents: list[int], registry: ToolRegistry) -> str:
+    """Why step ``i`` (of ``tool``) is there, in three parts whatever the plan: the kind of step its tool's
+    role makes it, its operation, and the later steps of the plan that require it (or that it ends the plan)."""
+    spec = registry[tool]
     then = "prerequisite of " + _steps_named(workflow, dependents) if dependents else "ends the plan"
     return f"{ROLE_STEPS[spec.role].capitalize()} step; performs the {spec.operation} operation; {then}"
 
@@ -356,6 +356,7 @@ def build_prompt(task: Task, settings: PromptSettings | None = None, *, seed: in
         source = with_arguments(task, workflow if workflow is not None else reference_workflow(task, config), registry)
         plan = source
         if variant == "flawed":
+            assert settings.flaw_type is not None  # PromptSettings requires one with variant 'flawed'
             injection = inject_flaw(source, settings.flaw_type, severity=settings.severity, seed=seed,
                                     registry=registry, matcher=matcher, hints=task_hints(task))
             plan = injection.workflow

@@ -417,6 +417,7 @@ def call_output(episode: Episode, result_record: CallRecord, message: str | None
             "version": tool.metadata["version"], "replayed": result_record.replayed}}
     else:
         code = result_record.error_code
+        assert code is not None  # a failed call has its error code
         description = message if message is not None else _error_description(tool, code)
         output = {"success": False, "error": {"code": code, "description": description}}
     done = sum(episode.succeeded[t] for t in episode.required)
@@ -550,6 +551,8 @@ def feedback_text(result: CallResult, episode: Episode) -> str:
 
 def end_text(episode: Episode) -> str:
     """One line on how the episode ended and its level."""
+    if episode.end_reason is None:
+        raise ValueError("the episode has not ended")
     level = episode.evaluation.level if episode.evaluation is not None else "unknown"
     return f"Episode ended ({episode.end_reason.replace('_', ' ')}); result: {level}."
 

@@ -278,12 +278,12 @@ class raw_env(AECEnv):
         self._hidden = slice(layout.required, layout.progress + 1)
         n_adversary = 1 + len(FLAW_CHOICES) * max_plan_length
         adversary_size = self._plan_size + n_tools + (layout.size - layout.task) + 1
-        executor_size = layout.size + self._plan_size + n_tools
+        self._executor_size = executor_size = layout.size + self._plan_size + n_tools
         self._action_spaces = {ADVERSARY: spaces.Discrete(n_adversary), EXECUTOR: spaces.Discrete(n_tools + 1)}
         self._observation_spaces = {
             agent: spaces.Dict({
                 "observation": spaces.Box(0.0, 1.0, (size,), np.float32),
-                "action_mask": spaces.Box(0, 1, (self._action_spaces[agent].n,), np.int8),
+                "action_mask": spaces.Box(0, 1, (int(self._action_spaces[agent].n),), np.int8),
             })
             for agent, size in ((ADVERSARY, adversary_size), (EXECUTOR, executor_size))
         }
@@ -333,7 +333,9 @@ class raw_env(AECEnv):
         first_obs, _ = self.planner.reset(seed=seed, options=None if task_id is None else {"task_id": task_id})
         if seed is not None or self._flaw_rng is None:
             self._flaw_rng = np.random.default_rng(None if seed is None else [seed, _FLAW_STREAM])
-        self.task = self.planner.episode.task
+        episode = self.planner.episode
+        assert episode is not None  # the planner's reset starts one
+        self.task = episode.task
         self.clean_plan = self._clean_plan(self.task, workflow)
         self.plan = self.clean_plan
         self.injections = []
@@ -370,17 +372,18 @@ class raw_env(AECEnv):
         if agent not in self._observation_spaces:
             raise ValueError(f"unknown agent {agent!r}; agents: {self.possible_agents}")
         on_turn = agent == self.agent_selection and not self.ended
+        _, plan, episode = self._played()
         if agent == ADVERSARY:
-            rows, _ = _plan_rows(self.plan, self.max_plan_length)
+            rows, _ = _plan_rows(plan, self.max_plan_length)
             left = self._injections_left / self.budget
             obs = np.concatenate([rows.ravel(), self._task_part, np.array([left], dtype=np.float32)])
-            mask = _adversary_mask(self.plan, self.max_plan_length, self.matcher) if on_turn else None
+            mask = _adversary_mask(plan, self.max_plan_length, self.matcher) if on_turn else None
         else:
-            obs = np.zeros(self._observation_spaces[EXECUTOR]["observation"].shape, dtype=np.float32)
+            obs = np.zeros(self._executor_size, dtype=np.float32)
             obs[:self._layout.size] = self._executor_obs
             if self._injections_left == 0:  # the plan is delivered once the adversary is done
-                self._write_plan(obs[self._layout.size:])
-            mask = self.planner.episode.action_mask if on_turn else None
+                self._write_plan(obs[self._layout.size:], plan, episode)
+            mask = episode.action_mask if on_turn else None
         n_actions = self._action_spaces[agent].n
         action_mask = np.zeros(n_actions, dtype=np.int8) if mask is None else mask.copy()
         return {"observation": obs, "action_mask": action_mask}
@@ -406,7 +409,7 @@ class raw_env(AECEnv):
             done = "injected" if injection["applied"] else "not applicable, nothing injected"
             lines.append(f"  flaw {injection['flaw_type']}/{injection['method']} at step {injection['position'] + 1}: {done}")
         lines.append("  plan:")
-        lines += ["    " + line for line in self.plan.to_plan().splitlines()]
+        lines += ["    " + line for line in self._played()[1].to_plan().splitlines()]
         lines += self.planner.render_text().splitlines()[1:]
         return "\n".join(lines)
 
@@ -435,22 +438,25 @@ class raw_env(AECEnv):
         return plan
 
     def _check_action(self, agent: str, action) -> int:
-        return discrete_action(action, self._action_spaces[agent].n, f"{agent} action")
+        return discrete_action(action, int(self._action_spaces[agent].n), f"{agent} action")
 
     def _adversary_step(self, action: int) -> None:
-        if action == NO_FLAW:
+        choice = self.describe_adversary_action(action)
+        if choice is None:
             self._injections_left = 0
         else:
-            flaw_type, method, position = self.describe_adversary_action(action)
-            applied = bool(_adversary_mask(self.plan, self.max_plan_length, self.matcher)[action])
+            flaw_type, method, position = choice
+            task, plan, _ = self._played()
+            assert self._flaw_rng is not None  # reset() draws it
+            applied = bool(_adversary_mask(plan, self.max_plan_length, self.matcher)[action])
             seed = int(self._flaw_rng.integers(2**31))
             record = {"flaw_type": flaw_type, "method": method, "position": position, "applied": applied,
                       "changes": None}
             if applied:
                 try:
-                    injection = inject_flaw(self.plan, flaw_type, method=method, severity=self.severity,
+                    injection = inject_flaw(plan, flaw_type, method=method, severity=self.severity,
                                             seed=seed, position=position, matcher=self.matcher,
-                                            hints=task_hints(self.task))
+                                            hints=task_hints(task))
                 except FlawNotApplicable:  # applicable_positions said yes: a disagreement, not a user error
                     raise RuntimeError(f"flaw {flaw_type}/{method} at {position} was marked applicable "
                                        "but could not be injected") from None
@@ -478,16 +484,16 @@ class raw_env(AECEnv):
             planner_obs[self._hidden] = 0.0
         return planner_obs
 
-    def _write_plan(self, out: np.ndarray) -> None:
-        """The executor's plan rows (with done flags) and next-planned-tool one-hot, written into ``out``."""
-        episode = self.planner.episode
-        rows, shown = _plan_rows(self.plan, self.max_plan_length)
+    def _write_plan(self, out: np.ndarray, workflow: Workflow, episode: Episode) -> None:
+        """The executor's plan rows (with done flags) and next-planned-tool one-hot of ``workflow``, written
+        into ``out``."""
+        rows, shown = _plan_rows(workflow, self.max_plan_length)
         n_tools = self._n_tools
         plan = out[:self._plan_size].reshape(rows.shape)
         plan[:] = rows
         for index, tool in shown:
             plan[index, n_tools + 2] = float(episode.succeeded[tool])
-        call = _follower(self.plan).next_call(episode)
+        call = _follower(workflow).next_call(episode)
         if call is not None:
             out[self._plan_size + call[0]] = 1.0
 
@@ -496,13 +502,20 @@ class raw_env(AECEnv):
         """Whether the game is over (both agents end together)."""
         return any(self.terminations.values()) or any(self.truncations.values())
 
+    def _played(self) -> tuple[Task, Workflow, Episode]:
+        """The game's task, the plan as it stands and the executor's episode; RuntimeError before reset()."""
+        task, plan, episode = self.task, self.plan, self.planner.episode
+        if task is None or plan is None or episode is None:
+            raise RuntimeError("call reset() first")
+        return task, plan, episode
+
     def _update_infos(self) -> None:
-        task = self.task
+        task, _, episode = self._played()
         injections = tuple(dict(i) for i in self.injections)
         base = {"task_id": task.instance_id, "task_type": task.task_type, "injections": injections}
         self.infos = {
             ADVERSARY: dict(base),
-            EXECUTOR: {**base, "trace": [r.to_dict() for r in self.planner.episode.trace], **self._end_info},
+            EXECUTOR: {**base, "trace": [r.to_dict() for r in episode.trace], **self._end_info},
         }
         self.infos = {agent: info for agent, info in self.infos.items() if agent in self.agents}
 

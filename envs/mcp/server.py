@@ -363,9 +363,9 @@ class ResiliBenchMCP:
                 if episode.done:
                     return self._ended(episode, handle)
                 if episode.turns_left == 0:
-                    episode.end_out_of_turns()
+                    evaluation = episode.end_out_of_turns()
                     return _error(OUT_OF_TURNS, f"all {episode.turns_used} turns are used; the call was not "
-                                  f"played. {end_text(episode)}", episode=handle, level=episode.evaluation.level)
+                                  f"played. {end_text(episode)}", episode=handle, level=evaluation.level)
                 result = call_tool(episode, name, arguments, executor=self.episodes.executor(handle))
                 data = {EPISODE_ARGUMENT: handle, **result.output}
                 if episode.evaluation is not None:
@@ -376,6 +376,7 @@ class ResiliBenchMCP:
 
     @staticmethod
     def _ended(episode: Episode, handle: str) -> types.CallToolResult:
+        assert episode.evaluation is not None  # an ended episode is graded
         return _error(EPISODE_ENDED, f"{end_text(episode)} Open a new episode with start_task.", episode=handle,
                       level=episode.evaluation.level)
 
@@ -563,7 +564,8 @@ async def serve_stdio(server: Server) -> None:
 
     with open(sys.stdin.fileno(), encoding="utf-8", errors="replace", closefd=False) as stdin:
         lines = _AnsweredLines(anyio.wrap_file(stdin))
-        async with stdio_server(stdin=lines) as (read_stream, write_stream):
+        # The SDK declares an AsyncFile but only iterates over its lines.
+        async with stdio_server(stdin=lines) as (read_stream, write_stream):  # pyright: ignore[reportArgumentType]
             lines.answer_through(write_stream)
             await server.run(read_stream, write_stream, server.create_initialization_options())
 

@@ -178,16 +178,17 @@ class ResiliBenchEnv(gym.Env):
         # The running success rate matters to the training profile only (summing the window costs a reset
         # more than a microsecond).
         rate = self.rewarder.success_rate if self._training else 0.0
-        self.episode = Episode.start(task, seed_of_episode, self.config, self.registry, success_rate=rate)
+        self.episode = episode = Episode.start(task, seed_of_episode, self.config, self.registry,
+                                               success_rate=rate)
         if self.client is None:
-            self._call = self.episode.call
+            self._call = episode.call
         else:
             from ..real_api.client import HttpExecutor
 
-            self._call = HttpExecutor(self.client, self.episode).call
+            self._call = HttpExecutor(self.client, episode).call
         self._trace = []
         self._obs = self._initial_observation(task)
-        return self._obs.copy(), self._info()
+        return self._obs.copy(), self._info(episode)
 
     def step(self, action):
         episode = self.episode
@@ -207,11 +208,11 @@ class ResiliBenchEnv(gym.Env):
             if self._shaped:
                 progress = episode.progress
                 record = self._call(action)
-                self._update_observation(action, status_before, prefix)
+                self._update_observation(episode, action, status_before, prefix)
                 reward += self.rewarder.step_reward(episode, record, progress, prefix)
             else:
                 self._call(action)
-                self._update_observation(action, status_before, prefix)
+                self._update_observation(episode, action, status_before, prefix)
         evaluation = episode.evaluation
         if evaluation is not None:
             if self._shaped:
@@ -222,7 +223,7 @@ class ResiliBenchEnv(gym.Env):
                 reward = 1.0 if full else 0.0
         if self.render_mode == "human":
             print(self.render_text())
-        return self._obs.copy(), float(reward), evaluation is not None and not truncated, truncated, self._info()
+        return self._obs.copy(), float(reward), evaluation is not None and not truncated, truncated, self._info(episode)
 
     def close(self):
         if self.client is not None and self._owns_client:
@@ -259,11 +260,12 @@ class ResiliBenchEnv(gym.Env):
             self._initial_obs[id(task)] = entry
         return entry[1].copy()
 
-    def _update_observation(self, tool: int, status_before: int, next_required_before: int) -> None:
+    def _update_observation(self, ep: Episode, tool: int, status_before: int,
+                            next_required_before: int) -> None:
         """Update the observation after a call of ``tool``, given the tool's status and the episode's
         next-required index before the call (each one-hot block holds a single 1, so only the changed
         entries are written)."""
-        ep, obs, lay = self.episode, self._obs, self.layout
+        obs, lay = self._obs, self.layout
         status = ep.status[tool]
         block = lay.status + N_STATUS * tool
         obs[block + status_before] = 0.0
@@ -283,8 +285,7 @@ class ResiliBenchEnv(gym.Env):
         if self._processes:
             process_features(ep, lay, obs)
 
-    def _info(self) -> dict[str, Any]:
-        ep = self.episode
+    def _info(self, ep: Episode) -> dict[str, Any]:
         task = ep.task
         evaluation = ep.evaluation
         trace, records = self._trace, ep.trace

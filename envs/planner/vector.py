@@ -167,10 +167,10 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             )
         self.world = front_end_world(world, config, rules)
         self.config = self.world.config
-        rules = self.config.rules
-        if rules.profile != "test":
+        episode_rules = self.config.rules
+        if episode_rules.profile != "test":
             raise ValueError(
-                f"the batched ResiliBench-v1 supports profile='test' only, got {rules.profile!r}; for the training "
+                f"the batched ResiliBench-v1 supports profile='test' only, got {episode_rules.profile!r}; for the training "
                 "profile use gymnasium.make_vec('ResiliBench-v1', num_envs=N, vectorization_mode='sync', "
                 "rules={'profile': 'training'})"
             )
@@ -192,8 +192,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self.single_observation_space = spaces.Box(0.0, 1.0, (self.layout.size,), np.float32)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
 
-        self._turn_limit = rules.turn_limit
-        self._strict = rules.strict_dependencies
+        self._turn_limit = episode_rules.turn_limit
+        self._strict = episode_rules.strict_dependencies
         N, T = self.num_envs, self._turn_limit
         # Per (sub-env, tool) one uint8: calls so far (bits 0-5), succeeded (64), last failure was a
         # dependency problem (128). Columns: the n tools, then MET, a satisfied dependency that pads the
@@ -230,9 +230,10 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         # Failure termination and the observation's counters for every count an episode can reach.
         counts = np.arange(T + 1)
         consecutive, streak = np.meshgrid(counts, counts, indexing="ij")
-        self._end_table = np.asarray(termination_code(consecutive, streak, rules), dtype=np.int64).reshape(-1)
+        self._end_table = np.asarray(termination_code(consecutive, streak, episode_rules),
+                                     dtype=np.int64).reshape(-1)
         self._step_table, self._failures_table, self._consecutive_table = (
-            np.asarray(x, dtype=np.float64) for x in counter_tables(rules))
+            np.asarray(x, dtype=np.float64) for x in counter_tables(episode_rules))
         self._finished_mask = np.zeros(n + 1, dtype=np.int8)
         self._finished_mask[n] = 1
         self._build_task_tables(self.known_tasks)

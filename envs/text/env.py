@@ -216,8 +216,8 @@ class ResiliBenchTextEnv(gym.Env):
         max_length: int = 16384,
         api: RealApi | None = None,
     ):
-        prompt, search = _settings("prompt", prompt, PromptSettings), _settings("search", search,
-                                   SearchSettings)
+        self.prompt_settings: PromptSettings = _settings("prompt", prompt, PromptSettings)
+        self.search: SearchSettings = _settings("search", search, SearchSettings)
         _settings("api", api, RealApi)
         if split is not None and split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
@@ -237,8 +237,7 @@ class ResiliBenchTextEnv(gym.Env):
         self.client = None if api is None else api.client(self.registry)
         self._owns_client = api is None or self.client is not api.target
         self.executor: HttpExecutor | None = None
-        self.prompt_settings, self.search = prompt, search
-        self.protocol = prompt.protocol
+        self.protocol = self.prompt_settings.protocol
         self._search_hint = TAG_SEARCH_HINT if self.protocol == "tags" else FUNCTION_SEARCH_HINT
         # The function schemas offered to a model of the tools protocol (None with tags).
         self.tools = function_schemas(self.registry) if self.protocol == "tools" else None
@@ -250,7 +249,8 @@ class ResiliBenchTextEnv(gym.Env):
         self.episode: Episode | None = None
         self._episodes = EnvEpisodes()
         self.task: Task | None = None
-        self.prompt = None  # the Prompt of the episode (text, variant, plan, injection, plan_style)
+        # The Prompt of the episode (text, variant, plan, injection, plan_style).
+        self.prompt: Prompt | None = None
         self.messages: list[dict[str, Any]] = []
         self._parsed: ParsedMessage | None = None
         self._injection: dict[str, Any] | None = None  # the prompt's flaw injection as a dict
@@ -300,7 +300,7 @@ class ResiliBenchTextEnv(gym.Env):
             raise RuntimeError("call reset() before step()")
         if episode.done:
             raise RuntimeError("episode has ended; call reset()")
-        parsed, assistant, ids = self._read(action)
+        parsed, assistant, ids = self._read(action, episode)
         self._parsed = parsed
         truncated = False
         parts: list[tuple[Any, str]] = []  # (request key or None, text)
@@ -317,7 +317,7 @@ class ResiliBenchTextEnv(gym.Env):
         elif parsed.completes and not parsed.has_tags:
             episode.finish()  # the completion signal alone costs no turn, as FINISH in ResiliBench-v1
         else:
-            parts = self._play(parsed)
+            parts = self._play(parsed, episode)
             if parsed.completes and not episode.done:
                 episode.finish()
             elif not episode.done and episode.turns_left == 0:
@@ -357,7 +357,8 @@ class ResiliBenchTextEnv(gym.Env):
             return "(not reset)"
         return _blocks(self.messages)
 
-    def _read(self, action: Any) -> tuple[ParsedMessage, dict[str, Any], dict[tuple[str, int], str]]:
+    def _read(self, action: Any, episode: Episode
+              ) -> tuple[ParsedMessage, dict[str, Any], dict[tuple[str, int], str]]:
         """(what the message asks, the assistant message as kept in ``messages``, the tool call id of each
         request). Tags: a string whose tags are read. Tools: an assistant message with ``tool_calls``
         (or a string, a message without calls) whose ``content`` is read for completion only."""
@@ -365,7 +366,7 @@ class ResiliBenchTextEnv(gym.Env):
             if not isinstance(action, str):
                 raise ValueError(f"action must be a string (an assistant message), got {type(action).__name__}")
             return parse_message(action, self.config.evaluator), {"role": "assistant", "content": action}, {}
-        return read_tool_calls(action, self.config.evaluator, f"call_{self.episode.turns_used}")
+        return read_tool_calls(action, self.config.evaluator, f"call_{episode.turns_used}")
 
     def _replies(self, parts: list[tuple[Any, str]], ids: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
         """The feedback messages: with tags one user message; with tools one tool message per tool call
@@ -387,10 +388,10 @@ class ResiliBenchTextEnv(gym.Env):
             reply["content"] = self._fit(reply["content"])
         return replies
 
-    def _play(self, parsed: ParsedMessage) -> list[tuple[Any, str]]:
+    def _play(self, parsed: ParsedMessage, episode: Episode) -> list[tuple[Any, str]]:
         """Answer a message's searches and info requests, run its first tool call (or spend the turn
         when it has none) and return the feedback parts, each keyed by its request (None: the message's)."""
-        episode, parts = self.episode, []
+        parts: list[tuple[Any, str]] = []
         requests, repeated, seen = [], [], set()  # identical requests of one message are answered once
         for key, text in ([(("search", i), q) for i, q in enumerate(parsed.searches)]
                           + [(("info", i), n) for i, n in enumerate(parsed.infos)]):
@@ -468,11 +469,13 @@ class ResiliBenchTextEnv(gym.Env):
 
     def info(self) -> dict[str, Any]:
         """The info dict of the current state (what reset and step return)."""
-        episode, prompt = self.episode, self.prompt
+        episode, task, prompt = self.episode, self.task, self.prompt
+        if episode is None or task is None or prompt is None:
+            raise RuntimeError("call reset() before info()")
         evaluation = episode.evaluation
         return {
-            "task_id": self.task.instance_id,
-            "task_type": self.task.task_type,
+            "task_id": task.instance_id,
+            "task_type": task.task_type,
             "prompt": prompt.variant,
             "flaw_type": getattr(prompt.injection, "flaw_type", None),
             "injection": self._injection,
@@ -503,8 +506,10 @@ def read_tool_calls(message: Any, config: Any = None, id_prefix: str = "call"
     searches, infos, calls, ids, kept = [], [], [], {}, []
     for j, raw in enumerate(message.get("tool_calls") or []):
         raw = raw if isinstance(raw, dict) else {}
-        function = raw.get("function") if isinstance(raw.get("function"), dict) else raw
-        name = function.get("name") if isinstance(function.get("name"), str) else ""
+        function = raw.get("function")
+        function = function if isinstance(function, dict) else raw
+        name = function.get("name")
+        name = name if isinstance(name, str) else ""
         arguments = function.get("arguments")
         call = call_with_arguments(name.strip(), arguments)
         if call.arguments == {}:

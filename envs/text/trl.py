@@ -35,6 +35,7 @@ from typing import Any
 
 from ...core.evaluator import LEVELS
 from ...core.registry import Tool, ToolRegistry, default_registry
+from ...core.simulator import Episode
 from ...core.tasks.library import Task
 from ...core.text.prompts import task_statement
 from ...core.text.toolbox import (
@@ -111,13 +112,14 @@ class GRPOEnvironmentBase:
         task prompt. Other dataset columns (the prompt) are ignored."""
         self._seed = int(seed)
         self._env.reset(seed=self._seed, options={"task_id": task_id})
-        return task_prompt(self._env.task, self._env.config.rules.turn_limit)
+        return task_prompt(self._episode().task, self._env.config.rules.turn_limit)
 
     def get_reward(self) -> float:
         """Grade the rollout: the end of the rollout is the completion signal for a running episode."""
         episode = self._episode()
         if not episode.done:
             episode.finish()
+        assert episode.evaluation is not None  # an ended episode is graded
         level = episode.evaluation.level
         reward = self._reward.levels[LEVELS.index(level)] + self._reward.progress_weight * episode.progress
         if self._outcomes is not None:
@@ -128,7 +130,7 @@ class GRPOEnvironmentBase:
 
     # --- helpers (private: TRL exposes public methods only) -------------------------------------------
 
-    def _episode(self):
+    def _episode(self) -> Episode:
         if self._env.episode is None:
             raise RuntimeError("call reset() before a tool")
         return self._env.episode

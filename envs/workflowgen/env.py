@@ -183,13 +183,14 @@ class WorkflowGenEnv(gym.Env):
         self.reach = np.zeros((self.max_nodes, self.max_nodes), dtype=bool)  # u ~> v
         self.steps = 0
         self.done = False
-        self._obs = np.zeros(self.observation_space.shape, dtype=np.float32)
+        self._obs = np.zeros(self._counts + 2, dtype=np.float32)  # the observation space's shape
         self._obs[:N_TASK_FEATURES] = task_features(task, self.registry)
         self._obs[N_TASK_FEATURES + np.asarray(task.required_ids(self.registry), dtype=np.int64)] = 1.0
-        return self._obs.copy(), self._info()
+        return self._obs.copy(), self._info(task)
 
     def step(self, action):
-        if self.task is None:
+        task = self.task
+        if task is None:
             raise RuntimeError("call reset() before step()")
         if self.done:
             raise RuntimeError("episode has ended; call reset()")
@@ -203,11 +204,11 @@ class WorkflowGenEnv(gym.Env):
         terminated = problem is None and action == self.stop_action
         truncated = not terminated and self.steps >= self.max_steps
         self._obs[self._counts + 1] = self.steps / self.max_steps
-        info = self._info()
+        info = self._info(task)
         reward = 0.0
         if terminated or truncated:
             self.done = True
-            info |= self._score()
+            info |= self._score(task)
             reward = info["reward_exec"] + info["reward_struct"]
         if problem is not None:
             info["illegal_action"] = problem
@@ -244,9 +245,11 @@ class WorkflowGenEnv(gym.Env):
         """The actions that build ``workflow`` (its tool steps in order, then its edges) and stop."""
         if len(workflow.nodes) > self.max_nodes:
             raise ValueError(f"workflow has {len(workflow.nodes)} steps, more than max_nodes={self.max_nodes}")
-        if any(n.tool is None for n in workflow.nodes):
-            raise ValueError("every step of a workflow built in WorkflowGen-v1 calls a tool")
-        adds = [self.registry.id_of(n.tool) for n in workflow.nodes]
+        adds = []
+        for node in workflow.nodes:
+            if node.tool is None:
+                raise ValueError("every step of a workflow built in WorkflowGen-v1 calls a tool")
+            adds.append(self.registry.id_of(node.tool))
         edges = [self.edge_offset + a * self.max_nodes + b for a, b in workflow.edges]
         return adds + edges + [self.stop_action]
 
@@ -295,10 +298,10 @@ class WorkflowGenEnv(gym.Env):
 
     # --- scoring -----------------------------------------------------------------------------------------
 
-    def _score(self) -> dict[str, Any]:
+    def _score(self, task: Task) -> dict[str, Any]:
         built = self.workflow()
-        reference = reference_workflow(self.task, self.config)
-        execution = workflow_success(self.task, built, self.config)
+        reference = reference_workflow(task, self.config)
+        execution = workflow_success(task, built, self.config)
         structure = float(self.metric(built, reference).f1)
         return {
             "workflow": built,
@@ -309,11 +312,11 @@ class WorkflowGenEnv(gym.Env):
             "reward_struct": self.w_struct * structure,
         }
 
-    def _info(self) -> dict[str, Any]:
+    def _info(self, task: Task) -> dict[str, Any]:
         return {
             "action_mask": self.action_mask(),
-            "task_id": self.task.instance_id,
-            "task_type": self.task.task_type,
+            "task_id": task.instance_id,
+            "task_type": task.task_type,
             "n_nodes": len(self.nodes),
             "n_edges": len(self.edges),
         }

@@ -51,6 +51,7 @@ class TrainingCallbacks(RLlibCallback):
     # --- algorithm -----------------------------------------------------------------------------------
 
     def on_algorithm_init(self, *, algorithm, metrics_logger=None, **kwargs) -> None:
+        assert algorithm.config is not None  # an initialised algorithm has its config
         env_config = algorithm.config.env_config
         if env_config.get("curriculum"):
             self.tracker = CurriculumTracker(int(env_config.get("stage", 0)),
@@ -71,6 +72,7 @@ class TrainingCallbacks(RLlibCallback):
             summary["stage_success"] = tracker.rate
             if tracker.update():
                 stage = tracker.stage
+                assert algorithm.env_runner_group is not None  # PPO samples with env runners
                 algorithm.env_runner_group.foreach_env_runner(lambda runner: set_env_runner_stage(runner, stage),
                                                               local_env_runner=True)
             summary["stage"] = tracker.stage

@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from ...core.workflow import Workflow
 from ...envs.planner.observation import ObservationLayout
 from . import CHECKPOINTS, latest_checkpoint, quiet_logs, require_rl
 from .wrappers import episode_observation
+
+if TYPE_CHECKING:
+    from .module import PlannerModule
 
 MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 CHECKPOINT_MARKER = "rllib_checkpoint.json"
@@ -54,16 +57,20 @@ def checkpoint_digest(checkpoint: Path) -> str:
     return hashlib.sha256((checkpoint / MODULE_PATH / "module_state.pkl").read_bytes()).hexdigest()
 
 
-def load_module(checkpoint: str | Path):
+def load_module(checkpoint: str | Path) -> PlannerModule:
     """The trained ``PlannerModule`` of a checkpoint, in eval mode on the CPU."""
     require_rl()
     from ray.rllib.core.rl_module.rl_module import RLModule
+
+    from .module import PlannerModule
 
     quiet_logs()
     path = resolve_checkpoint(checkpoint) / MODULE_PATH
     if not path.is_dir():
         raise ValueError(f"{path.parent.parent.parent.parent} has no policy module at {MODULE_PATH}")
     module = RLModule.from_checkpoint(str(path.resolve()))
+    if not isinstance(module, PlannerModule):
+        raise ValueError(f"{path} holds a {type(module).__name__}, not a PlannerModule")
     module.eval()
     return module
 
@@ -141,7 +148,7 @@ def policy_key(task: Task) -> tuple:
 
 
 def compare_workflows(planner: Any, tasks: Sequence[Task], config: WorldConfig | None = None,
-                      exact: bool = True, on_task: Callable[[], None] | None = None) -> dict[str, Any]:
+                      exact: bool = True, on_task: Callable[[], object] | None = None) -> dict[str, Any]:
     """Per task: the policy's happy-path workflow, the reference (bound-(iii)) workflow, whether they
     coincide (equal canonical keys), bound (iii) and, with ``exact``, the policy's exact full-success
     probability and the gap; plus a summary (match rate, mean success gap) over ``tasks`` and per task
@@ -197,13 +204,12 @@ def registered_planner(planner: Any) -> Iterator[None]:
     from .. import heuristics
 
     table = heuristics.HEURISTICS
-    missing = object()
-    previous = table.get(planner.name, missing)
+    previous = table.get(planner.name)
     table[planner.name] = lambda: planner
     try:
         yield
     finally:
-        if previous is missing:
+        if previous is None:
             del table[planner.name]
         else:
             table[planner.name] = previous

@@ -97,6 +97,8 @@ class ToolSetEncoder(nn.Module):
     identities and the outcomes of calls. Under failure processes a tool token also carries its
     rate-limit wait and whether its last call found it down; the time left joins the task token."""
 
+    dependencies: torch.Tensor  # a buffer
+
     def __init__(self, layout: ObservationLayout, dependencies: torch.Tensor, d_model: int, n_heads: int,
                  n_layers: int, ff_dim: int, relational: bool = True):
         super().__init__()

@@ -264,7 +264,8 @@ def probe_ray_head(address: str, timeout_s: float = 5.0) -> None:
                               "`ray start --head` or check the address") from None
     if client:
         return
-    from ray._raylet import GcsClient
+    # ray's _raylet.pyi leaves out the compiled GcsClient.
+    from ray._raylet import GcsClient  # pyright: ignore[reportAttributeAccessIssue]
     from ray.exceptions import AuthenticationError
 
     try:

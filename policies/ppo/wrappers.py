@@ -119,7 +119,8 @@ class MaskedPlannerEnv(gym.Wrapper):
         inner = env.unwrapped
         if not isinstance(inner, ResiliBenchEnv):
             raise TypeError(f"MaskedPlannerEnv wraps ResiliBench-v1, got {type(inner).__name__}")
-        n_actions = int(env.action_space.n)
+        self._inner = inner
+        n_actions = inner.n_tools + 1  # the tools, then FINISH
         self.observation_space = spaces.Dict({
             OBSERVATIONS: env.observation_space,
             ACTION_MASK: spaces.Box(0.0, 1.0, (n_actions,), np.float32),
@@ -139,8 +140,12 @@ class MaskedPlannerEnv(gym.Wrapper):
         if self.stage_pools and not -1 <= stage < len(self.stage_pools):
             raise ValueError(f"stage must be in [-1, {len(self.stage_pools)}), got {stage}")
         self.stage = stage
-        pool = self.full_pool if stage < 0 else self.stage_pools[stage]
-        self.env.unwrapped.tasks = TaskPool(pool)
+        if stage < 0:
+            pool = self.full_pool
+        else:
+            assert self.stage_pools is not None  # checked above
+            pool = self.stage_pools[stage]
+        self._inner.tasks = TaskPool(pool)
         by_type: dict[str, list[Task]] = {}
         for task in pool:
             by_type.setdefault(task.task_type, []).append(task)
@@ -162,7 +167,8 @@ class MaskedPlannerEnv(gym.Wrapper):
     def _slim_info(self, info: Mapping[str, Any]) -> dict[str, Any]:
         slim = {"task_type": info["task_type"], "stage": self.stage}
         if "level" in info:
-            episode = self.env.unwrapped.episode
+            episode = self._inner.episode
+            assert episode is not None  # the step that ended it
             required = len(episode.required)
             slim.update(level=info["level"], coverage=info["evaluation"].coverage, errors=episode.n_failures,
                         progress=episode.next_required / required if required else 1.0)
