@@ -61,6 +61,7 @@ def call_branches(episode: Episode, tool: int) -> list[tuple[float, Episode]]:
         if success_branch.draws_used == episode.draws_used:  # answered without a draw
             return [(1.0, success_branch)]
         p = record.probability
+        assert p is not None  # a call that drew carries its success probability
         failure_branch = branch_episode(episode)
         failure_branch.stream[episode.draws_used, 0] = 1.0
         failure_branch.call(tool)
@@ -102,6 +103,7 @@ def exact_policy_success(planner: Planner, task: Task, config: WorldConfig | Non
 
     def expand(episode: Episode) -> float:
         if episode.done:
+            assert episode.evaluation is not None  # an ended episode is graded
             return float(episode.evaluation.level == "full_success")
         if memo is None:
             return step(episode)
@@ -142,12 +144,17 @@ def play_episode(planner: Planner, task: Task, seed: int, config: WorldConfig | 
     return episode
 
 
+def _full_success(episode: Episode) -> bool:
+    """Whether a played (so ended and graded) episode reached full success."""
+    assert episode.evaluation is not None  # play_episode plays to the end
+    return episode.evaluation.level == "full_success"
+
+
 def monte_carlo_success(planner: Planner, tasks: Sequence[Task], config: WorldConfig | None = None,
                         episodes: int = 1000) -> tuple[float, tuple[float, float]]:
     """(full-success rate, its 95% Wilson interval) of ``planner`` over ``episodes`` episodes of each task,
     on the streams of run seeds 0..episodes-1 (``play_episode``): the estimate to report where an exact
     value is too costly to compute."""
-    wins = sum(play_episode(planner, task, seed, config).evaluation.level == "full_success"
-               for task in tasks for seed in range(episodes))
+    wins = sum(_full_success(play_episode(planner, task, seed, config)) for task in tasks for seed in range(episodes))
     n = episodes * len(tasks)
     return (wins / n if n else float("nan")), wilson_interval(wins, n)

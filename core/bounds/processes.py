@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 from functools import cache, cached_property
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,8 @@ def frozen_processes(processes: FailureProcesses) -> tuple:
 
 def thawed_processes(frozen: tuple) -> FailureProcesses:
     """The ``FailureProcesses`` of ``frozen_processes``."""
-    return FailureProcesses(**{name: dict(v) if name == "tool_base_success" else v for name, v in frozen})
+    fields: dict[str, Any] = {name: dict(v) if name == "tool_base_success" else v for name, v in frozen}
+    return FailureProcesses(**fields)
 
 
 class ProcessSubproblems(Subproblems):

@@ -96,17 +96,19 @@ def _build(
 
     def backend(role: str) -> Any:
         spec = roles[role]
+        assert spec is not None  # loaded only for a role given a spec (``_roles`` checked which need one)
         if spec not in backends:
             backends[spec] = load_backend(spec, f"--{role}", batch_size=args.batch_size)
         return backends[spec]
 
     taxonomies: dict[str, Any] = {}
+    solver_spec: str = args.solver  # a required option
     for name in runs:
         if name == "flaw":
-            if roles["solver"].partition(":")[0] in BACKEND_KINDS:  # shared with other roles of the spec
+            if solver_spec.partition(":")[0] in BACKEND_KINDS:  # shared with other roles of the spec
                 solver = LLMAgent(backend("solver"), generation)
             else:
-                solver = load_agent(roles["solver"], "--solver", generation, args.batch_size)
+                solver = load_agent(solver_spec, "--solver", generation, args.batch_size)
             generator = backend("generator") if roles["generator"] else None
             taxonomies[name] = FlawTaxonomy(
                 solver, tasks, config, generator=generator, generation=generation, matcher=args.matcher

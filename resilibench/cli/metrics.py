@@ -322,8 +322,10 @@ def _execute_calibration(job: _Calibration) -> int:
     if todo:
         backend = load_backend(args.backend) if args.backend else None
         scorer = _scorer(job.metrics, backend, args)
-        perturber = (LLMPerturber(backend, attempts=args.attempts, generation=_generation(args, 1024))
-                     if plan.method == "llm" else None)
+        perturber = None
+        if plan.method == "llm":
+            assert backend is not None  # --perturber llm needs --backend (checked above)
+            perturber = LLMPerturber(backend, attempts=args.attempts, generation=_generation(args, 1024))
         run.open_results(run_metadata(job.run_config, [plan.seed], extra={"scorer": scorer.settings}))
         with progress_bar(len(todo), "pairs") as bar:
             run_items(todo, scorer, lambda row: (run.write(row), bar.update(1)), seed=plan.seed,

@@ -42,6 +42,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     tasks = get_world(args.world).generate(seed=args.seed, matcher=matcher)
     if args.enhance:
         tasks = _enhance(tasks, args)
+    assert output is not None  # --output has a default
     path = write_tasks(tasks, output)
     elapsed = time.perf_counter() - started
     print(f"wrote {len(tasks)} tasks of world {args.world} to {path} (seed {args.seed}, matcher {matcher.name}, "
