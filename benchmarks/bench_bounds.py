@@ -32,7 +32,8 @@ from resilibench.core.bounds import (
 )
 from resilibench.core.config import WorldConfig
 from resilibench.core.simulator import Episode
-from resilibench.core.tasks import library as library
+from resilibench.core.tasks.library import read_tasks
+from resilibench.core.world import WORLDS
 from resilibench.policies.optimal import OptimalPlanner
 
 TEST_SPLIT_SIZE = 756
@@ -41,9 +42,9 @@ TEST_SPLIT_SIZE = 756
 def load_library(path: str | None) -> tuple[list, str]:
     """(tasks, description): ``path``, else the shipped v1 library if any, else the synthetic one."""
     if path:
-        return library.read_tasks(path), f"tasks from {path}"
-    if "v1" in getattr(library, "WORLDS", ()):
-        return library.load_tasks(split=None, world="v1"), "shipped v1 library"
+        return read_tasks(path), f"tasks from {path}"
+    if "v1" in WORLDS:
+        return WORLDS["v1"].tasks(), "shipped v1 library"
     return varied_tasks(5040), "synthetic varied library (this version ships no v1 library): varied_tasks(5040)"
 
 

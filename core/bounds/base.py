@@ -108,6 +108,7 @@ class Subproblems(ABC):
         self._actions: list[tuple[int, ...]] = []  # id -> tool actions in tie-break order (FILLER comes last)
         self._after: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}  # (id, i) -> (id', kept indices)
         self._ends: dict[tuple[int, int], bool] = {}
+        self._callable: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, int, int], ...]] = {}
         self.memo: dict[Key, tuple[float, int | None]] = {}  # key -> (value, optimal action; None = FINISH)
 
     # --- shapes ----------------------------------------------------------------------------------------
@@ -168,20 +169,19 @@ class Subproblems(ABC):
             codes = tuple(1 if 0 < c <= low else c for c in codes)
         return codes, consecutive, last, streak
 
-    def _callable_tools(self, sid: int, codes: tuple[int, ...]) -> Iterator[tuple[int, int, int]]:
+    def _callable_tools(self, sid: int, codes: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
         """(local index, uncalled dependencies, failed dependencies) of each tool action of shape ``sid``
-        under the call cap, in tie-break order."""
-        deps, cap = self.shapes[sid][1], self.max_calls
-        for i in self._actions[sid]:
-            if codes[i] >= cap:
-                continue
-            n_uncalled = n_failed = 0
-            for d in deps[i]:
-                if codes[d]:
-                    n_failed += 1
-                else:
-                    n_uncalled += 1
-            yield i, n_uncalled, n_failed
+        under the call cap, in tie-break order; kept per (shape, call counts), which bound (ii)'s search
+        meets again on every stream."""
+        tools = self._callable.get((sid, codes))
+        if tools is None:
+            deps, cap, found = self.shapes[sid][1], self.max_calls, []
+            for i in self._actions[sid]:
+                if codes[i] < cap:
+                    failed = sum(1 for d in deps[i] if codes[d])
+                    found.append((i, len(deps[i]) - failed, failed))
+            tools = self._callable[(sid, codes)] = tuple(found)
+        return tools
 
     @abstractmethod
     def success_key(self, key: Key, action: int) -> Key | None:
