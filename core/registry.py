@@ -20,9 +20,11 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from functools import cache, cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
+if TYPE_CHECKING:
+    import networkx as nx
+
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "data_processing": ("parser", "transformer", "validator", "aggregator", "filter"),
@@ -351,16 +353,17 @@ def _build() -> tuple[Tool, ...]:
             name = f"{category}_{op}"
             resolved = [_resolve_group(category, g, names) for g in DEPENDENCY_RULES.get(op, ())]
             deps[name] = tuple(dict.fromkeys(d for d in resolved if d != name))
-    graph = nx.DiGraph()
-    graph.add_nodes_from(names)
-    graph.add_edges_from((d, t) for t, ds in deps.items() for d in ds)
-    if not nx.is_directed_acyclic_graph(graph):
-        raise ValueError(f"dependency rules resolve to a cycle: {nx.find_cycle(graph)}")
+    index = {n: i for i, n in enumerate(names)}
+    edges = [(index[d], index[t]) for t, ds in deps.items() for d in ds]
+    ordered = [names[i] for i in topological_order(len(names), edges, key=names.__getitem__)]  # by name when free
+    if len(ordered) < len(names):
+        raise ValueError(f"dependency rules resolve to a cycle among {sorted(set(names) - set(ordered))}")
     levels = {n: 0 for n in names}
-    for n in nx.topological_sort(graph):
-        for succ in graph.successors(n):
-            levels[succ] = max(levels[succ], levels[n] + 1)
-    order = {n: i for i, n in enumerate(nx.lexicographical_topological_sort(graph))}
+    for n in ordered:
+        for t, ds in deps.items():
+            if n in ds:
+                levels[t] = max(levels[t], levels[n] + 1)
+    order = {n: i for i, n in enumerate(ordered)}
 
     tools = []
     for category, ops in CATEGORIES.items():
@@ -425,6 +428,8 @@ class ToolRegistry:
 
     def dependency_graph(self) -> nx.DiGraph:
         """Edges point from a dependency to the tool that needs it."""
+        import networkx as nx
+
         graph = nx.DiGraph()
         graph.add_nodes_from(self.names)
         graph.add_edges_from((d, t.name) for t in self.tools for d in t.dependencies)
