@@ -15,6 +15,7 @@ or an unknown key raises ``ConfigError`` (a ``ValueError``) naming the field by 
 from __future__ import annotations
 
 __all__ = [
+    "settings_argument",
     "UNIT", "AT_LEAST_ONE", "setting", "Settings", "field_name", "type_hints", "without_none", "check_value",
     "short_repr", "from_dict",
 ]
@@ -27,9 +28,10 @@ import typing
 from functools import cache
 from typing import Any, ClassVar, TypeVar
 
-from resilibench.errors import ConfigError
+from resilibench.errors import ConfigError, InputError
 
 T = TypeVar("T", bound="Settings")
+A = TypeVar("A")  # a settings-like argument of a front end
 
 UNIT = (0, 1)  # bounds of a probability
 AT_LEAST_ONE = (1, None)
@@ -244,3 +246,11 @@ def from_dict(cls: type[T], data: dict[str, Any], base: T | None = None) -> T:
         else:
             kwargs[key] = value
     return dataclasses.replace(current, **kwargs)  # type: ignore[type-var]
+
+
+def settings_argument(name: str, value: Any, cls: type[A]) -> A | None:
+    """A front end's argument that takes a ``cls`` settings object or None, returned as it is; ``InputError``
+    naming ``name`` for anything else (a bare string or dict, say)."""
+    if value is not None and not isinstance(value, cls):
+        raise InputError(name, f"must be a {cls.__name__} ({cls.__module__}) or None, got {type(value).__name__}")
+    return value

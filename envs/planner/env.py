@@ -11,6 +11,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from resilibench.settings import settings_argument
+
 from ...core.config import WorldConfig
 from ...core.frontend import choose_task, discrete_action, front_end_world, select_tasks
 from ...core.registry import ToolRegistry, default_registry
@@ -164,9 +166,12 @@ class ResiliBenchEnv(gym.Env):
         self._training = self.config.rules.profile == "training"
         self._action_hint = f"FINISH = {self.n_tools}"
         self._trace: list[dict] = []  # ``info["trace"]``: the episode's calls as dicts, one per record
-        self.client = None  # real-API mode: calls go over HTTP through it (the text env's ``api``)
-        if api is not None:
-            self.client = api.client(self.registry)
+        if api is not None:  # real-API mode (and its HTTP stack) loads only when an api is given
+            from ..real_api.live_apis import RealApi
+
+            api = settings_argument("api", api, RealApi)
+        # Real-API mode: calls go over HTTP through this client (the text env's ``api``); None: simulated.
+        self.client = None if api is None else api.client(self.registry)
         self._owns_client = api is None or self.client is not api.target
         self._call: Any = None  # the episode's call, or its HttpExecutor's in real-API mode
 

@@ -18,6 +18,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from resilibench.settings import settings_argument
+
 from ...core.config import WorldConfig
 from ...core.frontend import choose_task, select_tasks
 from ...core.registry import ToolRegistry, default_registry
@@ -216,9 +218,9 @@ class ResiliBenchTextEnv(gym.Env):
         max_length: int = 16384,
         api: RealApi | None = None,
     ):
-        self.prompt_settings: PromptSettings = _settings("prompt", prompt, PromptSettings)
-        self.search: SearchSettings = _settings("search", search, SearchSettings)
-        _settings("api", api, RealApi)
+        self.prompt_settings = settings_argument("prompt", prompt, PromptSettings) or PromptSettings()
+        self.search = settings_argument("search", search, SearchSettings) or SearchSettings()
+        api = settings_argument("api", api, RealApi)
         if split is not None and split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -532,17 +534,6 @@ def read_tool_calls(message: Any, config: Any = None, id_prefix: str = "call"
     if kept:
         assistant["tool_calls"] = kept
     return parsed, assistant, ids
-
-
-def _settings(name: str, value: Any, cls: type) -> Any:
-    """An argument that must be a ``cls`` settings object (None: its defaults, for a settings class with
-    them); ``ValueError`` naming it otherwise."""
-    if value is None:
-        return None if cls is RealApi else cls()
-    if not isinstance(value, cls):
-        raise ValueError(f"{name} must be a {cls.__name__} ({cls.__module__}) or None, got "
-                         f"{type(value).__name__}")
-    return value
 
 
 def _check_option(name: str, value: Any, cls: type) -> None:

@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from resilibench.settings import Settings, setting
+from resilibench.settings import Settings, setting, settings_argument
 
 from ...core.bounds import reference_workflow
 from ...core.config import WorldConfig
@@ -140,9 +140,7 @@ class WorkflowGenEnv(gym.Env):
     ):
         if split is not None and split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
-        reward = reward if reward is not None else WorkflowReward()
-        if not isinstance(reward, WorkflowReward):
-            raise ValueError(f"reward must be a WorkflowReward or None, got {type(reward).__name__}")
+        reward = settings_argument("reward", reward, WorkflowReward) or WorkflowReward()
         for name, value in (("max_nodes", max_nodes), ("max_copies", max_copies)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")

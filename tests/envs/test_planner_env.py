@@ -134,6 +134,7 @@ def test_shaped_reward_differs_and_is_deterministic():
         ({"rules": {"turn_limit": "10"}}, "turn_limit must be an integer"),
         ({"rules": {"turn_limit": 10.0}}, "turn_limit must be an integer"),
         ({"rules": {"strict_dependencies": "no"}}, "strict_dependencies must be true or false"),
+        ({"api": "http://127.0.0.1:9"}, "api: must be a RealApi"),  # a URL alone: RealApi(url) is meant
         ({"task_types": 5}, "task_types must be a task type name or a list of them"),
     ],
 )

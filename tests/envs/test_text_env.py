@@ -441,6 +441,9 @@ def test_tools_protocol_offers_the_tools_as_function_schemas():
     assert make_env().tools is None and "<tool_call>" in make_env().prompt.text
     with pytest.raises(ValueError, match="protocol must be one of"):
         ResiliBenchTextEnv(prompt=PromptSettings(protocol="xml"))
+    for name, value in (("prompt", "flawed"), ("search", "lexical"), ("api", "http://127.0.0.1:9")):
+        with pytest.raises(ValueError, match=f"{name}: must be a"):  # a bare value where settings are meant
+            ResiliBenchTextEnv(**{name: value})
 
 
 def test_tools_protocol_answers_each_call_in_a_tool_message():
