@@ -11,18 +11,17 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from resilibench.cli import main as cli_main
 from resilibench.core.config import WorldConfig
+from resilibench.core.text.toolbox import SearchSettings
 from resilibench.core.world import load_tasks
 from resilibench.envs.real_api.call_log import CallLogRow, read_rows, write_rows
 from resilibench.envs.real_api.live_apis import RealApi
 from resilibench.envs.real_api.service import ToolService, running_service
 from resilibench.envs.text.env import ResiliBenchTextEnv
-from resilibench.core.text.toolbox import SearchSettings
 from resilibench.errors import InputError
 from resilibench.policies.runner import run_jobs
 
