@@ -217,9 +217,9 @@ def load_config(path: str | Path | None = None, base: WorldConfig | None = None)
         if suffix == ".json":
             data = json.loads(text)
         else:
-            import yaml
+            from resilibench.safe_yaml import load_yaml
 
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text) or {}
     except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError("path", f"cannot parse config file {path}: {first}") from None

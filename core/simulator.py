@@ -241,6 +241,8 @@ class Episode:
     end_reason: str | None = field(default=None, init=False)
     evaluation: Evaluation | None = field(default=None, init=False)
     time_used: float = field(default=0.0, init=False)  # seconds of calls (failure processes' latency)
+    # Called with the episode once it ends (an HTTP executor writes the episode's call-log rows then).
+    end_listeners: list[Callable[[Episode], object]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         names, dependency_ids, error_codes, mask = registry_tables(self.registry)
@@ -553,4 +555,6 @@ class Episode:
         self.end_reason = reason
         self.evaluation = evaluate(self.task, self.trace, self.completed, reason, self.config.evaluator,
                                    self.registry)
+        for listener in self.end_listeners:
+            listener(self)
         return self.evaluation

@@ -60,6 +60,16 @@ class Node:
 STRING_STEPS = ("tool", "text")  # how a plain JSON string in a workflow's node list is read
 SENTINELS = ("START", "END")  # WorFBench's and RobustFlow's begin and end markers: not steps
 _TOOL_NAME = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+")  # snake_case with an underscore: file_operations_reader
+def _edge_pairs(data: dict[str, Any]) -> list[tuple[int, int]]:
+    """The ``edges`` of a workflow's JSON, checked: a list of [from, to] pairs of node indices."""
+    edges = data.get("edges", [])
+    if not isinstance(edges, list):
+        raise ValueError(f"workflow 'edges' must be a list of [from, to] pairs, got {type(edges).__name__}")
+    for e in edges:
+        if not (isinstance(e, list | tuple) and len(e) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in e)):
+            raise ValueError(f"edge {e!r} must be a pair of node indices")
+    return [(e[0], e[1]) for e in edges]
 
 
 @dataclass(frozen=True)
@@ -173,11 +183,7 @@ class Workflow:
                 nodes.append(Node.make(n.get("tool"), n.get("text", ""), arguments))
             else:
                 raise ValueError(f"node {i} must be a tool name or an object with 'tool'/'text'/'arguments'")
-        edges = []
-        for e in data.get("edges", []):
-            if not (isinstance(e, list | tuple) and len(e) == 2 and all(isinstance(x, int) for x in e)):
-                raise ValueError(f"edge {e!r} must be a pair of node indices")
-            edges.append((int(e[0]), int(e[1])))
+        edges = [(int(a), int(b)) for a, b in _edge_pairs(data)]
         return cls.lenient(nodes, edges) if lenient else cls(tuple(nodes), tuple(edges))
 
     @classmethod
@@ -205,9 +211,7 @@ class Workflow:
                 index[i] = len(index)
         nodes = [Node(text=texts[i].strip()) for i in index]
         edges = []
-        for e in data.get("edges", []):
-            if not (isinstance(e, list | tuple) and len(e) == 2 and all(isinstance(x, int) for x in e)):
-                raise ValueError(f"edge {e!r} must be a pair of node indices")
+        for e in _edge_pairs(data):
             if not all(0 <= x < len(texts) for x in e):
                 raise ValueError(f"edge {list(e)} refers to a node outside [0, {len(texts)})")
             if e[0] in index and e[1] in index:
@@ -219,17 +223,20 @@ class Workflow:
         """From WorFBench's answer text: ``Node:`` then numbered steps (``1: text`` or ``1. text``), then
         ``Edge:`` (or ``Edges:``) with pairs ``(START,1) (1,2) ... (n,END)``. Steps are texts; START and
         END are markers, not steps. The steps are the lines numbered 1, 2, ... right after ``Node:``; the
-        first other line ends them (models often add prose with numbered lines of its own). An edge
-        naming a step that is not listed raises ValueError."""
+        first other line ends them (models often add prose with numbered lines of its own). Without an
+        ``Edge:`` line, the edges are the pairs written after the steps (10 of WorFBench's released gold
+        answers announce them in Markdown or prose: ``- **Edge**: (START, 1), (1, 2)``). An edge naming a
+        step that is not listed raises ValueError."""
         if not isinstance(answer, str):
             raise ValueError(f"a WorFBench answer must be text, got {type(answer).__name__}")
         marker = re.search(r"^\s*Edges?\s*:", answer, flags=re.M | re.I)
-        head, tail = (answer[:marker.start()], answer[marker.end():]) if marker else (answer, "")
+        head = answer[:marker.start()] if marker else answer
         start = re.search(r"^\s*Nodes?\s*:", head, flags=re.M | re.I)
         if not start:
             raise ValueError("a WorFBench answer starts with 'Node:' and its numbered steps")
         steps: list[str] = []
-        for line in head[start.end():].splitlines():
+        steps_end = start.end()
+        for line in head[start.end():].splitlines(keepends=True):
             step = re.fullmatch(r"\s*(\d+)\s*[:.]\s*(.+?)\s*", line)
             if step and int(step.group(1)) == len(steps) + 1:
                 steps.append(step.group(2))
@@ -237,9 +244,11 @@ class Workflow:
                 raise ValueError(f"WorFBench steps must be numbered from 1; got {step.group(1)} first")
             elif line.strip():
                 break
+            steps_end += len(line)
+        tail = answer[marker.end():] if marker else answer[steps_end:]
         edges = []
-        for a, b in re.findall(r"\(\s*(\d+|START)\s*,\s*(\d+|END)\s*\)", tail):
-            if a == "START" or b == "END":
+        for a, b in re.findall(r"\(\s*(\d+|START)\s*,\s*(\d+|END)\s*\)", tail, flags=re.I):
+            if a.upper() == "START" or b.upper() == "END":
                 continue
             if not (1 <= int(a) <= len(steps) and 1 <= int(b) <= len(steps)):
                 raise ValueError(f"edge ({a},{b}) names a step outside 1..{len(steps)}")

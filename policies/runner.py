@@ -12,7 +12,7 @@ __all__ = [
 ]
 
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,28 +107,31 @@ def run_jobs(
     call_log: str | Path | None = None,
     api: RealApi | None = None,
     bounds: bool = True,
+    logged: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """Run (planner, task, seed) jobs in one env; ``on_result`` sees each row as it is produced.
     ``bounds=False`` leaves both bounds out of the rows (a call log's generation needs none, and under
     failure processes the exact bound takes seconds per task).
     Rows carry bound (iii) of the task and, with ``clairvoyant``, bound (ii) of the episode's stream (not
     defined under failure processes: their draws come from streams of their own). ``call_log``: a file that
-    receives every episode's call-log rows (appended, one flushed line each). ``api``: real-API mode
-    (``ResiliBenchEnv``'s ``RealApi``; its client writes its own log there)."""
+    receives every episode's call-log rows (appended in one write per episode), but for the episodes named in
+    ``logged`` (those a resumed run's log holds already: a kill between an episode's rows and its result row
+    leaves them there). ``api``: real-API mode (``ResiliBenchEnv``'s ``RealApi``; its client writes its own
+    log there)."""
     config = config or WorldConfig()
     clairvoyant = clairvoyant and not config.processes.active
     jobs = list(jobs)
     env = ResiliBenchEnv(tasks=sorted({t.instance_id: t for _, t, _ in jobs}.values(), key=lambda t: t.instance_id),
                          config=config, split=None, api=api)
     try:
-        return _run_in(env, jobs, config, on_result, clairvoyant and bounds, call_log, bounds)
+        return _run_in(env, jobs, config, on_result, clairvoyant and bounds, call_log, bounds, set(logged))
     finally:
         env.close()
 
 
 def _run_in(env: ResiliBenchEnv, jobs: list[tuple[str, Task, int]], config: WorldConfig,
             on_result: Callable[[dict[str, Any]], object] | None, clairvoyant: bool,
-            call_log: str | Path | None, bounds: bool) -> list[dict[str, Any]]:
+            call_log: str | Path | None, bounds: bool, logged: set[str]) -> list[dict[str, Any]]:
     """The rows of ``jobs`` played in ``env`` (see ``run_jobs``)."""
     planners: dict[str, Planner] = {}
     clairvoyant_hits: dict[tuple[str, int], bool] = {}
@@ -137,7 +140,7 @@ def _run_in(env: ResiliBenchEnv, jobs: list[tuple[str, Task, int]], config: Worl
         planner = planners.setdefault(name, make_planner(name, config))
         rows_of_calls: list[CallLogRow] | None = [] if call_log is not None else None
         row = run_episode(env, planner, task, seed, rows_of_calls)
-        if call_log is not None and rows_of_calls:
+        if call_log is not None and rows_of_calls and rows_of_calls[0].episode not in logged:
             write_rows(call_log, rows_of_calls)
         if bounds:
             row["bound_iii"] = optimal_success(task, config)

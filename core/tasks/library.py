@@ -58,6 +58,14 @@ TASK_TYPES: tuple[TaskType, ...] = (
 TASK_TYPE_NAMES = tuple(t.name for t in TASK_TYPES)
 COMPLEXITIES = ("easy", "medium", "hard")
 
+_FIELD_TYPES: dict[str, type] = {
+    "instance_id": str, "task_type": str, "description": str, "inputs": dict, "expected_outputs": dict,
+    "required_tools": list, "constraints": dict, "complexity": str, "metadata": dict, "original_description": str,
+    "split": str,
+}
+_KIND_NAMES = {str: "string", dict: "JSON object", list: "list"}
+
+
 @dataclass(frozen=True)
 class Task:
     """One task of the library; the fields of paper app. C.2 plus its split."""
@@ -90,6 +98,8 @@ class Task:
     @classmethod
     def from_dict(cls, data: dict[str, Any], registry: ToolRegistry | None = None) -> Task:
         """Build a task from JSON data, with clear errors for missing or bad fields."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a task must be a JSON object, got {type(data).__name__}")
         missing = [k for k in ("instance_id", "task_type", "required_tools") if k not in data]
         if missing:
             raise ValueError(f"task is missing field(s) {missing}: {str(data)[:200]}")
@@ -97,12 +107,20 @@ class Task:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"task {data['instance_id']!r} has unknown field(s) {unknown}; accepted: {sorted(known)}")
+        for name, kind in _FIELD_TYPES.items():
+            if name in data and not isinstance(data[name], kind):
+                raise ValueError(f"task {str(data['instance_id'])[:80]!r}: {name} must be a {_KIND_NAMES[kind]}, got "
+                                 f"{type(data[name]).__name__}")
         if data["task_type"] not in TASK_TYPE_NAMES:
             raise ValueError(f"task {data['instance_id']!r}: task_type {data['task_type']!r} not in {TASK_TYPE_NAMES}")
         registry = registry or default_registry()
         for tool in data["required_tools"]:
-            if tool not in registry:
+            if not isinstance(tool, str) or tool not in registry:
                 raise ValueError(f"task {data['instance_id']!r}: unknown required tool {tool!r}")
+        retries = data.get("constraints", {}).get("max_retries", 3)
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ValueError(f"task {data['instance_id']!r}: constraints.max_retries must be an integer >= 0, "
+                             f"got {retries!r}")
         kwargs = {
             "description": "",
             "inputs": {},

@@ -295,6 +295,11 @@ def call_with_arguments(name: str, arguments: Any) -> ToolCall:
         arguments, problem = _load_json(arguments)
         if problem is not None:
             return ToolCall(name, None, problem)
+    if isinstance(arguments, dict):
+        try:
+            json.dumps(arguments)
+        except (TypeError, ValueError) as exc:  # a Python object that JSON cannot carry, or a cycle
+            return ToolCall(name, None, f"arguments must hold JSON values only: {exc}")
     if arguments is None or isinstance(arguments, dict):
         return ToolCall(name, arguments, None)
     return ToolCall(name, None, f"arguments must be a JSON object, got {type(arguments).__name__}")

@@ -318,7 +318,8 @@ class HttpExecutor:
     a front end shows instead of the simulated output); ``outcomes`` all of them. Log rows (when the client
     has a log) name the episode ``log_episode`` (default ``<task id>/<seed>/<process id>-<k>``, ``k``
     counting the executors of this process: unique when a run plays one task and seed twice, as two
-    planners do, or when runs append to one log)."""
+    planners do, or when runs append to one log). They reach the log in one write when the episode ends,
+    so a run killed mid-episode leaves none of its rows to be logged again when the run resumes."""
 
     client: ToolClient
     episode: Episode
@@ -328,10 +329,13 @@ class HttpExecutor:
     service_episode: str | None = field(default=None, init=False)
     last_outcome: HttpOutcome | None = field(default=None, init=False)
     outcomes: list[HttpOutcome] = field(default_factory=list, init=False)
+    log_rows: list[CallLogRow] = field(default_factory=list, init=False)  # written when the episode ends
 
     def __post_init__(self) -> None:
         if self.mirror is None:
             self.mirror = self.client.is_service
+        if self.client.log is not None:
+            self.episode.end_listeners.append(self._write_log)
         if self.log_episode is None:
             self.log_episode = f"{self.episode.task.instance_id}/{self.episode.seed}/{LOG_RUN}-{next(_LOGGED)}"
         if not self.client.is_service:
@@ -405,10 +409,16 @@ class HttpExecutor:
             world_duration = self.client.episode_state(str(self.service_episode))["time_used"] - episode.time_used
         if self.client.log is not None:
             n_uncalled, n_failed, n_history = episode.covariates(tool_id)
-            write_rows(self.client.log, [CallLogRow(
+            self.log_rows.append(CallLogRow(
                 "http", episode.task.instance_id, str(self.log_episode), episode.turns_used, name, n_uncalled,
                 n_failed, n_history, outcome.success, outcome.error_code, outcome.status,
                 round(outcome.latency_s, 6), outcome.error_class, outcome.retry_after, outcome.attempt,
-                world_duration, outcome.wait_turns)])
+                world_duration, outcome.wait_turns))
         duration = outcome.latency_s if world_duration is None else world_duration
         return outcome.success, outcome.error_code, duration, outcome.wait_turns
+
+    def _write_log(self, episode: Episode) -> None:
+        """Append the ended episode's rows to the client's log."""
+        assert self.client.log is not None  # registered only then
+        write_rows(self.client.log, self.log_rows)
+        self.log_rows.clear()

@@ -162,9 +162,9 @@ def load_document(source: str | Path, base: Path | None = None) -> tuple[dict[st
             raise InputError("openapi", f"OpenAPI document {path} does not exist")
         text, url = path.read_text(encoding="utf-8"), None
     try:
-        import yaml
+        from resilibench.safe_yaml import load_yaml
 
-        document = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+        document = json.loads(text) if text.lstrip().startswith("{") else load_yaml(text)
     except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError (PyYAML would read 1e-06 as a string)
         raise InputError("openapi", f"cannot parse the OpenAPI document {text_source}: "
                          f"{str(exc).splitlines()[0]}") from None
@@ -422,9 +422,9 @@ def read_task_file(path: str | Path) -> TaskFile:
         raise InputError("task_file", f"task file {path} does not exist (shipped sets: "
                          f"{', '.join(SHIPPED_TASK_FILES)})")
     try:
-        import yaml
+        from resilibench.safe_yaml import load_yaml
 
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except Exception as exc:  # yaml.YAMLError, UnicodeDecodeError
         raise InputError("task_file", f"cannot parse task file {path}: {str(exc).splitlines()[0]}") from None
     data = _mapping(data, "task_file", TASK_FILE_KEYS)

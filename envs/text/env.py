@@ -325,6 +325,9 @@ class ResiliBenchTextEnv(gym.Env):
             elif not episode.done and episode.turns_left == 0:
                 parts.append((None, f"{no_calls_left(episode)}: reply \"task completed\" to finish, or the episode ends "
                                     "unfinished."))
+        if self._over_length(action):
+            parts.append((None, f"Your message is longer than {self.max_length} characters: only its first "
+                                f"{self.max_length} were read."))
         end = end_text(episode) if episode.done else None
         if end is not None and not any(end in text for _, text in parts):  # a call's feedback may hold it
             parts.append((None, end))
@@ -367,8 +370,14 @@ class ResiliBenchTextEnv(gym.Env):
         if self.protocol == "tags":
             if not isinstance(action, str):
                 raise ValueError(f"action must be a string (an assistant message), got {type(action).__name__}")
+            action = action[:self.max_length]
             return parse_message(action, self.config.evaluator), {"role": "assistant", "content": action}, {}
-        return read_tool_calls(action, self.config.evaluator, f"call_{episode.turns_used}")
+        return read_tool_calls(action, self.config.evaluator, f"call_{episode.turns_used}", self.max_length)
+
+    def _over_length(self, action: Any) -> bool:
+        """Whether the action's text (tags: the message; tools: its content) is cut at ``max_length``."""
+        content = action.get("content") if isinstance(action, dict) else action
+        return isinstance(content, str) and len(content) > self.max_length
 
     def _replies(self, parts: list[tuple[Any, str]], ids: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
         """The feedback messages: with tags one user message; with tools one tool message per tool call
@@ -491,20 +500,21 @@ class ResiliBenchTextEnv(gym.Env):
         }
 
 
-def read_tool_calls(message: Any, config: Any = None, id_prefix: str = "call"
+def read_tool_calls(message: Any, config: Any = None, id_prefix: str = "call", max_length: int | None = None
                     ) -> tuple[ParsedMessage, dict[str, Any], dict[tuple[str, int], str]]:
     """Read an assistant message of the tools protocol (a string is a message without calls): its
     ``tool_search``/``tool_info`` calls and tool calls, in order, and the completion signal of its content.
     Returns (parsed, the message as kept, the tool call id of each request key). An empty arguments
     object is no arguments (the call is played as is, as a tag call without JSON); ValueError for a
-    message that is neither a string nor an assistant message."""
+    message that is neither a string nor an assistant message. ``max_length``: the content is read up to
+    it, and a call whose arguments are longer (as JSON) is refused as malformed."""
     if isinstance(message, str):
         message = {"role": "assistant", "content": message}
     if not isinstance(message, dict) or not isinstance(message.get("content") or "", str) \
             or not isinstance(message.get("tool_calls") or [], list):
         raise ValueError("action must be a string or an assistant message {'role': 'assistant', 'content': str, "
                          f"'tool_calls': [...]}}, got {message!r:.200}")
-    content = message.get("content") or ""
+    content = (message.get("content") or "")[:max_length]
     searches, infos, calls, ids, kept = [], [], [], {}, []
     for j, raw in enumerate(message.get("tool_calls") or []):
         raw = raw if isinstance(raw, dict) else {}
@@ -513,6 +523,10 @@ def read_tool_calls(message: Any, config: Any = None, id_prefix: str = "call"
         name = function.get("name")
         name = name if isinstance(name, str) else ""
         arguments = function.get("arguments")
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {},
+                                                                       default=repr)
+        if max_length is not None and len(text) > max_length:
+            arguments = text = text[:max_length]  # cut: read as malformed JSON, the call's problem
         call = call_with_arguments(name.strip(), arguments)
         if call.arguments == {}:
             call = dataclasses.replace(call, arguments=None)
@@ -527,7 +541,6 @@ def read_tool_calls(message: Any, config: Any = None, id_prefix: str = "call"
             key = ("call", len(calls))
             calls.append(call)
         ids[key] = str(raw.get("id") or f"{id_prefix}_{j}")
-        text = arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
         kept.append({"id": ids[key], "type": "function", "function": {"name": name, "arguments": text}})
     parsed = ParsedMessage(tuple(searches), tuple(infos), tuple(calls), message_completes(content, config))
     assistant: dict[str, Any] = {"role": "assistant", "content": content}

@@ -136,6 +136,8 @@ def _documents(path: str, option: str, fmt: str) -> list[tuple[str | None, Any]]
         if fmt == "worfbench":
             return [(None, text)]
         raise CliError(f"{option} {path}: workflow is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CliError(f"{option} {path}: JSON nested too deeply to read") from None
     items = data if isinstance(data, list) else [data]
     out = []
     for item in items:
@@ -160,15 +162,27 @@ def _read_files(args: argparse.Namespace) -> list[tuple[str, Any, Any, str | Non
     pairs = []
     for number, ((pred_id, pred), (ref_id, ref)) in enumerate(zip(preds, refs, strict=True), 1):
         where = "" if len(preds) == 1 else f" (workflow {number})"
-        values = []
-        for option, path, value in (("--pred", args.pred, pred), ("--ref", args.ref, ref)):
-            try:
-                values.append(_workflow(value, args, option[2:]))
-            except ValueError as exc:
-                raise CliError(f"{option} {path}{where}: {exc}") from None
         pair_id = ref_id or pred_id or ("pair" if len(preds) == 1 else str(number))
-        pairs.append((pair_id, *values, None))
+        try:
+            reference = _workflow(ref, args, "ref")
+        except ValueError as exc:
+            raise CliError(f"--ref {args.ref}{where}: {exc}") from None
+        pairs.append((pair_id, _prediction(pred, args, pair_id, f"--pred {args.pred}{where}"), reference, None))
     return pairs
+
+
+def _prediction(value: Any, args: argparse.Namespace, pair_id: str, where: str):
+    """A prediction as ``_workflow`` reads it; one it cannot read is an empty workflow (it scores 0) noted in
+    ``args.unreadable`` as (pair id, reason), or, with --strict, a CliError naming ``where``."""
+    from resilibench.core.workflow import Workflow
+
+    try:
+        return _workflow(value, args, "pred")
+    except ValueError as exc:
+        if args.strict:
+            raise CliError(f"{where}: {exc}") from None
+        args.unreadable[pair_id] = str(exc)
+        return Workflow((), ())
 
 
 def _read_pairs(args: argparse.Namespace) -> list[tuple[str, Any, Any, str | None]]:
@@ -186,22 +200,32 @@ def _read_pairs(args: argparse.Namespace) -> list[tuple[str, Any, Any, str | Non
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise CliError(f"{where}: not JSON ({exc})") from None
+        except RecursionError:
+            raise CliError(f"{where}: JSON nested too deeply to read") from None
         if not isinstance(row, dict) or "pred" not in row or "ref" not in row:
             raise CliError(f"{where}: each line must be an object with 'pred' and 'ref' workflows "
                            "(and optional 'id' and 'task')")
+        pair_id = str(row.get("id", number))
         try:
-            pred, ref = _workflow(row["pred"], args, "pred"), _workflow(row["ref"], args, "ref")
+            ref = _workflow(row["ref"], args, "ref")
         except ValueError as exc:
-            raise CliError(f"{where}: {exc}") from None
+            raise CliError(f"{where}: ref: {exc}") from None
         task = row.get("task")
-        pairs.append((str(row.get("id", number)), pred, ref, task if isinstance(task, str) else None))
+        pairs.append((pair_id, _prediction(row["pred"], args, pair_id, f"{where}: pred"), ref,
+                      task if isinstance(task, str) else None))
     if not pairs:
         raise CliError(f"--pairs {path}: no pairs in the file")
     return pairs
 
 
-def _report_caveats(rows: list[dict[str, Any]]) -> None:
-    """Say on stderr which predictions were repaired and which MCIS scores are bounds, not values."""
+def _report_caveats(rows: list[dict[str, Any]], unreadable: dict[str, str]) -> None:
+    """Say on stderr which predictions could not be read (scored 0), which were repaired and which MCIS
+    scores are bounds, not values."""
+    if unreadable:
+        first = next(iter(unreadable.items()))
+        print(f"warning: {len(unreadable)} of {len(rows)} prediction(s) could not be read and score 0 "
+              f"(details.unreadable in --format json; --strict stops instead); first: {first[0]}: {first[1]}",
+              file=sys.stderr)
     repaired = [r["id"] for r in rows if "repairs" in r["details"]]
     cyclic = [r["id"] for r in rows if {"self_loops", "cycle_edges"} & set(r["details"].get("repairs", {}))]
     bounded = [r["id"] for r in rows if r["details"].get("mcis_f1", {}).get("exact") is False]
@@ -222,7 +246,11 @@ def cmd_score(args: argparse.Namespace) -> int:
     output_file(args.output)
     if args.string_steps and args.input_format != "resilibench":
         raise CliError(f"--string-steps applies to --input-format resilibench; {args.input_format} steps are texts")
+    args.unreadable = {}
     pairs = _read_pairs(args) if args.pairs else _read_files(args)
+    if len(args.unreadable) == len(pairs):  # not a stray bad answer: the input is not in this format
+        pair_id, reason = next(iter(args.unreadable.items()))
+        raise CliError(f"no prediction could be read (pair {pair_id}: {reason})")
     metrics = _metrics(args)
     scorer = _scorer(metrics, load_backend(args.backend) if args.backend else None, args)
     rows: list[dict[str, Any]] = []
@@ -230,6 +258,9 @@ def cmd_score(args: argparse.Namespace) -> int:
         for chunk in iter_chunks(pairs, args.batch_size):
             results = scorer.score([(p, r) for _, p, r, _ in chunk], [t for *_, t in chunk])
             rows += [{"id": pair_id, **result} for (pair_id, *_), result in zip(chunk, results, strict=True)]
+    for row in rows:
+        if row["id"] in args.unreadable:
+            row["details"]["unreadable"] = args.unreadable[row["id"]]
             bar.update(len(chunk))
     if args.output:
         write_text_atomic(args.output, "".join(dumps_row(r) + "\n" for r in rows))
@@ -244,7 +275,7 @@ def cmd_score(args: argparse.Namespace) -> int:
             values = [r["scores"][m] for r in rows if r["scores"][m] is not None]
             means.append(sum(values) / len(values) if values else None)
         print(format_table(("id", *metrics), [*table, ("mean", *means)]))
-    _report_caveats(rows)
+    _report_caveats(rows, args.unreadable)
     if args.output:
         print(f"wrote {len(rows)} rows to {args.output}", file=sys.stderr)
     return 0
@@ -395,6 +426,9 @@ def _score_arguments(parser: argparse.ArgumentParser) -> None:
     _add_metric_options(parser)
     parser.add_argument("--format", choices=("table", "json"), default="table", help="what is printed (default table)")
     parser.add_argument("--output", metavar="FILE", help="also write one JSON row per pair to FILE (JSONL)")
+    parser.add_argument("--strict", action="store_true",
+                        help="stop at a prediction that cannot be read (default: it scores 0, counted in a warning, "
+                             "as WorFBench's scorer skips it; when no prediction can be read the command stops)")
     parser.set_defaults(func=cmd_score)
 
 

@@ -102,6 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def execute_run(plan: RunPlan, resume: bool, split: str, call_log: Path | None = None) -> int:
     """Run the missing episodes of ``plan`` into its directory, then write the summary and the plot;
     ``call_log``: a file that receives one call-log row per call of every episode played (appended)."""
+    from resilibench.envs.real_api.call_log import logged_episodes
     from resilibench.policies.runner import run_jobs
     from resilibench.results import plot_full_success, run_metadata, summarize_levels
 
@@ -115,9 +116,10 @@ def execute_run(plan: RunPlan, resume: bool, split: str, call_log: Path | None =
               "to run", file=sys.stderr)
         if todo:
             run.open_results(run_metadata(plan.run_config, plan.seeds))
+            logged = logged_episodes(call_log) if resume and call_log is not None else set()
             with progress_bar(len(todo), "episodes") as bar:
                 run_jobs(todo, plan.config, on_result=lambda row: (run.write(row), bar.update(1)), call_log=call_log,
-                         api=plan.api and plan.api.real)
+                         api=plan.api and plan.api.real, logged=logged)
         wanted = {(p, t.instance_id, s) for p, t, s in plan.jobs}
         rows = [row for row in run.rows() if run.key_of(row) in wanted]
         levels = summarize_levels(rows, "planner", "task_type", groups=plan.planners, subgroups=plan.task_types)

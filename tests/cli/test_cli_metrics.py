@@ -80,9 +80,10 @@ def test_score_errors_exit_2(tmp_path, capsys):
          "--string-steps applies to --input-format resilibench"),
         (["--pred", good, "--ref", write(tmp_path / "two.json", json.dumps([REF.to_dict()] * 2))],
          "holds 1 workflows and --ref"),
-        (["--pred", write(tmp_path / "a.txt", "1: a"), "--ref", good, "--input-format", "worfbench"], "'Node:'"),
+        (["--pred", write(tmp_path / "a.txt", "1: a"), "--ref", write(tmp_path / "gold.txt", WORFBENCH_GOLD),
+          "--input-format", "worfbench"], "'Node:'"),
         (["--pairs", write(tmp_path / "p1.jsonl", '{"pred": {"nodes": ["a"]}}\n')], "p1.jsonl:1: each line must"),
-        (["--pairs", write(tmp_path / "p2.jsonl", '\n{"pred": 1, "ref": 2}\n')], "p2.jsonl:2: workflow JSON must"),
+        (["--pairs", write(tmp_path / "p2.jsonl", '\n{"pred": 1, "ref": 2}\n')], "p2.jsonl:2: ref: workflow JSON must"),
         (["--pairs", write(tmp_path / "p3.jsonl", "\n")], "no pairs in the file"),
         (["--pred", good, "--ref", good, "--metrics", "judge"], "--metrics judge needs --backend"),
         (["--pred", good, "--ref", good, "--metrics", "judge", "--backend", "hf:" + str(tmp_path / "none")],
@@ -172,3 +173,70 @@ def test_mcis_budget_is_reported_not_hidden(tmp_path, capsys):
     low, high = row["details"]["mcis_f1"]["f1_bounds"]
     assert row["details"]["mcis_f1"]["exact"] is False and low == row["scores"]["mcis_f1"] < high
     assert "mcis_f1 of 1 pair(s) is a lower bound" in captured.err
+
+
+# Two of WorFBench's released gold answers (wikihow) that announce their edges in Markdown.
+MARKDOWN_GOLDS = (
+    "Node:\n1: Get your credit report\n2: Review it\n3: Decide which errors to fix\n4: Fix errors\n"
+    "Considering these dependencies, the topology diagram can be formed as:\n\n"
+    "- **Edge**: (START, 1), (1, 2), (2, 3), (3, 4), (4, END) \n\nThis diagram traces the flow.",
+    "Node:\n1: Fold the paper\n2: Tape it\n3: Turn the box\nHere's how the subtasks would be arranged:\n\n"
+    "**Graph Structure:**\n- **Edge:** (START, 1)\n- **Edge:** (1, 2)\n- **Edge:** (2, 3)\n- **Edge:** (3, END)\n",
+)
+
+
+@pytest.mark.parametrize("gold", MARKDOWN_GOLDS)
+def test_worfbench_golds_with_markdown_edges_keep_their_edges(tmp_path, capsys, gold):
+    steps = [line.split(": ", 1)[1] for line in gold.splitlines()[1:] if line[:1].isdigit()]
+    assert Workflow.from_worfbench(gold).edges == tuple((i, i + 1) for i in range(len(steps) - 1))
+    reversed_plan = "Node:\n" + "".join(f"{i + 1}: {s}\n" for i, s in enumerate(reversed(steps))) + "Edge: " + " ".join(
+        f"({i + 1},{i + 2})" for i in range(len(steps) - 1))
+    ref, pred = write(tmp_path / "gold.txt", gold), write(tmp_path / "pred.txt", reversed_plan)
+    assert main(["metrics", "score", "--input-format", "worfbench", "--pred", pred, "--ref", ref,
+                 "--metrics", "chain_f1", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["scores"]["chain_f1"] < 0.5
+
+
+def test_an_unreadable_prediction_scores_zero_unless_strict(tmp_path, capsys):
+    """As WorFBench's scorer skips an answer without 'Node:', one bad prediction does not end the batch."""
+    gold = [{"id": f"g{i}", "conversations": [{"role": "assistant", "content": WORFBENCH_GOLD}]} for i in range(3)]
+    preds = [{"workflow": WORFBENCH_GOLD}, {"workflow": "I could not plan this."}, {"workflow": WORFBENCH_GOLD}]
+    ref, pred = write(tmp_path / "gold.json", json.dumps(gold)), write(tmp_path / "pred.json", json.dumps(preds))
+    command = ["metrics", "score", "--input-format", "worfbench", "--pred", pred, "--ref", ref, "--metrics", "chain_f1",
+               "--format", "json"]
+    assert main(command) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert [r["scores"]["chain_f1"] for r in rows] == [1.0, 0.0, 1.0]
+    assert "'Node:'" in rows[1]["details"]["unreadable"]
+    assert "1 of 3 prediction(s) could not be read and score 0" in captured.err
+    assert main([*command, "--strict"]) == 2
+    err = capsys.readouterr().err
+    assert "(workflow 2)" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("workflow", "message"), [
+    ({"nodes": [{"tool": "a"}, {"tool": "b"}], "edges": "01"}, "'edges' must be a list"),
+    ({"nodes": [{"tool": "a"}, {"tool": "b"}], "edges": 5}, "'edges' must be a list"),
+    ({"nodes": [{"tool": "a"}, {"tool": "b"}], "edges": [[True, False]]}, "must be a pair of node indices"),
+])
+def test_malformed_edges_are_named(tmp_path, capsys, workflow, message):
+    good = write(tmp_path / "good.json", REF.to_json())
+    bad = write(tmp_path / "bad.json", json.dumps(workflow))
+    assert main(["metrics", "score", "--pred", good, "--ref", bad]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    pairs = write(tmp_path / "pairs.jsonl", json.dumps({"pred": workflow, "ref": REF.to_dict()}) + "\n"
+                  + json.dumps({"pred": REF.to_dict(), "ref": REF.to_dict()}) + "\n")
+    assert main(["metrics", "score", "--pairs", pairs, "--metrics", "chain_f1"]) == 0
+    assert "1 of 2 prediction(s) could not be read" in capsys.readouterr().err
+
+
+def test_deeply_nested_json_is_a_one_line_error(tmp_path, capsys):
+    deep = write(tmp_path / "deep.json", "[" * 5000 + "]" * 5000)
+    good = write(tmp_path / "good.json", REF.to_json())
+    pairs = write(tmp_path / "deep.jsonl", '{"pred": ' + "[" * 5000 + "]" * 5000 + ', "ref": 1}\n')
+    for extra in (["--pred", deep, "--ref", good], ["--pairs", pairs]):
+        assert main(["metrics", "score", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "nested too deeply" in err and len(err.strip().splitlines()) == 1

@@ -5,6 +5,7 @@ splits held out by structure."""
 import collections
 import gzip
 import importlib.util
+import json
 
 import pytest
 
@@ -132,6 +133,29 @@ def test_bad_files_give_clear_errors(tmp_path):
         read_tasks(tmp_path / "missing.jsonl")
     with pytest.raises(ValueError, match="world must be one of"):
         load_tasks(world="v9")
+
+
+TASK = {"instance_id": "x", "task_type": "basic_file_processing", "required_tools": ["file_operations_reader"]}
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("[1]", "a task must be a JSON object, got list"),
+    (json.dumps({**TASK, "required_tools": 5}), "required_tools must be a list, got int"),
+    (json.dumps({**TASK, "required_tools": [["file_operations_reader"]]}), "unknown required tool"),
+    (json.dumps({**TASK, "constraints": []}), "constraints must be a JSON object"),
+    (json.dumps({**TASK, "constraints": {"max_retries": "3"}}), "max_retries must be an integer"),
+    (json.dumps({**TASK, "instance_id": {"a": 1}}), "instance_id must be a string"),
+])
+def test_hostile_task_lines_are_one_line_errors(tmp_path, capsys, line, message):
+    from resilibench.cli import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(line + "\n")
+    with pytest.raises(ValueError, match=f"bad.jsonl:1: .*{message}"):
+        read_tasks(bad)
+    assert main(["run", "--tasks", str(bad), "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
 
 
 def test_filters_and_lookup():

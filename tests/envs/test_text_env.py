@@ -387,7 +387,7 @@ def test_hostile_tool_calls_are_feedback_not_exceptions():
 
 
 def test_the_work_per_message_is_capped():
-    env = make_env(search=SearchSettings(method="lexical", k=1))
+    env = make_env(search=SearchSettings(method="lexical", k=1), max_length=2_000_000)  # messages of 1.2 MB
     searches = "".join(f"<tool_search>read file number {i}</tool_search>" for i in range(1000))
     infos = "<tool_info>file_operations_reader</tool_info>" * 1000
     obs, *_, info = env.step(searches + infos)
@@ -555,3 +555,29 @@ def test_the_reminder_does_not_invite_quitting():
     obs, *_ = env.step("I am thinking about which tool to use.")
     assert "No tool request found" in obs and "task completed" not in obs.lower()
     assert obs.endswith("Progress: 0/5 required tools done; 9 turns left.")
+
+
+def test_a_message_is_read_up_to_max_length():
+    """10 MB of unclosed tags costs what max_length characters cost; the agent is told of the cut."""
+    import time
+
+    env = make_env()
+    start = time.process_time()
+    obs, *_, info = env.step("<tool_call>" * 1_000_000)
+    assert time.process_time() - start < 1.0 and info["turn"] == 1
+    assert f"longer than {env.max_length} characters" in obs
+    assert len(env.messages[-2]["content"]) == env.max_length  # the message as kept: what was read
+    tools = make_env(prompt=PromptSettings(protocol="tools"))
+    big = {"role": "assistant", "content": "x" * 10_000_000,
+           "tool_calls": [{"function": {"name": "file_operations_reader", "arguments": {"source": "y" * 10**6}}}]}
+    obs, *_, info = tools.step(big)
+    assert f"longer than {tools.max_length} characters" in tools.messages[-1]["content"]
+    assert info["trace"] == [] or info["trace"][0]["error_code"] == INVALID_INPUT
+
+
+def test_arguments_that_json_cannot_carry_are_the_calls_problem():
+    env = make_env(prompt=PromptSettings(protocol="tools"))
+    message = {"role": "assistant", "content": "",
+               "tool_calls": [{"function": {"name": "file_operations_reader", "arguments": {"source": {1, 2}}}}]}
+    obs, *_, info = env.step(message)
+    assert info["turn"] == 1 and "JSON values only" in json.dumps(env.messages[-1])

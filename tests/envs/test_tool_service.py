@@ -166,6 +166,7 @@ def test_retry_honours_retry_after_and_each_attempt_is_a_turn(base_url, tmp_path
         started = time.perf_counter()
         record = executor.call("network_fetcher")
         elapsed = time.perf_counter() - started
+        episode.finish()  # an episode's rows reach the log when it ends
     reference = Episode.start(TASK, seed)
     expected = [reference.call("network_fetcher") for _ in executor.outcomes]
     assert [(r.success, r.error_code) for r in episode.trace] == [(r.success, r.error_code) for r in expected]
@@ -229,6 +230,8 @@ def test_same_task_and_seed_give_the_simulators_trace(service, base_url, tmp_pat
                 assert [(r.tool, r.success, r.error_code, r.turn, r.replayed) for r in over_http.trace] == [
                     (r.tool, r.success, r.error_code, r.turn, r.replayed) for r in plain.trace]
                 assert over_http.end_reason == plain.end_reason
+                if not over_http.done:
+                    over_http.finish()  # an episode's rows reach the log when it ends
                 with service.episodes.use(executor.service_episode) as served:  # the service played them all
                     assert [tuple(r) for r in served.trace] == [tuple(r) for r in plain.trace[:len(served.trace)]]
                     assert all(r.probability is None for r in plain.trace[len(served.trace):])  # not sent yet
@@ -251,6 +254,8 @@ def test_log_rows_carry_the_covariates(base_url, tmp_path):
             expected.append(shadow.covariates(shadow.registry.id_of(tool)))
             shadow.call(tool)
             executor.call(tool)
+        assert not log.exists()  # the episode is running: none of its rows is logged yet
+        episode.finish()
     rows = list(read_rows(log))
     assert [(r.n_uncalled, r.n_failed, r.n_history) for r in rows] == expected
     assert {(r.task_id, r.episode) for r in rows} == {(task.instance_id, "run-1")}
