@@ -30,9 +30,11 @@ __all__ = [
     "Upstream", "LiveUpstream", "ReplayUpstream", "Session", "FaultProxy", "serve_proxy",
 ]
 
+import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import socket
 import time
 from collections import OrderedDict
@@ -66,6 +68,7 @@ DEFAULT_UPSTREAM_TIMEOUT = 60.0
 DEFAULT_MAX_SESSIONS = 10_000  # sessions kept; beyond, the least recently used one is forgotten
 NOT_RECORDED = "NOT_RECORDED"  # replay: no answer recorded for the call
 UPSTREAM_GONE = "the upstream MCP server is gone"
+_GRACE_SECONDS = 0.5  # once the upstream has gone, how long the proxy goes on answering before it stops
 _STDIO = "stdio"  # the session key of the stdio client (and of HTTP requests without a session id)
 _SESSION_HEADER = "mcp-session-id"
 
@@ -121,21 +124,21 @@ class Upstream:
 
 
 class LiveUpstream(Upstream):
-    """An MCP server reached with the SDK's client: ``command`` (a list: launched over stdio, in this
-    process's environment, its stderr on ours) or ``url`` (streamable HTTP). ``timeout``: seconds a call
-    may take (a slower one is the upstream's TIMEOUT)."""
+    """An MCP server reached with the SDK's client: ``server`` is a command line (a list: launched over
+    stdio, in this process's environment, its stderr on ours), a streamable-HTTP URL, or an ``mcp`` server
+    object (in memory). ``timeout``: seconds a call may take (a slower one is the upstream's TIMEOUT)."""
 
-    def __init__(self, command: Sequence[str] | None = None, url: str | None = None,
-                 timeout: float = DEFAULT_UPSTREAM_TIMEOUT):
+    def __init__(self, server: Sequence[str] | str | Any, timeout: float = DEFAULT_UPSTREAM_TIMEOUT):
         from mcp import StdioServerParameters
 
-        if (command is None) == (url is None):
-            raise InputError("command", "give either an upstream command or an upstream URL")
-        if command is not None and (not command or not all(isinstance(a, str) for a in command)):
-            raise InputError("command", f"the upstream command must be a non-empty list of strings, got {command!r}")
-        self.where = " ".join(command) if command is not None else str(url)
-        self._server: Any = url if command is None else StdioServerParameters(
-            command=command[0], args=list(command[1:]), env=dict(os.environ))
+        if isinstance(server, list | tuple):
+            if not server or not all(isinstance(a, str) for a in server):
+                raise InputError("command", f"the upstream command must be a non-empty list of strings, got {server!r}")
+            self.where = shlex.join(server)
+            server = StdioServerParameters(command=server[0], args=list(server[1:]), env=dict(os.environ))
+        else:
+            self.where = server if isinstance(server, str) else type(server).__name__
+        self._server = server
         self.timeout = float(timeout)
         self._stack = AsyncExitStack()
 
@@ -165,10 +168,8 @@ class LiveUpstream(Upstream):
                 return tools
 
     async def __aexit__(self, *exc: object) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the upstream already gone: nothing left to close
             await self._stack.aclose()
-        except Exception:  # the upstream already gone: nothing left to close
-            pass
 
     async def call(self, tool: str, arguments: dict[str, Any], session: Session) -> types.CallToolResult:
         return await self._client.call_tool(tool, arguments, read_timeout_seconds=self.timeout)
@@ -495,6 +496,7 @@ async def serve_proxy(proxy: FaultProxy, sock: socket.socket | None = None,
 
             async def stop_when_gone() -> None:
                 await proxy.stopped.wait()
+                await anyio.sleep(_GRACE_SECONDS)  # the answers saying so go out first
                 group.cancel_scope.cancel()
 
             async def serve() -> None:
