@@ -14,13 +14,13 @@ from typing import Any
 
 import anyio
 import pytest
-from helpers import make_task
 from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 
+from helpers import make_task
 from resilibench.core.config import WorldConfig
 from resilibench.core.simulator import Episode, env_episode
-from resilibench.envs.proxy.proxy import FaultProxy, LiveUpstream, ReplayUpstream, Session
+from resilibench.envs.proxy.proxy import FaultProxy, LiveUpstream, ReplayUpstream
 from resilibench.envs.real_api.call_log import read_rows
 from resilibench.envs.real_api.failure_fit import fit_failures
 
@@ -141,6 +141,7 @@ def test_record_then_replay_gives_identical_answers_without_the_upstream(tmp_pat
     assert code(unrecorded[0]) == "NOT_RECORDED"
 
 
+@pytest.mark.slow
 def test_call_log_fits_back_the_world_that_made_it(tmp_path):
     """A log of injected faults, fitted by `failures fit`'s code with the upstream's tools, recovers the
     world's base success and rate-limit probability within their intervals."""
@@ -150,13 +151,13 @@ def test_call_log_fits_back_the_world_that_made_it(tmp_path):
 
     async def many() -> None:
         async with FaultProxy(LiveUpstream(echo_server()), config, 3, call_log=log) as proxy:
-            for session in range(40):
+            for session in range(25):
                 for _ in range(15):
                     await proxy.call("echo", {"text": "x"}, f"s{session}")
 
     anyio.run(many)
     rows = list(read_rows(log))
-    assert len(rows) == 600 and {r.source for r in rows} == {"mcp"} and len({r.episode for r in rows}) == 40
+    assert len(rows) == 375 and {r.source for r in rows} == {"mcp"} and len({r.episode for r in rows}) == 25
     fit = fit_failures(rows, processes=["rate-limits"])
     for name, value in (("failure.base_success", 0.7), ("processes.rate_limit_probability", 0.2)):
         estimate = fit.estimate(name)
@@ -256,7 +257,7 @@ def test_cli_http_serves_two_dozen_concurrent_sessions_without_cross_talk(tmp_pa
                 results = [await c.call_tool("echo", {"text": f"{i}-{j}"}) for j in range(calls)]
             for j, r in enumerate(results):
                 assert r.is_error or r.content[0].text == f"{i}-{j}"  # its own answer, untouched
-            seen[i] = [code(r) for r in results]
+            seen[i] = [code(r) or "ok" for r in results]
 
         async def everyone() -> None:
             async with anyio.create_task_group() as group:
@@ -274,7 +275,8 @@ def test_cli_http_serves_two_dozen_concurrent_sessions_without_cross_talk(tmp_pa
         async with FaultProxy(LiveUpstream(echo_server()), world(failure={"base_success": 0.8}, processes={
                 "rate_limit_probability": 0.2, "rate_limit_wait": 1, "outage_start": 0.1, "outage_end": 0.5}),
                 9) as proxy:
-            return [[code(await proxy.call("echo", {"text": "x"}, f"s{k}")) for _ in range(calls)] for k in range(n)]
+            return [[code(await proxy.call("echo", {"text": "x"}, f"s{k}")) or "ok" for _ in range(calls)]
+                    for k in range(n)]
 
     expected = anyio.run(alone)
     assert sorted(map(tuple, seen.values())) == sorted(map(tuple, expected))
