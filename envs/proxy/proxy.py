@@ -135,10 +135,10 @@ class LiveUpstream(Upstream):
             if not server or not all(isinstance(a, str) for a in server):
                 raise InputError("command", f"the upstream command must be a non-empty list of strings, got {server!r}")
             self.where = shlex.join(server)
-            server = StdioServerParameters(command=server[0], args=list(server[1:]), env=dict(os.environ))
+            self._server: Any = StdioServerParameters(command=server[0], args=list(server[1:]), env=dict(os.environ))
         else:
             self.where = server if isinstance(server, str) else type(server).__name__
-        self._server = server
+            self._server = server
         self.timeout = float(timeout)
         self._stack = AsyncExitStack()
 
