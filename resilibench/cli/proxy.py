@@ -14,9 +14,8 @@ from resilibench.cli.common import (
     nonnegative_float,
     nonnegative_int,
     output_file,
-    positive_int,
 )
-from resilibench.cli.serve import check_host, listen, port_number, seconds
+from resilibench.cli.serve import add_transport_options, listen, seconds, transport_host
 
 
 def cmd_proxy_mcp(args: argparse.Namespace) -> int:
@@ -40,14 +39,7 @@ def cmd_proxy_mcp(args: argparse.Namespace) -> int:
                        "--replay FILE" + (f"; got {given}" if given else ""))
     if args.replay is not None and args.record is not None:
         raise CliError("--record: not with --replay (a replay starts no upstream to record)")
-    http_only = {"--host": args.host, "--port": args.port, "--session-idle-timeout": args.session_idle_timeout,
-                 "--max-sessions": args.max_sessions}
-    wrong = [option for option, value in http_only.items() if value is not None]
-    if args.transport == "stdio" and wrong:
-        raise CliError(f"{', '.join(wrong)}: for --transport http only")
-    host = args.host or "127.0.0.1"
-    if args.transport == "http":
-        check_host(host, args.allow_remote, "proxy")
+    host = transport_host(args, "proxy")
     try:
         config = load_config(args.config)
     except (OSError, ValueError) as exc:
@@ -99,16 +91,7 @@ def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=nonnegative_float, default=1.0, metavar="X",
                         help="under the world's latency process, wait the drawn duration times X before "
                         "forwarding (default 1; 0: no wait)")
-    parser.add_argument("--transport", choices=("stdio", "http"), default="stdio",
-                        help="how clients reach the proxy: stdio (default) or streamable HTTP")
-    parser.add_argument("--host", help="HTTP: address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=port_number, help="HTTP: port (default 8000; 0 picks a free one, printed)")
-    parser.add_argument("--allow-remote", action="store_true",
-                        help="HTTP: allow a --host that is not a loopback address (no authentication!)")
-    parser.add_argument("--session-idle-timeout", type=seconds, metavar="SECONDS",
-                        help="HTTP: close a session idle this long (default 300)")
-    parser.add_argument("--max-sessions", type=positive_int, metavar="N",
-                        help="HTTP: most sessions open at once (default 1000)")
+    add_transport_options(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
                         help="the upstream MCP server's command line, launched over stdio")
     parser.set_defaults(func=cmd_proxy_mcp)

@@ -60,6 +60,20 @@ def listen(host: str, port: int) -> Any:
         raise CliError(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def transport_host(args: argparse.Namespace, what: str) -> str:
+    """The host of ``add_transport_options``' HTTP transport, checked: HTTP options refused with stdio, a
+    host beyond this machine refused without --allow-remote."""
+    http_only = {"--host": args.host, "--port": args.port, "--session-idle-timeout": args.session_idle_timeout,
+                 "--max-sessions": args.max_sessions}
+    given = [option for option, value in http_only.items() if value is not None]
+    if args.transport == "stdio" and given:
+        raise CliError(f"{', '.join(given)}: for --transport http only")
+    host = args.host or "127.0.0.1"
+    if args.transport == "http":
+        check_host(host, args.allow_remote, what)
+    return host
+
+
 def cmd_serve_mcp(args: argparse.Namespace) -> int:
     import anyio
 
@@ -72,14 +86,7 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
     )
     from resilibench.envs.real_api.serving import DEFAULT_MAX_EPISODES
 
-    http_only = {"--host": args.host, "--port": args.port, "--session-idle-timeout": args.session_idle_timeout,
-                 "--max-sessions": args.max_sessions}
-    given = [option for option, value in http_only.items() if value is not None]
-    if args.transport == "stdio" and given:
-        raise CliError(f"{', '.join(given)}: for --transport http only")
-    host = args.host or "127.0.0.1"
-    if args.transport == "http":
-        check_host(host, args.allow_remote, "server")
+    host = transport_host(args, "server")
     api = load_api(args)
     if api is not None and api.live is not None and args.tasks is not None:
         raise CliError("--tasks: not with --api-tasks (the task file holds the tasks)")
@@ -128,10 +135,8 @@ def cmd_serve_tools(args: argparse.Namespace) -> int:
 # --- parser ---------------------------------------------------------------------------------------------------
 
 
-def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
-    add_library_options(parser)
-    add_config_option(parser)
-    add_api_options(parser)
+def add_transport_options(parser: argparse.ArgumentParser) -> None:
+    """How clients reach an MCP server: ``--transport`` and the HTTP options (read by ``transport_host``)."""
     parser.add_argument("--transport", choices=("stdio", "http"), default="stdio",
                         help="stdio (default; for clients that launch the server) or streamable HTTP")
     parser.add_argument("--host", help="HTTP: address to listen on (default 127.0.0.1)")
@@ -140,10 +145,16 @@ def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-remote", action="store_true",
                         help="HTTP: allow a --host that is not a loopback address (no authentication!)")
     parser.add_argument("--session-idle-timeout", type=seconds, metavar="SECONDS",
-                        help="HTTP: close a session idle this long (default 300; the client re-initializes, "
-                        "episodes stay)")
+                        help="HTTP: close a session idle this long (default 300; the client re-initializes)")
     parser.add_argument("--max-sessions", type=positive_int, metavar="N",
                         help="HTTP: most sessions open at once; a new one beyond gets 503 (default 1000)")
+
+
+def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
+    add_library_options(parser)
+    add_config_option(parser)
+    add_api_options(parser)
+    add_transport_options(parser)
     parser.add_argument("--max-episodes", type=positive_int, metavar="N",
                         help="size of the episode handle table (default 10000; finished episodes are evicted first)")
     parser.add_argument("--search", choices=("auto", "semantic", "lexical"), default="auto",
