@@ -52,10 +52,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     runs: dict[str, list[float]] = {"direct (anchor)": [], "proxy, faults drawn": [], "proxy, --no-faults": []}
-    for _ in range(args.repeats):  # interleaved, so a change in the machine's load hits all three
-        runs["direct (anchor)"].append(anyio.run(direct, args.calls))
-        runs["proxy, faults drawn"].append(anyio.run(proxied, args.calls, True))
-        runs["proxy, --no-faults"].append(anyio.run(proxied, args.calls, False))
+    paths = {"direct (anchor)": lambda: anyio.run(direct, args.calls),
+             "proxy, faults drawn": lambda: anyio.run(proxied, args.calls, True),
+             "proxy, --no-faults": lambda: anyio.run(proxied, args.calls, False)}
+    names = list(paths)
+    for r in range(args.repeats):  # interleaved, in a rotating order, so load changes and warm-up hit all three
+        for name in names[r % 3:] + names[: r % 3]:
+            runs[name].append(paths[name]())
     anchor = statistics.median(runs["direct (anchor)"]) / args.calls
     print(f"{'path':<22} {'ms CPU per call':>16} {'x anchor':>9}")
     for name, times in runs.items():
