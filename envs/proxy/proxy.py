@@ -154,8 +154,8 @@ class LiveUpstream(Upstream):
                 raise UpstreamError(f"cannot open an MCP session with {self.where}: {_reason(exc)}") from None
             raise
         self.server_info = self._client.server_info or types.Implementation(name="upstream", version="")
-        result = self._client.session.initialize_result if hasattr(self._client.session, "initialize_result") else None
-        self.instructions = getattr(result, "instructions", None)
+        session = self._client.session  # the handshake's or the discovery's result says the instructions
+        self.instructions = getattr(session.initialize_result or session.discover_result, "instructions", None)
         return self
 
     async def _list_tools(self) -> list[types.Tool]:
