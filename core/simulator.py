@@ -21,7 +21,8 @@ __all__ = [
     "FINISHED", "OUT_OF_TURNS", "CONSECUTIVE_FAILURES", "REPETITION_LOOP", "OUT_OF_TIME", "END_REASONS",
     "FINISHED_CODE", "OUT_OF_TURNS_CODE", "CONSECUTIVE_FAILURES_CODE", "REPETITION_LOOP_CODE",
     "success_probability", "termination_code", "termination_reason", "draw_stream", "env_episode",
-    "EnvEpisodes", "registry_tables", "probability_memo", "task_seed", "run_episode_seed", "CallRecord",
+    "EnvEpisodes", "registry_tables", "probability_memo", "stage_keys", "call_uniforms", "task_seed",
+    "run_episode_seed", "CallRecord",
     "Episode",
 ]
 
@@ -174,6 +175,27 @@ def probability_memo(failure) -> dict[tuple[int, int, int], float]:
     return entry[1]
 
 
+def stage_keys(key: int) -> dict[str, int]:
+    """The keys of the failure processes' stage streams (``STAGE_STREAMS``) of an episode's key."""
+    return {stage: rs.subkey(key, tag) for stage, tag in STAGE_STREAMS.items()}
+
+
+def call_uniforms(key: int, keys: dict[str, int], turn: int, draw: int,
+                  stream: np.ndarray | None = None) -> Callable[[str], float]:
+    """The uniform of each stage of the call at ``turn`` (``draw(stage)`` of ``processes.sample_outcome``):
+    a process stage reads ``uniform(keys[stage], turn - 1)``; the success formula's draws, those of the
+    episode's ``draw``-th drawing call (0-based): ``uniform(key, 2 * draw)`` and ``uniform(key, 2 * draw + 1)``,
+    or row ``draw`` of ``stream`` when given (module docstring)."""
+
+    def uniform(stage: str) -> float:
+        if stage in keys:
+            return rs.uniform(keys[stage], turn - 1)
+        column = 0 if stage == STAGE_SUCCESS else 1
+        return rs.uniform(key, 2 * draw + column) if stream is None else stream.item(draw, column)
+
+    return uniform
+
+
 def task_seed(task_id: str, seed: int) -> int:
     """The env seed of a run's episode of (task, run seed), ``bits(seed, crc32(task_id))``: every planner
     meets the same stream on the same task and seed, and different tasks get independent streams."""
@@ -270,7 +292,7 @@ class Episode:
                 self._bases = tool_bases(processes, self.config.failure, self.registry)
             self._down: list[bool | None] = [None] * n  # outages: whether each tool's last call found it down
             self._blocked_until = [0] * n  # rate limits: the last turn in which each tool's calls are refused
-            self._stage_keys = {stage: rs.subkey(self._key, tag) for stage, tag in STAGE_STREAMS.items()}
+            self._stage_keys = stage_keys(self._key)
 
     @classmethod
     def start(
@@ -498,20 +520,12 @@ class Episode:
         """A call that reaches the draw point in a world with failure processes: the branch of
         ``call_outcomes`` that this turn's draws select (``sample_outcome``), then its record."""
         draw = self.draws_used
-        stream, key, keys = self._stream, self._key, self._stage_keys
-
-        def uniform(stage: str) -> float:
-            if stage in keys:
-                return rs.uniform(keys[stage], turn - 1)
-            if stage == STAGE_SUCCESS:
-                self.draws_used = draw + 1
-            column = 0 if stage == STAGE_SUCCESS else 1
-            return rs.uniform(key, 2 * draw + column) if stream is None else stream.item(draw, column)
-
         p = self.probability(tool)
         state = ToolState(self._down[tool], max(self._blocked_until[tool] - turn + 1, 0))  # turn is under way
-        processes = self.config.processes
-        outcome: CallOutcome = sample_outcome(processes, state, p, self._error_codes[tool], uniform)
+        uniform = call_uniforms(self._key, self._stage_keys, turn, draw, self._stream)
+        outcome: CallOutcome = sample_outcome(self.config.processes, state, p, self._error_codes[tool], uniform)
+        if outcome.drew:
+            self.draws_used = draw + 1
         self.calls[tool] += 1
         self._down[tool] = outcome.state.down
         self._blocked_until[tool] = turn + outcome.state.blocked

@@ -1,7 +1,8 @@
 """Call logs: one JSON line per tool call, the one format that the simulator and the real-API client write
 and that failure calibration (``resilibench failures fit``) reads.
 
-A row says which call it was (task, episode, turn, tool), the success formula's inputs at that moment
+A row says which call it was (task, episode, turn, tool; rows of the MCP fault proxy, source ``mcp``, name
+the upstream server as the task and a client session as the episode), the success formula's inputs at that moment
 (``n_uncalled``, ``n_failed``, ``n_history``: see ``Episode.covariates``), what happened (success, error
 code) and, for a real call, what the wire showed (HTTP status, latency, error class, Retry-After, the
 attempt number; from our tool service also the world's duration and rate-limit wait). Rows of one
@@ -27,14 +28,14 @@ from typing import Any
 
 from resilibench.errors import InputError
 
-SOURCES = ("simulator", "http")
+SOURCES = ("simulator", "http", "mcp")
 
 
 @dataclass(frozen=True)
 class CallLogRow:
     """One tool call as recorded in a call log."""
 
-    source: str  # "simulator" or "http"
+    source: str  # "simulator", "http" or "mcp" (the MCP fault proxy: an upstream server's tools)
     task_id: str
     episode: str  # identifies the episode within the log (e.g. "<task id>/<seed>")
     turn: int  # 1-based turn of the call in its episode

@@ -27,7 +27,7 @@ from __future__ import annotations
 __all__ = [
     "DRAWLESS_CODES", "FACTORS", "COVARIATES", "EDGE", "ROUGH_LOGIT", "IMPOSSIBLE", "MIN_EXPECTED",
     "Estimate", "FitTest", "FailureFit", "drawing_calls", "PROCESS_OPTIONS", "ANY", "MAX_GRID",
-    "in_world_terms", "log_likelihood", "fit_failures", "calibrate",
+    "in_world_terms", "log_likelihood", "log_registry", "fit_failures", "calibrate",
 ]
 
 import dataclasses
@@ -57,6 +57,7 @@ from ...core.processes import (
 from ...core.registry import DEPENDENCY_ERROR, ToolRegistry, default_registry
 from ...core.simulator import RETRY_LIMIT_ERROR
 from .call_log import CallLogRow, read_rows
+from .live_apis import live_tool
 
 # Codes that rules give without a draw: they carry no information on the failure model.
 DRAWLESS_CODES = (RETRY_LIMIT_ERROR, DEPENDENCY_ERROR)
@@ -168,8 +169,8 @@ def _rounded(estimate: Estimate) -> float:
 
 def drawing_calls(rows: Iterable[CallLogRow], source: str = "log") -> list[CallLogRow]:
     """The rows whose outcome was drawn (the fit's data), episodes in order of first appearance and each in
-    turn order: replays of a tool that already succeeded in its episode and the rules' drawless codes are
-    left out. Two rows of one episode with the same turn raise ``InputError`` (field ``turn``)."""
+    turn order: replays of a tool that already succeeded in its episode (the MCP fault proxy has none: each
+    of its calls is served anew) and the rules' drawless codes are left out. Two rows of one episode with the same turn raise ``InputError`` (field ``turn``)."""
     episodes: dict[str, list[CallLogRow]] = {}
     for row in rows:
         episodes.setdefault(row.episode, []).append(row)
@@ -180,7 +181,7 @@ def drawing_calls(rows: Iterable[CallLogRow], source: str = "log") -> list[CallL
         for before, row in zip([None, *episode], episode, strict=False):
             if before is not None and before.turn == row.turn:
                 raise InputError("turn", f"{source}: episode {name!r} has two rows for turn {row.turn}")
-            if row.tool in succeeded or row.error_code in DRAWLESS_CODES:
+            if (row.tool in succeeded and row.source != "mcp") or row.error_code in DRAWLESS_CODES:
                 continue
             if row.success:
                 succeeded.add(row.tool)
@@ -291,9 +292,9 @@ def _shows_world(row: CallLogRow) -> bool:
 
 
 def in_world_terms(row: CallLogRow) -> CallLogRow:
-    """An HTTP row of our tool service under failure processes with the world's account in place of the
-    wire's: Retry-After in turns (``wait_turns``) and latency = the world's duration. Other rows as they are."""
-    if row.source != "http" or row.world_duration is None:
+    """An HTTP row of our tool service under failure processes (or a row of the MCP fault proxy injecting
+    faults) with the world's account in place of the wire's: Retry-After in turns (``wait_turns``) and latency = the world's duration. Other rows as they are."""
+    if row.source == "simulator" or row.world_duration is None:
         return row
     return dataclasses.replace(row, latency_s=row.world_duration,
                                retry_after=row.wait_turns if row.error_code == RATE_LIMIT_ERROR else None)
@@ -572,7 +573,7 @@ def log_likelihood(rows: Iterable[CallLogRow], config: WorldConfig, registry: To
     processes), the quantity ``fit_failures`` maximises: compare worlds on one log."""
     calls = drawing_calls(rows, source)
     processes = config.processes
-    model = _ProcessModel(calls, registry or default_registry(), True, 1, source, PROCESS_OPTIONS, 0.95, processes)
+    model = _ProcessModel(calls, registry or log_registry(calls), True, 1, source, PROCESS_OPTIONS, 0.95, processes)
     theta = []
     for parameter in model.parameters:
         section, field, *tool = parameter.name.split(".")
@@ -672,6 +673,15 @@ def _profile_interval(model: _Model, theta: np.ndarray, free: np.ndarray, j: int
     return (0.0, float(end)) if at_low else (float(end), 1.0)
 
 
+def log_registry(rows: Sequence[CallLogRow]) -> ToolRegistry:
+    """The tools of a log: the simulator's registry, or for a log of the MCP fault proxy (source ``mcp``)
+    the upstream's tools it names, each a live tool (``live_apis.live_tool``: it fails with ``LIVE_ERRORS``),
+    as the proxy sees them."""
+    if rows and all(r.source == "mcp" for r in rows):
+        return ToolRegistry(tuple(live_tool(name, "", ()) for name in dict.fromkeys(r.tool for r in rows)))
+    return default_registry()
+
+
 def fit_failures(rows: Iterable[CallLogRow], *, per_tool: bool = False, processes: Sequence[str] = (),
                  level: float = 0.95, min_rows: int = 30, registry: ToolRegistry | None = None,
                  source: str = "log") -> FailureFit:
@@ -689,7 +699,7 @@ def fit_failures(rows: Iterable[CallLogRow], *, per_tool: bool = False, processe
     calls = drawing_calls(rows, source)
     if not calls:
         raise InputError("log", f"{source}: no call drew its outcome; nothing to fit")
-    registry = registry or default_registry()
+    registry = registry or log_registry(calls)
     model = (_ProcessModel(calls, registry, per_tool, min_rows, source, processes, level) if processes
              else _Model(calls, registry, per_tool, min_rows, source))
     params = model.parameters

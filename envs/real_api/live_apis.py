@@ -22,7 +22,8 @@ from __future__ import annotations
 
 __all__ = [
     "LIVE_CATEGORY", "LIVE_TASK_TYPE", "DEFAULT_MIN_COVERAGE", "HTTP_METHODS", "LIVE_ERRORS", "LOST_SESSION",
-    "schema_parameters", "live_tool", "load_document", "openapi_tools", "mcp_tools", "McpToolClient",
+    "schema_parameters", "live_tool", "load_document", "openapi_tools", "mcp_tools", "McpToolClient", "mcp_outcome",
+    "mcp_failure",
     "mcp_live_api", "TASK_FILE_KEYS", "API_KEYS", "TASK_KEYS", "STEP_KEYS", "TaskFile", "SHIPPED_TASK_FILES",
     "task_file_path", "read_task_file", "task_workflow", "LiveApi", "RealApi", "live_registry",
     "service_openapi_url", "load_live_api",
@@ -313,29 +314,13 @@ class McpToolClient:
         try:
             result = self._portal.call(lambda: self._client.call_tool(tool, dict(arguments or {}),
                                                                       read_timeout_seconds=self.timeout))
-        except MCPError as exc:  # the SDK's: a request that timed out, or one the server refused
-            error_class = hf.TIMEOUT_CLASS if "timed out" in str(exc).lower() else hf.CLIENT_ERROR
-            return self._failure(tool, error_class, start, attempt, str(exc))
-        except LOST_SESSION as exc:
-            return self._failure(tool, hf.CONNECTION, start, attempt, f"the MCP session was lost ({exc!r})")
-        latency = time.perf_counter() - start
-        text = "".join(getattr(c, "text", "") for c in result.content)
-        output = result.structured_content if result.structured_content is not None else _json_or_text(text)
-        if not result.is_error:
-            return HttpOutcome(tool, True, None, None, latency, output=output, body=text, attempt=attempt)
-        error = output.get("error") if isinstance(output, dict) else None
-        body_code = error.get("code") if isinstance(error, dict) else None
-        code = hf.code_of(hf.SERVER_ERROR, None, body_code, codes)
-        return HttpOutcome(tool, False, code, None, latency, hf.SERVER_ERROR, output=output, body=text,
-                           description=(error or {}).get("description") or text[:200] or "tool error", attempt=attempt)
+        except (MCPError, *LOST_SESSION) as exc:
+            return mcp_failure(tool, exc, time.perf_counter() - start, attempt)
+        return mcp_outcome(tool, result, time.perf_counter() - start, codes, attempt)
 
     def retry_delay(self, outcome: HttpOutcome) -> float | None:
         """None: calls over MCP are not retried."""
         return None
-
-    def _failure(self, tool: str, error_class: str, start: float, attempt: int, description: str) -> HttpOutcome:
-        return HttpOutcome(tool, False, hf.code_of(error_class), None, time.perf_counter() - start, error_class,
-                           description=description, attempt=attempt)
 
     def close(self) -> None:
         try:
@@ -348,6 +333,32 @@ class McpToolClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def mcp_outcome(tool: str, result: Any, latency: float, codes: Sequence[str] = (), attempt: int = 1) -> HttpOutcome:
+    """What an MCP ``CallToolResult`` says as an ``HttpOutcome`` (no HTTP status): a success, or, for a
+    result with ``is_error``, the code its ``error`` names when it is one of ``codes``, else OPERATION_FAILED."""
+    text = "".join(getattr(c, "text", "") for c in result.content)
+    output = result.structured_content if result.structured_content is not None else _json_or_text(text)
+    if not result.is_error:
+        return HttpOutcome(tool, True, None, None, latency, output=output, body=text, attempt=attempt)
+    error = output.get("error") if isinstance(output, dict) else None
+    body_code = error.get("code") if isinstance(error, dict) else None
+    code = hf.code_of(hf.SERVER_ERROR, None, body_code, codes)
+    return HttpOutcome(tool, False, code, None, latency, hf.SERVER_ERROR, output=output, body=text,
+                       description=(error or {}).get("description") or text[:200] or "tool error", attempt=attempt)
+
+
+def mcp_failure(tool: str, exc: BaseException, latency: float, attempt: int = 1) -> HttpOutcome:
+    """A call that raised instead of answering, as an ``HttpOutcome``: the SDK's ``MCPError`` of a request
+    that timed out (TIMEOUT) or that the server refused (INVALID_INPUT), a lost session (NETWORK_ERROR)."""
+    if isinstance(exc, LOST_SESSION):
+        error_class, description = hf.CONNECTION, f"the MCP session was lost ({exc!r})"
+    else:
+        error_class = hf.TIMEOUT_CLASS if "timed out" in str(exc).lower() else hf.CLIENT_ERROR
+        description = str(exc)
+    return HttpOutcome(tool, False, hf.code_of(error_class), None, latency, error_class, description=description,
+                       attempt=attempt)
 
 
 def _json_or_text(text: str) -> Any:

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from resilibench.cli import bounds, breaker, failures, metrics, robust, run, serve, tasks, tools, train
+from resilibench.cli import bounds, breaker, failures, metrics, proxy, robust, run, serve, tasks, tools, train
 from resilibench.cli import eval as evaluation  # the `eval` group (its module is named after it)
 from resilibench.cli.aliases import current
 from resilibench.cli.common import PROG, CliError, Parser, error_text
@@ -23,7 +23,7 @@ from resilibench.errors import InputError, RunInterrupted
 from resilibench.version import __version__
 
 # In the order `resilibench --help` lists them.
-COMMAND_MODULES = (tools, tasks, bounds, run, evaluation, serve, failures, metrics, train, robust, breaker)
+COMMAND_MODULES = (tools, tasks, bounds, run, evaluation, serve, proxy, failures, metrics, train, robust, breaker)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ from resilibench.cli.common import (
 )
 
 
-def _port(text: str) -> int:
+def port_number(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -34,14 +34,14 @@ def _port(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
+def seconds(text: str) -> float:
     value = positive_float(text)
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a positive, finite number of seconds, got {text!r}")
     return value
 
 
-def _check_host(host: str, allow_remote: bool, what: str) -> None:
+def check_host(host: str, allow_remote: bool, what: str) -> None:
     """Refuse to listen beyond this machine without --allow-remote: the servers have no authentication."""
     from resilibench.envs.real_api.serving import is_loopback
 
@@ -50,7 +50,7 @@ def _check_host(host: str, allow_remote: bool, what: str) -> None:
                        "beyond this machine needs --allow-remote")
 
 
-def _listen(host: str, port: int) -> Any:
+def listen(host: str, port: int) -> Any:
     """A socket listening on ``host``:``port``; CliError naming both options when the system refuses."""
     from resilibench.envs.real_api.serving import bind_socket
 
@@ -58,6 +58,20 @@ def _listen(host: str, port: int) -> Any:
         return bind_socket(host, port)
     except OSError as exc:
         raise CliError(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def transport_host(args: argparse.Namespace, what: str) -> str:
+    """The host of ``add_transport_options``' HTTP transport, checked: HTTP options refused with stdio, a
+    host beyond this machine refused without --allow-remote."""
+    http_only = {"--host": args.host, "--port": args.port, "--session-idle-timeout": args.session_idle_timeout,
+                 "--max-sessions": args.max_sessions}
+    given = [option for option, value in http_only.items() if value is not None]
+    if args.transport == "stdio" and given:
+        raise CliError(f"{', '.join(given)}: for --transport http only")
+    host = args.host or "127.0.0.1"
+    if args.transport == "http":
+        check_host(host, args.allow_remote, what)
+    return host
 
 
 def cmd_serve_mcp(args: argparse.Namespace) -> int:
@@ -72,14 +86,7 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
     )
     from resilibench.envs.real_api.serving import DEFAULT_MAX_EPISODES
 
-    http_only = {"--host": args.host, "--port": args.port, "--session-idle-timeout": args.session_idle_timeout,
-                 "--max-sessions": args.max_sessions}
-    given = [option for option, value in http_only.items() if value is not None]
-    if args.transport == "stdio" and given:
-        raise CliError(f"{', '.join(given)}: for --transport http only")
-    host = args.host or "127.0.0.1"
-    if args.transport == "http":
-        _check_host(host, args.allow_remote, "server")
+    host = transport_host(args, "server")
     api = load_api(args)
     if api is not None and api.live is not None and args.tasks is not None:
         raise CliError("--tasks: not with --api-tasks (the task file holds the tasks)")
@@ -90,7 +97,7 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
     if args.transport == "stdio":
         anyio.run(serve_stdio, server)
         return 0
-    sock = _listen(host, 8000 if args.port is None else args.port)
+    sock = listen(host, 8000 if args.port is None else args.port)
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
 
@@ -107,7 +114,7 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
 def cmd_serve_tools(args: argparse.Namespace) -> int:
     from resilibench.envs.real_api.service import ToolService, serve_tools, url_of
 
-    _check_host(args.host, args.allow_remote, "service")
+    check_host(args.host, args.allow_remote, "service")
     world = choose_world(args)
     tasks, _ = load_library(args.tasks, world)
     if args.task is not None and args.task not in {t.instance_id for t in tasks}:
@@ -115,7 +122,7 @@ def cmd_serve_tools(args: argparse.Namespace) -> int:
     service = ToolService(tasks, world.config, task_id=args.task,
                           seed=args.seed, slow_seconds=args.slow_seconds, retry_after=args.retry_after,
                           host=args.host, time_scale=args.time_scale)
-    sock = _listen(args.host, args.port)
+    sock = listen(args.host, args.port)
 
     def ready() -> None:  # printed once the port accepts connections
         print(f"resilibench: tool service at {url_of(sock)} (OpenAPI: {url_of(sock)}/openapi.json; "
@@ -128,22 +135,26 @@ def cmd_serve_tools(args: argparse.Namespace) -> int:
 # --- parser ---------------------------------------------------------------------------------------------------
 
 
+def add_transport_options(parser: argparse.ArgumentParser) -> None:
+    """How clients reach an MCP server: ``--transport`` and the HTTP options (read by ``transport_host``)."""
+    parser.add_argument("--transport", choices=("stdio", "http"), default="stdio",
+                        help="stdio (default; for clients that launch the server) or streamable HTTP")
+    parser.add_argument("--host", help="HTTP: address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=port_number,
+                        help="HTTP: port (default 8000; 0 picks a free one, printed on stderr)")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="HTTP: allow a --host that is not a loopback address (no authentication!)")
+    parser.add_argument("--session-idle-timeout", type=seconds, metavar="SECONDS",
+                        help="HTTP: close a session idle this long (default 300; the client re-initializes)")
+    parser.add_argument("--max-sessions", type=positive_int, metavar="N",
+                        help="HTTP: most sessions open at once; a new one beyond gets 503 (default 1000)")
+
+
 def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
     add_library_options(parser)
     add_config_option(parser)
     add_api_options(parser)
-    parser.add_argument("--transport", choices=("stdio", "http"), default="stdio",
-                        help="stdio (default; for clients that launch the server) or streamable HTTP")
-    parser.add_argument("--host", help="HTTP: address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port,
-                        help="HTTP: port (default 8000; 0 picks a free one, printed on stderr)")
-    parser.add_argument("--allow-remote", action="store_true",
-                        help="HTTP: allow a --host that is not a loopback address (no authentication!)")
-    parser.add_argument("--session-idle-timeout", type=_seconds, metavar="SECONDS",
-                        help="HTTP: close a session idle this long (default 300; the client re-initializes, "
-                        "episodes stay)")
-    parser.add_argument("--max-sessions", type=positive_int, metavar="N",
-                        help="HTTP: most sessions open at once; a new one beyond gets 503 (default 1000)")
+    add_transport_options(parser)
     parser.add_argument("--max-episodes", type=positive_int, metavar="N",
                         help="size of the episode handle table (default 10000; finished episodes are evicted first)")
     parser.add_argument("--search", choices=("auto", "semantic", "lexical"), default="auto",
@@ -155,7 +166,7 @@ def _tools_arguments(parser: argparse.ArgumentParser) -> None:
     add_library_options(parser)
     add_config_option(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=8010, help="port (default 8010; 0 picks a free one, printed)")
+    parser.add_argument("--port", type=port_number, default=8010, help="port (default 8010; 0 picks a free one, printed)")
     parser.add_argument("--allow-remote", action="store_true",
                         help="allow a --host that is not a loopback address (no authentication!)")
     parser.add_argument("--seed", type=nonnegative_int, default=0, metavar="N",
