@@ -148,7 +148,7 @@ def fetch(client: Any, method: str, url: str, *, timeout: float, max_bytes: int,
 def _read(response: Any, max_bytes: int) -> bytes:
     announced = response.headers.get("content-length", "")
     if announced.isdigit() and int(announced) > max_bytes:
-        raise ResponseTooLarge(f"the answer announces {int(announced):,} bytes, over the cap of {max_bytes:,}")
+        raise ResponseTooLarge(f"the answer announces {int(announced):,} bytes, over the cap of {max_bytes:,} bytes")
     chunks, size = [], 0
     for chunk in response.iter_bytes():
         size += len(chunk)
