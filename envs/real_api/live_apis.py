@@ -148,11 +148,17 @@ def _parameter(name: str, prop: Any, required: bool, where: str) -> Parameter:
     branches = prop.get("anyOf", prop.get("oneOf", []))
     if not isinstance(branches, list):
         raise InputError(where, f"{where}: anyOf and oneOf must be lists, got {branches!r:.80}")
-    kind = prop.get("type") or next((b["type"] for b in branches if isinstance(b, dict) and "type" in b), "string")
-    if not isinstance(kind, str) and not (isinstance(kind, list) and all(isinstance(k, str) for k in kind)):
-        raise InputError(f"{where}.type", f"{where}.type must be a JSON Schema type name, got {kind!r:.80}")
+    kind = _schema_type(prop.get("type") or next((b["type"] for b in branches if isinstance(b, dict) and "type" in b),
+                                                 "string"), where)
     constraints = {k: v for k, v in prop.items() if k not in ("type", "description", "default")}
     return Parameter(name, kind, str(prop.get("description", "")), required, prop.get("default"), constraints)
+
+
+def _schema_type(kind: Any, where: str) -> Any:
+    """A property's JSON Schema ``type``: a name, or a list of names (``["string", "null"]``)."""
+    if not isinstance(kind, str) and not (isinstance(kind, list) and all(isinstance(k, str) for k in kind)):
+        raise InputError(f"{where}.type", f"{where}.type must be a JSON Schema type name, got {kind!r:.80}")
+    return kind
 
 
 def live_tool(name: str, description: str, parameters: Sequence[Parameter], version: str = "1.0.0",
