@@ -32,9 +32,7 @@ import random
 import re
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -417,6 +415,8 @@ class VLLMBackend:
 # --- OpenAI-compatible HTTP ---------------------------------------------------------------------------
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+MAX_RETRY_AFTER = 60.0  # the longest Retry-After an OpenAI-compatible server is obeyed for (seconds)
+MAX_ANSWER_BYTES = 16 * 2**20  # the largest chat completion answer read
 _OVERFLOW = re.compile(r"context|maximum.{0,40}length|too long|exceed", re.IGNORECASE)
 
 
@@ -473,9 +473,10 @@ class OpenAIBackend:
     (default 1: a local llama.cpp server computes one request at a time, and queued requests would only
     wait out their timeout). Refused or dropped connections, 408, rate limits (429) and server errors
     (5xx), after which the server holds no work of ours, are retried with exponential backoff and jitter
-    (honouring ``Retry-After``), up to ``max_retries`` times. A request without an answer within
-    ``timeout`` seconds is not resubmitted (the server may still be computing it): that conversation
-    fails with ``RequestTimeoutError``; an HTTP 400 about the context length fails it with
+    (honouring a valid ``Retry-After`` up to ``MAX_RETRY_AFTER`` seconds), up to ``max_retries`` times. A
+    request without its whole answer within ``timeout`` seconds (a total deadline: ``resilibench.outbound``)
+    is not resubmitted (the server may still be computing it): that conversation fails with
+    ``RequestTimeoutError``; an answer over ``MAX_ANSWER_BYTES`` raises ``BackendError``; an HTTP 400 about the context length fails it with
     ``ContextOverflowError``; the others of the batch are answered (``PartialFailure``). Other HTTP
     errors and malformed answers raise ``BackendError`` with the server's message.
     """
@@ -530,35 +531,39 @@ class OpenAIBackend:
 
     def _complete(self, conversation: list[Message], config: GenerationConfig,
                   tools: list[dict[str, Any]] | None) -> Message:
+        import httpx2 as httpx
+
+        from resilibench.outbound import ResponseTooLarge, fetch, http_client
+
         data = json.dumps(self.request_body(conversation, config, tools)).encode()
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         last_problem = ""
-        for attempt in range(self.max_retries + 1):
-            request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
-            retry_after = None
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return self._message(response.read())
-            except urllib.error.HTTPError as exc:
-                detail = exc.read().decode("utf-8", "replace")[:300]
-                if exc.code == 400 and _OVERFLOW.search(detail):
-                    raise ContextOverflowError(f"{self.url} answered HTTP 400: {detail}") from None
-                if exc.code not in RETRY_STATUSES:
-                    raise BackendError(f"{self.url} answered HTTP {exc.code}: {detail}") from None
-                last_problem = f"HTTP {exc.code}: {detail}"
-                retry_after = exc.headers.get("Retry-After") if exc.headers else None
-            except TimeoutError:
-                raise self._timeout() from None
-            except urllib.error.URLError as exc:
-                if isinstance(exc.reason, TimeoutError):
+        with http_client(self.timeout) as client:
+            for attempt in range(self.max_retries + 1):
+                retry_after = None
+                try:
+                    reply = fetch(client, "POST", self.url, timeout=self.timeout, max_bytes=MAX_ANSWER_BYTES,
+                                  headers=headers, content=data)
+                except httpx.TimeoutException:
                     raise self._timeout() from None
-                last_problem = f"{type(exc).__name__}: {exc.reason}"
-            except ConnectionError as exc:
-                last_problem = f"{type(exc).__name__}: {exc}"
-            if attempt < self.max_retries:
-                time.sleep(self._delay(attempt, retry_after))
+                except ResponseTooLarge as exc:
+                    raise BackendError(f"{self.url}: {exc}") from None
+                except httpx.RequestError as exc:  # refused, reset, closed without an answer
+                    last_problem = f"{type(exc).__name__}: {exc}"
+                else:
+                    if reply.status == 200:
+                        return self._message(reply.content)
+                    detail = reply.text[:300]
+                    if reply.status == 400 and _OVERFLOW.search(detail):
+                        raise ContextOverflowError(f"{self.url} answered HTTP 400: {detail}")
+                    if reply.status not in RETRY_STATUSES:
+                        raise BackendError(f"{self.url} answered HTTP {reply.status}: {detail}")
+                    last_problem = f"HTTP {reply.status}: {detail}"
+                    retry_after = reply.headers.get("Retry-After")
+                if attempt < self.max_retries:
+                    time.sleep(self._delay(attempt, retry_after))
         raise BackendError(f"{self.url}: no answer after {self.max_retries + 1} attempts; last: {last_problem}")
 
     def _timeout(self) -> RequestTimeoutError:
@@ -566,11 +571,13 @@ class OpenAIBackend:
                                    "may still be computing it)")
 
     def _delay(self, attempt: int, retry_after: str | None) -> float:
-        if retry_after is not None:
-            try:
-                return max(0.0, float(retry_after))
-            except ValueError:
-                pass
+        """Seconds before another attempt: the server's Retry-After when it is a finite number of seconds
+        >= 0, at most ``MAX_RETRY_AFTER``; else exponential backoff with jitter."""
+        from resilibench.outbound import retry_after_seconds
+
+        wait = retry_after_seconds(retry_after)
+        if wait is not None:
+            return min(wait, MAX_RETRY_AFTER)
         return self.backoff * 2**attempt * (1 + 0.25 * random.random())
 
     def _message(self, raw: bytes) -> Message:

@@ -228,7 +228,7 @@ class PlanFollowingTextAgent:
         cached = self._plans.get(prompt)
         if cached is None:
             try:
-                workflow = parse_plan(prompt)
+                workflow = parse_plan(prompt, episode.registry.names)
             except ValueError:
                 workflow = None
             follower = PlanFollower(workflow, episode.registry) if workflow is not None and workflow.nodes else None

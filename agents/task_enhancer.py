@@ -4,7 +4,8 @@ An answer is accepted only when it names no tool (no name, alias, or name writte
 every literal of the template text (source, destinations, formats, numbers) and stays a description
 (20 to 300% of the template's length). A rejected answer goes back with the reason; after ``attempts``
 answers the template text is kept and the reason recorded in ``metadata["enhancement"]``. The template
-text always stays in ``original_description``.
+text always stays in ``original_description``. A backend that fails every conversation of
+``max_failed_batches`` batches in a row (a server that is down) stops the pass with ``BackendError``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from resilibench.llm import Backend, GenerationConfig, Message, ask_until_valid, extract_answer
+from resilibench.llm import Backend, BackendError, GenerationConfig, Message, ask_until_valid, extract_answer
 
 from ..core.registry import ToolRegistry, default_registry, named_tools
 from ..core.tasks.library import Task
@@ -77,19 +78,27 @@ class TaskEnhancer:
     attempts: int = 3
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(max_new_tokens=400, seed=0))
     registry: ToolRegistry = field(default_factory=default_registry)
+    max_failed_batches: int = 2
 
     def enhance(self, tasks: Sequence[Task], batch_size: int = 32,
                 on_batch: Callable[[int], Any] | None = None) -> list[Task]:
-        """The tasks with enhanced descriptions, in order; ``on_batch(n)`` after each batch of n tasks."""
+        """The tasks with enhanced descriptions, in order; ``on_batch(n)`` after each batch of n tasks.
+        ``BackendError`` after ``max_failed_batches`` consecutive batches the backend failed entirely."""
         out: list[Task] = []
+        failed = 0
         for start in range(0, len(tasks), batch_size):
-            batch = list(tasks[start:start + batch_size])
-            out += self._enhance_batch(batch)
+            batch, backend_error = self._enhance_batch(list(tasks[start:start + batch_size]))
+            failed = failed + 1 if backend_error else 0
+            if failed >= self.max_failed_batches:
+                raise BackendError(f"the backend failed {failed} batches in a row, stopped after {start + len(batch)} "
+                                   f"of {len(tasks)} tasks; last: {backend_error}")
+            out += batch
             if on_batch is not None:
                 on_batch(len(batch))
         return out
 
-    def _enhance_batch(self, tasks: list[Task]) -> list[Task]:
+    def _enhance_batch(self, tasks: list[Task]) -> tuple[list[Task], str | None]:
+        """(the tasks of a batch enhanced, the backend's error when it answered none of them)."""
         def validate(i: int, answer: str) -> str:
             text = extract_answer(answer)
             problem = description_problem(tasks[i].original_description or tasks[i].description, text, self.registry)
@@ -113,4 +122,5 @@ class TaskEnhancer:
             metadata = {**task.metadata, "llm_generated": llm, "enhancement": record}
             out.append(dataclasses.replace(task, description=description, original_description=template,
                                            metadata=metadata))
-        return out
+        silent = all(got.failure and not got.raw for got in answers)
+        return out, answers[-1].failure if silent else None

@@ -18,6 +18,7 @@ __all__ = [
 
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,9 +169,10 @@ _MCP_STEP = re.compile(r"^\s*(\d+)\.\s+(?:Execute\s+([A-Za-z_]\w*)|Step)\s*$")
 _MCP_FIELD = re.compile(r"^\s*-\s*(Purpose|Arguments|Requires|Reason|Alternatives|Expected|Confidence):\s?(.*)$")
 
 
-def parse_plan(text: str) -> Workflow:
+def parse_plan(text: str, tools: Collection[str] | None = None) -> Workflow:
     """The plan in ``text``: an ``<mcp_task>`` block, the numbered lines under the plan heading, or (when
-    neither marker is present) the whole text as a numbered plan."""
+    neither marker is present) the whole text as a numbered plan. ``tools``: the names a ``name:`` step
+    prefix may take (a live API's ``getFact``); default snake_case names (``Workflow.from_plan``)."""
     block = re.search(r"<execution_plan>\n?(.*?)</execution_plan>", text, re.S)
     if block is not None:
         return _parse_mcp(block.group(1))
@@ -181,8 +183,8 @@ def parse_plan(text: str) -> Workflow:
             if not _NUMBERED_LINE.match(line):
                 break
             plan.append(line)
-        return _sorted_edges(Workflow.from_plan("\n".join(plan))) if plan else Workflow(())
-    return _sorted_edges(Workflow.from_plan(text))
+        return _sorted_edges(Workflow.from_plan("\n".join(plan), tools)) if plan else Workflow(())
+    return _sorted_edges(Workflow.from_plan(text, tools))
 
 
 def _sorted_edges(workflow: Workflow) -> Workflow:

@@ -1,7 +1,8 @@
 """The one HTTP client of real-API mode: tools called over the network, failures read off the wire.
 
 * ``Endpoint``: where and how one tool is called (method, URL template, headers).
-* ``ToolClient``: calls tools over HTTP (httpx2, synchronous, a timeout per request) and says what really
+* ``ToolClient``: calls tools over HTTP (httpx2, synchronous, a total deadline and a size cap per call:
+  ``resilibench.outbound``) and says what really
   happened (``HttpOutcome``): success, error code, status, latency, error class (``envs.real_api.http_faults``),
   Retry-After, the body. Against our tool service (``base_url``) a tool is ``POST {base}/tools/{name}``;
   for a live API each tool has its own ``Endpoint``.
@@ -14,10 +15,9 @@ from __future__ import annotations
 
 __all__ = [
     "METHODS", "EPISODE_HEADER", "REPLAY_HEADER", "LOG_RUN", "DURATION_HEADER", "WAIT_TURNS_HEADER",
-    "Endpoint", "HttpOutcome", "retry_after_seconds", "ToolClient", "HttpExecutor",
+    "DEFAULT_MAX_BYTES", "check_headers", "Endpoint", "HttpOutcome", "retry_after_seconds", "ToolClient", "HttpExecutor",
 ]
 
-import email.utils
 import itertools
 import json
 import math
@@ -33,6 +33,7 @@ from urllib.parse import quote
 import httpx2 as httpx
 
 from resilibench.errors import InputError
+from resilibench.outbound import Reply, ResponseTooLarge, fetch, http_client, retry_after_seconds
 
 from ...core.registry import INVALID_INPUT, ToolRegistry, default_registry
 from ...core.simulator import CallRecord, Episode
@@ -51,12 +52,34 @@ _LOGGED = itertools.count(1)
 DURATION_HEADER = "X-Call-Duration"
 WAIT_TURNS_HEADER = "X-Retry-After-Turns"
 _PLACEHOLDER = re.compile(r"{([A-Za-z_][A-Za-z0-9_]*)}")
+DEFAULT_MAX_BYTES = 10 * 2**20  # the largest response body a call reads
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
 
 
 def _check_url(url: Any, name: str) -> str:
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise InputError(name, f"must be an http:// or https:// URL, got {url!r}")
     return url
+
+
+def check_headers(headers: Any, name: str) -> tuple[tuple[str, str], ...]:
+    """Request headers as (name, value) pairs: names HTTP tokens, values strings of visible ASCII (and
+    spaces); InputError naming ``name`` and the header otherwise, so a call never fails on them."""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    try:
+        pairs = tuple(pairs)
+    except TypeError:
+        raise InputError(name, f"headers must be a mapping of names to strings, got {headers!r:.80}") from None
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise InputError(name, f"headers must be (name, value) pairs, got {pair!r:.80}")
+        key, value = pair
+        if not isinstance(key, str) or not _TOKEN.match(key):
+            raise InputError(f"{name}.{key}", f"header name {key!r:.80} is not an HTTP token (letters, digits, -)")
+        if not isinstance(value, str) or not all(c == "\t" or " " <= c <= "~" for c in value):
+            raise InputError(f"{name}.{key}", f"the value of header {key} must be a string of visible ASCII "
+                             f"characters, got {value!r:.80}")
+    return pairs
 
 
 def _positive_seconds(value: Any, name: str) -> float:
@@ -79,6 +102,7 @@ class Endpoint:
         if self.method not in METHODS:
             raise InputError("method", f"must be one of {METHODS}, got {self.method!r}")
         _check_url(self.url, "url")
+        object.__setattr__(self, "headers", check_headers(self.headers, "headers"))
 
     def request_parts(self, arguments: Mapping[str, Any] | None) -> tuple[str, dict[str, Any] | None, Any]:
         """(URL, query parameters, JSON body) of a call with ``arguments`` (None: no body at all, which
@@ -132,26 +156,10 @@ def _world_timing(headers: Mapping[str, str]) -> dict[str, Any]:
         return {"world_duration": None, "wait_turns": None}
 
 
-def retry_after_seconds(value: str | None) -> float | None:
-    """A Retry-After header in seconds (delta-seconds or an HTTP date); None when absent or unreadable."""
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        seconds = when.timestamp() - time.time()
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
 class ToolClient:
     """Calls tools over HTTP. Give ``base_url`` (our tool service: ``POST {base}/tools/{name}``) or
-    ``endpoints`` (tool name -> ``Endpoint``, for registered live APIs); ``timeout`` is per request
-    (seconds). ``max_retries`` (default 0) more attempts are made after a 429 whose Retry-After is at most
+    ``endpoints`` (tool name -> ``Endpoint``, for registered live APIs); ``timeout`` is a call's total
+    deadline in seconds and ``max_bytes`` the largest body it reads (``resilibench.outbound``). ``max_retries`` (default 0) more attempts are made after a 429 whose Retry-After is at most
     ``retry_after_cap`` seconds (waiting that long), a 5xx, a dropped connection or a malformed body
     (waiting ``backoff * 2**(attempt-1)``); a timed-out request is never sent again (the service may have
     acted on it). ``log``: a call-log file that ``HttpExecutor`` appends one row per attempt to.
@@ -161,7 +169,7 @@ class ToolClient:
     def __init__(self, base_url: str | None = None, endpoints: Mapping[str, Endpoint] | None = None, *,
                  timeout: float = 10.0, max_retries: int = 0, retry_after_cap: float = 5.0,
                  backoff: float = 0.1, log: str | Path | None = None, registry: ToolRegistry | None = None,
-                 headers: Mapping[str, str] | None = None):
+                 headers: Mapping[str, str] | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
         if (base_url is None) == (endpoints is None):
             raise InputError("base_url", "give either a base URL (the tool service) or endpoints (live APIs)")
         self.base_url = None if base_url is None else _check_url(base_url, "base_url").rstrip("/")
@@ -177,10 +185,25 @@ class ToolClient:
         if isinstance(backoff, bool) or not isinstance(backoff, int | float) or not 0 <= backoff < math.inf:
             raise InputError("backoff", f"must be a finite number of seconds >= 0, got {backoff!r}")
         self.backoff = float(backoff)
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise InputError("max_bytes", f"must be an integer >= 1, got {max_bytes!r}")
+        self.max_bytes = max_bytes
         self.log = None if log is None else Path(log)
         self.registry = registry or default_registry()
-        self._http = httpx.Client(timeout=self.timeout, headers=dict(headers or {}), trust_env=False,
-                                  follow_redirects=True)
+        self.headers = dict(check_headers(headers or {}, "headers"))
+        self._http = http_client(self.timeout)
+
+    def _fetch(self, method: str, url: str, headers: Mapping[str, str] | None = None, **request: Any) -> Reply:
+        return fetch(self._http, method, url, timeout=self.timeout, max_bytes=self.max_bytes,
+                     headers={**self.headers, **(headers or {})}, **request)
+
+    def _control(self, method: str, url: str, **request: Any) -> Reply:
+        """A request to the tool service's control routes; InputError naming ``api`` when it cannot be made."""
+        try:
+            return self._fetch(method, url, **request)
+        except (httpx.HTTPError, ResponseTooLarge) as exc:
+            raise InputError("api", f"the tool service at {self.base_url} did not answer {method} {url}: "
+                             f"{type(exc).__name__}: {exc}") from None
 
     @property
     def is_service(self) -> bool:
@@ -204,21 +227,21 @@ class ToolClient:
         body: dict[str, Any] = {"task_id": task_id, "seed": seed}
         if config is not None:
             body["config"] = config
-        response = self._http.post(f"{self.base_url}/episodes", json=body)
+        response = self._control("POST", f"{self.base_url}/episodes", json=body)
         data = _json_or_none(response)
-        if response.status_code != 201 or not isinstance(data, dict) or not isinstance(data.get("episode"), str):
+        if response.status != 201 or not isinstance(data, dict) or not isinstance(data.get("episode"), str):
             error = data.get("error") if isinstance(data, dict) else None
             detail = error.get("description") if isinstance(error, dict) else response.text[:200]
-            raise InputError("episode", f"the tool service refused the episode ({response.status_code}): {detail}")
+            raise InputError("episode", f"the tool service refused the episode ({response.status}): {detail}")
         return data["episode"]
 
     def episode_state(self, episode: str) -> dict[str, Any]:
         """The tool service's view of an episode (``GET /episodes/{id}``): turns_used, time_used, end_reason,
         level."""
-        response = self._http.get(f"{self.base_url}/episodes/{episode}")
+        response = self._control("GET", f"{self.base_url}/episodes/{episode}")
         data = _json_or_none(response)
-        if response.status_code != 200 or not isinstance(data, dict):
-            raise InputError("episode", f"the tool service has no episode {episode!r} ({response.status_code})")
+        if response.status != 200 or not isinstance(data, dict):
+            raise InputError("episode", f"the tool service has no episode {episode!r} ({response.status})")
         return data
 
     def request(self, tool: str, arguments: Mapping[str, Any] | None = None, *, episode: str | None = None,
@@ -233,14 +256,16 @@ class ToolClient:
         codes = self.registry[tool].error_codes if tool in self.registry else ()
         start = time.perf_counter()
         try:
-            response = self._http.request(endpoint.method, url, params=params, json=body, headers=sent)
+            response = self._fetch(endpoint.method, url, sent, params=params, json=body)
         except httpx.TimeoutException as exc:
             return self._failure(tool, hf.TIMEOUT_CLASS, start, attempt, f"no answer within {self.timeout} s ({exc!r})")
-        except httpx.TransportError as exc:  # refused, reset, or closed without a response
+        except ResponseTooLarge as exc:
+            return self._failure(tool, hf.MALFORMED_BODY, start, attempt, str(exc))
+        except httpx.RequestError as exc:  # refused, reset, closed without a response, redirected in circles
             return self._failure(tool, hf.CONNECTION, start, attempt, f"connection failed: {exc!r}")
         latency = time.perf_counter() - start
         timing = _world_timing(response.headers)
-        status, text = response.status_code, response.text
+        status, text = response.status, response.text
         data = _json_or_none(response)
         error_class = hf.class_of_status(status)
         if error_class is None:
@@ -293,12 +318,12 @@ class ToolClient:
         self.close()
 
 
-def _says_json(response: httpx.Response) -> bool:
+def _says_json(response: Reply) -> bool:
     kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
     return kind == "application/json" or kind.endswith("+json")
 
 
-def _json_or_none(response: httpx.Response) -> Any:
+def _json_or_none(response: Reply) -> Any:
     try:
         return json.loads(response.content) if response.content else None
     except (ValueError, UnicodeDecodeError):

@@ -26,7 +26,7 @@ __all__ = [
     "mcp_failure",
     "mcp_live_api", "TASK_FILE_KEYS", "API_KEYS", "TASK_KEYS", "STEP_KEYS", "TaskFile", "SHIPPED_TASK_FILES",
     "task_file_path", "read_task_file", "task_workflow", "LiveApi", "RealApi", "live_registry",
-    "service_openapi_url", "load_live_api",
+    "service_openapi_url", "load_live_api", "expand_headers", "MAX_DOCUMENT_BYTES", "MAX_SCHEMA_NODES",
 ]
 
 import dataclasses
@@ -35,7 +35,6 @@ import os
 import re
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -46,13 +45,14 @@ import anyio
 import networkx as nx
 
 from resilibench.errors import InputError
+from resilibench.outbound import ResponseTooLarge, fetch, http_client, origin
 
 from ...core.config import WorldConfig
 from ...core.registry import CATEGORY_ERRORS, COMMON_ERRORS, Parameter, Tool, ToolRegistry
 from ...core.tasks.library import COMPLEXITIES, Task
 from ...core.workflow import Node, Workflow
 from . import http_faults as hf
-from .client import Endpoint, HttpOutcome, ToolClient
+from .client import Endpoint, HttpOutcome, ToolClient, check_headers
 from .http_faults import FAULTS
 
 LIVE_CATEGORY = "live_api"
@@ -67,33 +67,63 @@ LIVE_ERRORS: tuple[tuple[str, str], ...] = COMMON_ERRORS + tuple(
 LOST_SESSION: tuple[type[BaseException], ...] = (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError,
                                                  anyio.EndOfStream)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
-_FETCH_TIMEOUT = 30.0
+_FETCH_TIMEOUT = 30.0  # seconds, in all, to fetch an OpenAPI document
+MAX_DOCUMENT_BYTES = 10 * 2**20
+MAX_SCHEMA_NODES = 100_000  # values of one path item once its $refs are followed
+_VARIABLE = re.compile(r"\$(?:\{([^}]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
 # --- JSON Schema -> tool parameters ---------------------------------------------------------------------
 
 
-def _resolve(node: Any, document: Mapping[str, Any], where: str, following: tuple[str, ...] = ()) -> Any:
-    """``node`` with its local ``$ref`` (``#/components/...``) followed, nested ones too. A schema that
-    refers to itself (a tree of comments) is cut where it recurs: that part accepts any value."""
-    if isinstance(node, dict) and "$ref" in node:
-        ref = node["$ref"]
-        if not isinstance(ref, str) or not ref.startswith("#/"):
-            raise InputError(where, f"{where}: only local $ref (#/...) are supported, got {ref!r}")
-        if ref in following:
-            return {}
-        target: Any = document
-        for part in ref[2:].split("/"):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(target, dict) or part not in target:
-                raise InputError(where, f"{where}: $ref {ref} points nowhere")
-            target = target[part]
-        return _resolve(target, document, where, (*following, ref))
-    if isinstance(node, dict):
-        return {k: _resolve(v, document, where, following) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_resolve(v, document, where, following) for v in node]
-    return node
+class _Resolver:
+    """Follows the local ``$ref`` (``#/components/...``) of one document, nested ones too. A schema that
+    refers to itself (a tree of comments) is cut where it recurs: that part accepts any value. Each
+    reference is resolved once (the result shared where it recurs), and all that the document's
+    references expand to may hold at most ``MAX_SCHEMA_NODES`` values: a small document whose references
+    fan out is refused, naming where it passed the limit."""
+
+    def __init__(self, document: Mapping[str, Any]):
+        self.document = document
+        self.memo: dict[tuple[str, tuple[str, ...]], tuple[Any, int]] = {}
+        self.expanded = 0
+
+    def __call__(self, node: Any, where: str) -> Any:
+        value, size = self._walk(node, (), where)
+        self.expanded += size
+        if self.expanded > MAX_SCHEMA_NODES:
+            raise InputError(where, f"{where}: the document's $refs expand to more than {MAX_SCHEMA_NODES:,} values")
+        return value
+
+    def _walk(self, node: Any, following: tuple[str, ...], where: str) -> tuple[Any, int]:
+        if isinstance(node, dict) and "$ref" in node:
+            ref = node["$ref"]
+            if not isinstance(ref, str) or not ref.startswith("#/"):
+                raise InputError(where, f"{where}: only local $ref (#/...) are supported, got {ref!r:.80}")
+            if ref in following:
+                return {}, 1
+            key = (ref, following)
+            if key not in self.memo:
+                target: Any = self.document
+                for part in ref[2:].split("/"):
+                    part = part.replace("~1", "/").replace("~0", "~")
+                    if not isinstance(target, dict) or part not in target:
+                        raise InputError(where, f"{where}: $ref {ref} points nowhere")
+                    target = target[part]
+                self.memo[key] = self._walk(target, (*following, ref), where)
+            return self.memo[key]
+        if isinstance(node, dict):
+            items = {k: self._walk(v, following, where) for k, v in node.items()}
+            return self._sized({k: v for k, (v, _) in items.items()}, 1 + sum(n for _, n in items.values()), where)
+        if isinstance(node, list):
+            values = [self._walk(v, following, where) for v in node]
+            return self._sized([v for v, _ in values], 1 + sum(n for _, n in values), where)
+        return node, 1
+
+    def _sized(self, value: Any, size: int, where: str) -> tuple[Any, int]:
+        if self.expanded + size > MAX_SCHEMA_NODES:
+            raise InputError(where, f"{where}: the document's $refs expand to more than {MAX_SCHEMA_NODES:,} values")
+        return value, size
 
 
 def schema_parameters(schema: Any, where: str) -> tuple[Parameter, ...]:
@@ -106,6 +136,9 @@ def schema_parameters(schema: Any, where: str) -> tuple[Parameter, ...]:
     required = schema.get("required") or []
     if not isinstance(properties, dict) or not isinstance(required, list):
         raise InputError(where, f"{where}: properties must be a mapping and required a list")
+    strange = [name for name in properties if not isinstance(name, str)]
+    if strange:
+        raise InputError(f"{where}.properties", f"{where}: property names must be strings, got {strange[0]!r:.80}")
     return tuple(_parameter(name, prop, name in required, f"{where}.properties.{name}")
                  for name, prop in properties.items())
 
@@ -113,10 +146,20 @@ def schema_parameters(schema: Any, where: str) -> tuple[Parameter, ...]:
 def _parameter(name: str, prop: Any, required: bool, where: str) -> Parameter:
     if not isinstance(prop, dict):
         raise InputError(where, f"{where}: a property schema must be a mapping, got {prop!r:.80}")
-    kind = prop.get("type") or next((b["type"] for b in prop.get("anyOf", prop.get("oneOf", []))
-                                     if isinstance(b, dict) and "type" in b), "string")
+    branches = prop.get("anyOf", prop.get("oneOf", []))
+    if not isinstance(branches, list):
+        raise InputError(where, f"{where}: anyOf and oneOf must be lists, got {branches!r:.80}")
+    kind = _schema_type(prop.get("type") or next((b["type"] for b in branches if isinstance(b, dict) and "type" in b),
+                                                 "string"), where)
     constraints = {k: v for k, v in prop.items() if k not in ("type", "description", "default")}
     return Parameter(name, kind, str(prop.get("description", "")), required, prop.get("default"), constraints)
+
+
+def _schema_type(kind: Any, where: str) -> Any:
+    """A property's JSON Schema ``type``: a name, or a list of names (``["string", "null"]``)."""
+    if not isinstance(kind, str) and not (isinstance(kind, list) and all(isinstance(k, str) for k in kind)):
+        raise InputError(f"{where}.type", f"{where}.type must be a JSON Schema type name, got {kind!r:.80}")
+    return kind
 
 
 def live_tool(name: str, description: str, parameters: Sequence[Parameter], version: str = "1.0.0",
@@ -146,22 +189,43 @@ def _check_name(name: Any, where: str) -> str:
 # --- OpenAPI --------------------------------------------------------------------------------------------
 
 
+def _typed(container: Mapping[str, Any], key: str, kind: type, where: str,
+           default: Any = None) -> Any:
+    """``container[key]`` (``default`` when absent or null) when it is a ``kind``; InputError naming
+    ``where.key`` otherwise."""
+    value = container.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        expected = {dict: "a mapping", list: "a list", str: "a string"}[kind]
+        raise InputError(f"{where}.{key}", f"{where}.{key} must be {expected}, got {value!r:.80}")
+    return value
+
+
 def load_document(source: str | Path, base: Path | None = None) -> tuple[dict[str, Any], str | None]:
-    """(the OpenAPI document, the URL it came from or None) of a file (JSON or YAML; relative to ``base``)
-    or an http(s) URL (fetched only then)."""
+    """(the OpenAPI document, the URL it came from or None) of a file (JSON or YAML; a relative path is
+    relative to ``base``, the task file's folder, and must stay inside it) or an http(s) URL (fetched
+    then, within ``_FETCH_TIMEOUT`` seconds in all and ``MAX_DOCUMENT_BYTES``)."""
     text_source = str(source)
     if text_source.startswith(("http://", "https://")):
+        import httpx2 as httpx
+
         try:
-            with urllib.request.urlopen(text_source, timeout=_FETCH_TIMEOUT) as response:  # noqa: S310
-                text = response.read().decode("utf-8")
-        except OSError as exc:
-            raise InputError("openapi", f"cannot fetch the OpenAPI document {text_source}: {exc}") from None
-        url: str | None = text_source
+            with http_client(_FETCH_TIMEOUT) as client:
+                reply = fetch(client, "GET", text_source, timeout=_FETCH_TIMEOUT, max_bytes=MAX_DOCUMENT_BYTES)
+        except (httpx.HTTPError, httpx.InvalidURL, ResponseTooLarge) as exc:
+            raise InputError("openapi", f"cannot fetch the OpenAPI document {text_source}: "
+                             f"{type(exc).__name__}: {exc}") from None
+        if reply.status != 200:
+            raise InputError("openapi", f"cannot fetch the OpenAPI document {text_source}: HTTP {reply.status}")
+        text, url = reply.content.decode("utf-8", "replace"), text_source
     else:
-        path = Path(text_source) if base is None else base / text_source
+        path = _local_path(text_source, base)
         if not path.is_file():
             raise InputError("openapi", f"OpenAPI document {path} does not exist")
-        text, url = path.read_text(encoding="utf-8"), None
+        if path.stat().st_size > MAX_DOCUMENT_BYTES:
+            raise InputError("openapi", f"OpenAPI document {path} is over {MAX_DOCUMENT_BYTES:,} bytes")
+        text, url = path.read_text(encoding="utf-8", errors="replace"), None
     try:
         from resilibench.safe_yaml import load_yaml
 
@@ -174,24 +238,43 @@ def load_document(source: str | Path, base: Path | None = None) -> tuple[dict[st
     return document, url
 
 
+def _local_path(source: str, base: Path | None) -> Path:
+    """The file a task file names (``base``: its folder): relative to it and inside it; a path given by
+    the user (``base`` None) as it is."""
+    if base is None:
+        return Path(source)
+    path = (base / source).resolve()
+    if Path(source).is_absolute() or not path.is_relative_to(base.resolve()):
+        raise InputError("openapi", f"a task file names its OpenAPI document by a path relative to its own folder "
+                         f"({base}), inside it; got {source!r} (give another document as the openapi argument)")
+    return path
+
+
 def openapi_tools(document: Mapping[str, Any], base_url: str | None = None, operations: Sequence[str] | None = None,
                   document_url: str | None = None, headers: Mapping[str, str] | None = None
                   ) -> tuple[list[Tool], dict[str, Endpoint]]:
     """The tools and endpoints of an OpenAPI 3.x document: one per operation (only ``operations`` when
     given, by operationId). The URL is ``base_url``, else the document's first server (relative to
-    ``document_url``), joined with the operation's path; ``headers`` go with every request (credentials)."""
-    sent_headers = tuple((headers or {}).items())
-    server = base_url or next((s.get("url") for s in document.get("servers") or [] if isinstance(s, dict)), None)
+    ``document_url``), joined with the operation's path; ``headers`` go with every request (credentials).
+    A malformed document is refused with an InputError naming the field."""
+    sent_headers = check_headers(headers or {}, "headers")
+    servers = _typed(document, "servers", list, "openapi", [])
+    server = base_url or next((s.get("url") for s in servers if isinstance(s, dict)), None)
     if server is None and document_url is not None:
         server = "/"
     if server is None:
         raise InputError("base_url", "the OpenAPI document names no server: give the API's base URL")
+    if not isinstance(server, str):
+        raise InputError("servers", f"servers[0].url must be a string, got {server!r:.80}")
     if document_url is not None:
         server = urllib.parse.urljoin(document_url, server)
-    version = str((document.get("info") or {}).get("version", "1.0.0"))
+    version = str(_typed(document, "info", dict, "openapi", {}).get("version", "1.0.0"))
+    resolve = _Resolver(document)
     tools, endpoints = [], {}
-    for path, item in (document.get("paths") or {}).items():
-        item = _resolve(item, document, f"paths.{path}")
+    for path, raw_item in _typed(document, "paths", dict, "openapi", {}).items():
+        item = resolve(raw_item, f"paths.{path}")
+        if not isinstance(item, dict):
+            raise InputError(f"paths.{path}", f"paths.{path} must be a mapping of methods, got {item!r:.80}")
         for method in HTTP_METHODS:
             op = item.get(method)
             if not isinstance(op, dict):
@@ -203,9 +286,10 @@ def openapi_tools(document: Mapping[str, Any], base_url: str | None = None, oper
                 continue
             if name in endpoints:
                 raise InputError(f"{where}.operationId", f"{where}: operationId {name!r} is used twice")
-            parameters, url = _operation_parameters(op, item, document, where, method, server.rstrip("/") + path)
-            description = op.get("description") or op.get("summary") or ""
-            tools.append(live_tool(name, description, parameters, version, codes=op.get("x-error-codes")))
+            parameters, url = _operation_parameters(op, item, resolve, where, method, server.rstrip("/") + str(path))
+            description = _typed(op, "description", str, where) or _typed(op, "summary", str, where) or ""
+            codes = _typed(op, "x-error-codes", list, where)
+            tools.append(live_tool(name, description, parameters, version, codes=codes))
             endpoints[name] = Endpoint(method.upper(), url, sent_headers)
     missing = sorted(set(operations or ()) - set(endpoints))
     if missing:
@@ -214,28 +298,33 @@ def openapi_tools(document: Mapping[str, Any], base_url: str | None = None, oper
     return tools, endpoints
 
 
-def _operation_parameters(op: dict, item: dict, document: Mapping[str, Any], where: str, method: str, url: str
+def _operation_parameters(op: dict, item: dict, resolve: _Resolver, where: str, method: str, url: str
                           ) -> tuple[list[Parameter], str]:
     """(the tool's parameters, the endpoint's URL template) of one operation. ``Endpoint`` fills ``{name}``
     from the arguments and sends the others as the query (GET, DELETE) or the JSON body: a required query
     parameter of a body method is written into the URL template; an optional one is left out."""
     parameters: list[Parameter] = []
     query: list[str] = []
-    for i, raw in enumerate([*(item.get("parameters") or []), *(op.get("parameters") or [])]):
-        spec = _resolve(raw, document, f"{where}.parameters[{i}]")
+    listed = [*_typed(item, "parameters", list, where.rsplit(".", 1)[0], []), *_typed(op, "parameters", list, where, [])]
+    for i, raw in enumerate(listed):
+        at = f"{where}.parameters[{i}]"
+        spec = resolve(raw, at)
+        if not isinstance(spec, dict):
+            raise InputError(at, f"{at} must be a mapping, got {spec!r:.80}")
         place, name = spec.get("in"), spec.get("name")
         required = bool(spec.get("required")) or place == "path"
         body_method = method not in ("get", "delete")
         if place not in ("path", "query") or (place == "query" and body_method and not required):
             continue  # headers and cookies carry credentials and settings, not an agent's arguments
+        name = _check_name(name, f"{at}.name")
         if place == "query" and body_method:
             query.append(f"{name}={{{name}}}")
-        schema = {**(spec.get("schema") or {}), **({"description": spec["description"]} if "description" in spec
-                                                   else {})}
-        parameters.append(_parameter(_check_name(name, f"{where}.parameters[{i}].name"), schema, required,
-                                     f"{where}.parameters[{i}]"))
-    body = _resolve(op.get("requestBody") or {}, document, f"{where}.requestBody")
-    schema = ((body.get("content") or {}).get("application/json") or {}).get("schema")
+        description = _typed(spec, "description", str, at)
+        schema = {**_typed(spec, "schema", dict, at, {}), **({"description": description} if description else {})}
+        parameters.append(_parameter(name, schema, required, at))
+    body = resolve(_typed(op, "requestBody", dict, where, {}), f"{where}.requestBody")
+    content = _typed(body, "content", dict, f"{where}.requestBody", {})
+    schema = _typed(content, "application/json", dict, f"{where}.requestBody.content", {}).get("schema")
     if schema is not None and method not in ("get", "delete"):
         taken = {p.name for p in parameters}
         for parameter in schema_parameters(schema, f"{where}.requestBody"):
@@ -269,21 +358,21 @@ class McpToolClient:
     """Calls the tools of an MCP server through one client session, for ``HttpExecutor`` (it has the
     client side that the executor uses: ``request``, ``retry_delay``, ``log``), so a live API served over
     MCP plays exactly like one over HTTP. ``server``: a streamable-HTTP URL, a command line (a list: the
-    server over stdio) or an ``mcp`` server object (in memory). A tool result with ``is_error`` fails with
+    server over stdio, run in ``cwd``) or an ``mcp`` server object (in memory). A tool result with ``is_error`` fails with
     the code its ``error`` names when the tool has it, else OPERATION_FAILED; no answer within
     ``timeout`` is a TIMEOUT; a lost session a NETWORK_ERROR. Calls are not retried. Close it when done."""
 
     is_service = False
 
     def __init__(self, server: Any, *, timeout: float = 10.0, log: str | Path | None = None,
-                 registry: ToolRegistry | None = None):
+                 registry: ToolRegistry | None = None, cwd: str | Path | None = None):
         import anyio.from_thread
         from mcp import Client, StdioServerParameters
 
         if isinstance(server, list | tuple):
             if not server or not all(isinstance(a, str) for a in server):
                 raise InputError("mcp", f"an MCP server command must be a non-empty list of strings, got {server!r}")
-            server = StdioServerParameters(command=server[0], args=list(server[1:]))
+            server = StdioServerParameters(command=server[0], args=list(server[1:]), cwd=cwd)
         self.timeout, self.registry = float(timeout), registry
         self.log = None if log is None else Path(log)
         self._portal_context = anyio.from_thread.start_blocking_portal()
@@ -445,8 +534,12 @@ def read_task_file(path: str | Path) -> TaskFile:
                                     and all(isinstance(o, str) for o in api["operations"])):
         raise InputError("api.operations", "api.operations must be a list of operation names")
     headers = api.get("headers") or {}
-    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+    if not isinstance(headers, dict):
         raise InputError("api.headers", "api.headers must map header names to strings")
+    check_headers(headers, "api.headers")  # ${VAR} is checked again once expanded (expand_headers)
+    for key in ("openapi", "base_url", "service"):
+        if key in api and not isinstance(api[key], str):
+            raise InputError(f"api.{key}", f"api.{key} must be a string, got {api[key]!r:.80}")
     coverage = data.get("min_coverage", DEFAULT_MIN_COVERAGE)
     if not isinstance(coverage, int | float) or isinstance(coverage, bool) or not 0 <= coverage <= 1:
         raise InputError("min_coverage", f"min_coverage must be a number in [0, 1], got {coverage!r}")
@@ -557,6 +650,7 @@ class LiveApi:
     min_coverage: dict[str, float]
     source: str  # where the tools came from (the OpenAPI document or URL, the MCP server)
     mcp: Any = None  # the MCP server (URL or command) whose session the calls go through; None: HTTP endpoints
+    mcp_cwd: Path | None = None  # the folder a command runs in (the task file's)
 
     def world_config(self, config: WorldConfig | None = None) -> WorldConfig:
         """``config`` (default: the paper's world) with the task file's task types graded: their minimum
@@ -600,7 +694,7 @@ class RealApi:
             return target
         if isinstance(target, LiveApi) and target.mcp is not None:
             return McpToolClient(target.mcp, registry=target.registry, timeout=options.get("timeout", 10.0),
-                                 log=options.get("log"))
+                                 log=options.get("log"), cwd=target.mcp_cwd)
         if isinstance(target, LiveApi):
             return ToolClient(endpoints=target.endpoints, registry=target.registry, **options)
         return ToolClient(base_url=target, registry=registry, **options)
@@ -636,25 +730,60 @@ def service_openapi_url(base_url: str) -> str:
     return base_url.rstrip("/") + "/openapi.json"
 
 
-def load_live_api(task_file: str | Path, openapi: str | None = None, base_url: str | None = None) -> LiveApi:
-    """A live API from a task file: tools from the MCP server the file names (``api.mcp``: a URL or a
-    command line) or from the OpenAPI document ``openapi`` (a file or URL; default
-    the file's ``api.openapi``, else the document of the tool service at ``base_url`` / ``api.service``),
-    calls to ``base_url`` (default the file's ``api.base_url``, else the document's server), with the file's
-    ``api.headers`` (``$VAR`` read from the environment, so keys stay out of the file)."""
+def load_live_api(task_file: str | Path, openapi: str | None = None, base_url: str | None = None, *,
+                  env: Sequence[str] = (), allow_command: bool = False) -> LiveApi:
+    """A live API from a task file: tools from the MCP server the file names (``api.mcp``: a URL, or a
+    command line, run only with ``allow_command``) or from the OpenAPI document ``openapi`` (a file or URL;
+    default the file's ``api.openapi``, else the document of the tool service at ``base_url`` /
+    ``api.service``), calls to ``base_url`` (default the file's ``api.base_url``, else the document's
+    server), with the file's ``api.headers``. What a task file may do is the trust model of
+    docs/envs/real_apis.md ("What a task file may do"): a header's ``${VAR}`` is read from the environment
+    only when ``env`` names ``VAR`` (an unset one is refused), and such a header goes only to an origin
+    the file or the caller names (``base_url``), never to one that only the OpenAPI document names."""
     spec = read_task_file(task_file)
-    if spec.api.get("mcp") is not None:
-        with McpToolClient(spec.api["mcp"]) as client:
-            return dataclasses.replace(mcp_live_api(spec.path, client), source=str(spec.api["mcp"]),
-                                       mcp=spec.api["mcp"])
+    mcp = spec.api.get("mcp")
+    if mcp is not None:
+        if not isinstance(mcp, str) and not allow_command:
+            raise InputError("api.mcp", f"{spec.path}: api.mcp starts the command {mcp!r:.120} with your rights; "
+                             "allow it explicitly (allow_command, on the command line --api-allow-command)")
+        cwd = None if isinstance(mcp, str) else spec.path.parent  # a command runs in the task file's folder
+        with McpToolClient(mcp, cwd=cwd) as client:
+            return dataclasses.replace(mcp_live_api(spec.path, client), source=str(mcp), mcp=mcp, mcp_cwd=cwd)
     base_url = base_url or spec.api.get("base_url") or spec.api.get("service")
     source = openapi or spec.api.get("openapi") or (service_openapi_url(base_url) if base_url else None)
     if source is None:
         raise InputError("api", f"{spec.path}: name the API: api.openapi (a document or URL), api.service "
                          "(a tool service's base URL) or api.mcp (an MCP server's URL or command), or give one")
-    document, url = load_document(source, spec.path.parent)
-    headers = {k: os.path.expandvars(v) for k, v in (spec.api.get("headers") or {}).items()}
+    document, url = load_document(source, None if openapi else spec.path.parent)
+    headers, secret = expand_headers(spec.api.get("headers") or {}, env)
     tools, endpoints = openapi_tools(document, base_url, spec.api.get("operations"), url, headers)
+    if secret and base_url is None:
+        sent_to = sorted({"{}://{}:{}".format(*origin(e.url)) for e in endpoints.values()})
+        raise InputError("api.headers", f"{spec.path}: header(s) {secret} carry environment variables and would go "
+                         f"to {', '.join(sent_to) or 'no server'}, named only by the OpenAPI document; name the "
+                         "API's origin in api.base_url (or give its URL)")
     registry = live_registry(tools, spec)
     return LiveApi(spec.name, registry, spec.tasks, {n: endpoints[n] for n in registry.names}, spec.min_coverage,
                    str(source))
+
+
+def expand_headers(headers: Mapping[str, str], env: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """(the headers with their ``${VAR}`` / ``$VAR`` read from the environment, the names of the headers
+    that used one). Only the variables ``env`` names are read; InputError naming the header for any other
+    and for an allowed one that is unset (never sent literally)."""
+    allowed, out, secret = set(env), {}, []
+    for name, value in headers.items():
+        where = f"api.headers.{name}"
+        used = [m.group(1) if m.group(1) is not None else m.group(2) for m in _VARIABLE.finditer(value)]
+        refused = sorted(v for v in set(used) if v not in allowed)
+        if refused:
+            raise InputError(where, f"{where} uses the environment variable(s) {refused}; a task file reads only "
+                             "the variables the user names (env, on the command line --api-env VAR)")
+        unset = sorted(v for v in set(used) if v not in os.environ)
+        if unset:
+            raise InputError(where, f"{where}: environment variable(s) {unset} are not set")
+        out[name] = _VARIABLE.sub(lambda m: os.environ[m.group(1) if m.group(1) is not None else m.group(2)], value)
+        if used:
+            secret.append(name)
+    check_headers(out, "api.headers")
+    return out, secret

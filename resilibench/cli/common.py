@@ -160,7 +160,13 @@ def add_api_options(parser: argparse.ArgumentParser) -> None:
                         help="append one JSON line per HTTP attempt to FILE (`run` without --api: per simulated "
                         f"call); the call log that `{PROG} failures fit` reads")
     parser.add_argument("--api-timeout", type=positive_float, metavar="SECONDS",
-                        help="seconds an HTTP call may take before it fails with TIMEOUT (default 10)")
+                        help="seconds an HTTP call may take in all before it fails with TIMEOUT (default 10)")
+    parser.add_argument("--api-env", action="append", default=[], metavar="VAR",
+                        help="an environment variable the task file's api.headers may use as ${VAR} (repeatable; "
+                        "sent only to the API's origin named by the file or --api, never across a redirect)")
+    parser.add_argument("--api-allow-command", action="store_true",
+                        help="let the task file's api.mcp start its MCP server as a command (it runs with your "
+                        "rights)")
 
 
 def add_task_type_option(parser: argparse.ArgumentParser, text: str = "repeatable (default all)") -> None:
@@ -280,7 +286,8 @@ def load_api(args: argparse.Namespace, simulator_log: bool = False) -> ApiChoice
     episodes mirror the world's; with ``--api-tasks FILE``: the live API that file names (its tools from
     the OpenAPI document at URL/openapi.json unless the file names one). CliError naming the option."""
     if args.api is None and args.api_tasks is None:
-        for option, value in (("--call-log", args.call_log), ("--api-timeout", args.api_timeout)):
+        for option, value in (("--call-log", args.call_log), ("--api-timeout", args.api_timeout),
+                              ("--api-env", args.api_env or None), ("--api-allow-command", args.api_allow_command or None)):
             if value is not None and not (option == "--call-log" and simulator_log):
                 raise CliError(f"{option}: for real-API mode only (give --api URL)")
         return None
@@ -304,7 +311,7 @@ def load_api(args: argparse.Namespace, simulator_log: bool = False) -> ApiChoice
 
     task_file = str(args.api_tasks)
     try:
-        live = load_live_api(task_file, base_url=url)
+        live = load_live_api(task_file, base_url=url, env=args.api_env, allow_command=args.api_allow_command)
     except InputError as exc:
         raise CliError(f"--api-tasks {task_file}: {exc}") from None
     identity.update({"tasks": live.name, "source": live.source,

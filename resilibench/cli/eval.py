@@ -133,7 +133,8 @@ def cmd_eval_agent(args: argparse.Namespace) -> int:
         # Every episode in the directory (all models), each key once (a retried infrastructure error replaced).
         rows = list(settled_rows([*run.existing.rows, *run.new_rows]).values())
         summary = {"metadata": run_metadata(run_config, seeds),
-                   "files": {"results": run.results_path.name, "plot": plot_path.name}, **summarize_eval(rows)}
+                   "files": {"results": run.results_path.name, "plot": plot_path.name},
+                   **summarize_eval(rows, registry=api.live.registry if api is not None and api.live else None)}
         run.write_summary(summary)
         plot_summary(rows, plot_path, title=f"Full success in the text env ({len(rows)} episodes)")
     print(format_tables(summary))

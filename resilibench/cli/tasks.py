@@ -54,11 +54,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _enhance(tasks: list[Any], args: argparse.Namespace) -> list[Any]:
     from resilibench.agents.task_enhancer import TaskEnhancer
     from resilibench.console import progress_bar
+    from resilibench.llm import BackendError
 
     enhancer = TaskEnhancer(load_backend(args.enhance, "--enhance"), attempts=args.enhance_attempts)
     bar = progress_bar(len(tasks), "descriptions")
-    out = enhancer.enhance(tasks, batch_size=args.enhance_batch_size, on_batch=bar.update)
-    bar.close()
+    try:
+        out = enhancer.enhance(tasks, batch_size=args.enhance_batch_size, on_batch=bar.update)
+    except BackendError as exc:
+        raise CliError(f"--enhance {args.enhance}: {exc}") from None
+    finally:
+        bar.close()
     kept = sum(1 for t in out if not t.metadata.get("llm_generated"))
     print(f"enhanced {len(out) - kept} descriptions through {args.enhance}; {kept} kept their template text "
           "(reasons in each task's metadata.enhancement)", file=sys.stderr)

@@ -397,10 +397,12 @@ def test_a_task_file_naming_an_mcp_server_over_stdio(tmp_path):
                       "    return {'draft': text.upper()}\n\n"
                       "server.run()\n")
     path = tmp_path / "tasks.yaml"
-    path.write_text(f"api: {{mcp: [{json.dumps(sys.executable)}, {json.dumps(str(script))}]}}\n"
+    path.write_text(f"api: {{mcp: [{json.dumps(sys.executable)}, server.py]}}\n"  # relative to the task file
                     "tasks:\n  - id: post_task\n    steps:\n      - {tool: random_fact, description: a fact}\n"
                     "      - {tool: compile_post, depends_on: [random_fact], arguments: {text: hi}}\n")
-    live = load_live_api(path)
+    with pytest.raises(InputError, match="api.mcp starts the command"):  # not without the user's consent
+        load_live_api(path)
+    live = load_live_api(path, allow_command=True)
     assert live.mcp is not None and live.registry.names == ("random_fact", "compile_post")
     env = ResiliBenchTextEnv(split=None, search=SearchSettings(method="lexical"), api=RealApi(live))
     env.reset(seed=0)
