@@ -372,10 +372,6 @@ def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool =
         config = env_class()._env.config
         summary: dict[str, Any] = {"settings": json.loads(json.dumps(asdict(settings))), "train_tasks": len(train),
                                    "eval_tasks": len(held_out)}
-        if held_out:
-            summary["no_tool_agent"] = summarize(no_tool_outcomes(env_class, eval_rows), held_out, config)
-            summary["scripted"] = {f"scripted:{e}": summarize(expert_outcomes(e, env_class, eval_rows), held_out, config)
-                                   for e in EXPERTS}
 
         def make_trainer(directory: Path, train_rows=train_rows, callbacks=()):
             with _quiet():
@@ -385,14 +381,17 @@ def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool =
 
         with _quiet():
             start = model_directory(settings, output_dir)
+            model, tokenizer = load_agent_model(settings, output_dir, start)  # a template TRL cannot read fails here
+            if held_out:
+                summary["no_tool_agent"] = summarize(no_tool_outcomes(env_class, eval_rows), held_out, config)
+                summary["scripted"] = {f"scripted:{e}": summarize(expert_outcomes(e, env_class, eval_rows), held_out,
+                                                                  config) for e in EXPERTS}
         if settings.warm_start == "sft":
             if not resume:
                 shutil.rmtree(output_dir / SFT_DIR, ignore_errors=True)
             if held_out:  # the base model, before the warm start
                 summary["base"] = _evaluation(lambda: make_trainer(start, eval_rows), outcomes, held_out, config,
                                               output_dir / BASE_EVAL_FILE, log, "base")
-            with _quiet():
-                model, tokenizer = load_agent_model(settings, output_dir, start)
             sft_rows = task_rows(train[:settings.sft_tasks] if settings.sft_tasks else train, settings.seeds)
             start, summary["warm_start"] = train_warm_start(settings, output_dir, start, model, tokenizer, env_class,
                                                             sft_rows, resume, log)
