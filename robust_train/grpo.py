@@ -20,8 +20,8 @@ and tokenizer), ``eval_before.json`` / ``eval_after.json`` (every evaluation rol
 from __future__ import annotations
 
 __all__ = [
-    "CHAT_TEMPLATES", "VLLM_MODES", "BASE_DIR", "SUMMARY_FILE", "EVAL_FILES", "GRPOSettings", "locate_model",
-    "dequantise_gguf", "load_agent_model", "summarize", "no_tool_outcomes", "make_grpo_trainer", "train_grpo",
+    "CHAT_TEMPLATES", "VLLM_MODES", "BASE_DIR", "SUMMARY_FILE", "EVAL_FILES", "BASE_EVAL_FILE", "GRPOSettings", "locate_model",
+    "dequantise_gguf", "model_directory", "load_agent_model", "summarize", "no_tool_outcomes", "make_grpo_trainer", "train_grpo",
 ]
 
 import json
@@ -53,12 +53,14 @@ from .training import (
     set_torch_threads,
     training_directory,
 )
+from .warm_start import EXPERTS, SFT_DIR, WARM_STARTS, expert_outcomes, train_warm_start
 
 CHAT_TEMPLATES = ("auto", "model", "qwen2_5")
 VLLM_MODES = ("colocate", "server")
 BASE_DIR = "base"
 SUMMARY_FILE = "summary.json"
 EVAL_FILES = ("eval_before.json", "eval_after.json")
+BASE_EVAL_FILE = "eval_base.json"
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,15 @@ class GRPOSettings(Settings):
     use_vllm: bool = setting(False, help="generate with vLLM (GPU machines, the vllm extra)")
     vllm_mode: str = setting("colocate", choices=VLLM_MODES, help="vLLM in the training process or a "
                                                                   "`trl vllm-serve` server")
+    warm_start: str = setting("none", choices=WARM_STARTS, help="sft: fine-tune on expert transcripts of the "
+                                                                "training tasks before GRPO (DIR/sft)")
+    expert: str = setting("optimal", choices=EXPERTS, help="the scripted agent whose transcripts the warm start "
+                                                           "imitates")
+    sft_tasks: int | None = setting(None, bounds=AT_LEAST_ONE, help="warm start on the first N training tasks "
+                                                                    "(default those GRPO trains on)")
+    sft_epochs: float = setting(1.0, above=0, help="warm start: passes over the transcripts")
+    sft_learning_rate: float = setting(2e-4, above=0, help="warm start: peak learning rate")
+    sft_batch_size: int = setting(4, bounds=AT_LEAST_ONE, help="warm start: transcripts per optimizer step")
     save_steps: int = setting(5, bounds=AT_LEAST_ONE, help="steps between checkpoints")
     logging_steps: int = setting(1, bounds=AT_LEAST_ONE, help="steps between progress lines")
     seed: int = setting(0, bounds=(0, None), help="training seed")
@@ -188,16 +199,23 @@ def dequantise_gguf(directory: Path, gguf: str, out: Path) -> None:
     tmp.rename(out)
 
 
-def load_agent_model(settings: GRPOSettings, output_dir: Path):
-    """The model and tokenizer to train (a GGUF dequantised once into ``output_dir/base``)."""
+def model_directory(settings: GRPOSettings, output_dir: Path) -> Path:
+    """The transformers directory of ``settings.model`` (a GGUF dequantised once into ``output_dir/base``)."""
+    directory, gguf = locate_model(settings.model)
+    if gguf is None:
+        return directory
+    base = output_dir / BASE_DIR  # loading a GGUF takes tens of seconds: keep the dequantised weights
+    if not (base / "config.json").is_file():
+        dequantise_gguf(directory, gguf, base)
+    return base
+
+
+def load_agent_model(settings: GRPOSettings, output_dir: Path, directory: Path | None = None):
+    """The model and tokenizer to train: ``settings.model`` (see ``model_directory``), or the model in
+    ``directory``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    directory, gguf = locate_model(settings.model)
-    if gguf is not None:  # loading a GGUF takes tens of seconds: keep the dequantised weights
-        base = output_dir / BASE_DIR
-        if not (base / "config.json").is_file():
-            dequantise_gguf(directory, gguf, base)
-        directory = base
+    directory = directory or model_directory(settings, output_dir)
     _, dtype = _device_args(settings.lora is not None)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
@@ -216,14 +234,17 @@ def _selected(world: World, settings: GRPOSettings, split: str, limit: int | Non
 
 
 def summarize(outcomes: Sequence[dict[str, Any]], tasks: Sequence, config) -> dict[str, Any]:
-    """Full-success rate of evaluation rollouts, level counts, mean reward, bound (iii) of the tasks and
-    the rate as a fraction of it."""
+    """Full-success rate of evaluation rollouts with its 95% (Wilson) interval, level counts, mean reward,
+    bound (iii) of the tasks and the rate as a fraction of it."""
+    from resilibench.results import wilson_interval
+
     from ..core.bounds import optimal_success
 
     n = len(outcomes)
-    success = sum(o["level"] == "full_success" for o in outcomes) / n if n else None
+    successes = sum(o["level"] == "full_success" for o in outcomes)
+    success = successes / n if n else None
     bound = sum(optimal_success(t, config) for t in tasks) / len(tasks) if tasks else None
-    return {"rollouts": n, "success": success, "levels": {lv: sum(o["level"] == lv for o in outcomes) for lv in LEVELS},
+    return {"rollouts": n, "success": success, "success_ci95": list(wilson_interval(successes, n)), "levels": {lv: sum(o["level"] == lv for o in outcomes) for lv in LEVELS},
             "mean_reward": sum(o["reward"] for o in outcomes) / n if n else None,
             "mean_turns": sum(o["turns"] for o in outcomes) / n if n else None,
             "bound_iii": bound, "success_over_bound_iii": success / bound if bound and success is not None else None}
@@ -255,6 +276,15 @@ def _evaluate(trainer, outcomes: list, tasks, config, path: Path, log: Callable[
     return summary
 
 
+def _evaluation(trainer: Callable[[], Any], outcomes: list, tasks, config, path: Path, log: Callable[[str], None],
+                label: str) -> dict:
+    """The summary of an evaluation written in an earlier session (before any training step), else a
+    new evaluation through ``trainer()``."""
+    if path.is_file():
+        return json.loads(path.read_text())["summary"]
+    return _evaluate(trainer(), outcomes, tasks, config, path, log, label)
+
+
 # --- training ------------------------------------------------------------------------------------------
 
 
@@ -271,6 +301,7 @@ def _progress_callback(settings: GRPOSettings, log: Callable[[str], None]):
             if "reward" in logs:
                 log(f"step {state.global_step}/{state.max_steps}: reward {logs['reward']:.3f}, "
                     f"tool calls/rollout {logs.get('tools/call_frequency', 0):.2f}, "
+                    f"groups with non-zero advantages {1 - logs.get('frac_reward_zero_std', 1):.2f}, "
                     f"loss {logs.get('loss', float('nan')):.4f}")
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -320,7 +351,8 @@ def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool =
     # The time budget is per session: a run stopped by it resumes with any budget.
     identity = {k: v for k, v in asdict(settings).items() if k != "time_budget_min"}
     record = json.loads(json.dumps({"kind": "grpo", "settings": identity}))
-    with training_directory(output_dir, record, resume, summary=SUMMARY_FILE, stale=EVAL_FILES) as (run, finished):
+    with training_directory(output_dir, record, resume, summary=SUMMARY_FILE,
+                            stale=(*EVAL_FILES, BASE_EVAL_FILE)) as (run, finished):
         if finished is not None and finished.steps >= settings.max_steps and (output_dir / SUMMARY_FILE).is_file():
             log(f"{output_dir} holds a finished run")
             return json.loads((output_dir / SUMMARY_FILE).read_text())
@@ -337,23 +369,43 @@ def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool =
         train_rows, eval_rows = task_rows(train, settings.seeds), task_rows(held_out, settings.eval_seeds)
         log(f"training on {len(train)} {settings.split} tasks x {len(settings.seeds)} seeds, evaluating on "
             f"{len(held_out)} {settings.eval_split} tasks x {len(settings.eval_seeds)} seeds")
-        with _quiet():
-            model, tokenizer = load_agent_model(settings, output_dir)
-            trainer = make_grpo_trainer(settings, output_dir, model, tokenizer, env_class, train_rows, eval_rows,
-                                        progress, [_progress_callback(settings, log)])
         config = env_class()._env.config
-        summary: dict[str, Any] = {"settings": json.loads(json.dumps(asdict(settings))), "train_tasks": len(train), "eval_tasks": len(held_out)}
+        summary: dict[str, Any] = {"settings": json.loads(json.dumps(asdict(settings))), "train_tasks": len(train),
+                                   "eval_tasks": len(held_out)}
+
+        def make_trainer(directory: Path, train_rows=train_rows, callbacks=()):
+            with _quiet():
+                model, tokenizer = load_agent_model(settings, output_dir, directory)
+                return make_grpo_trainer(settings, output_dir, model, tokenizer, env_class, train_rows, eval_rows,
+                                         progress, callbacks)
+
+        with _quiet():
+            start = model_directory(settings, output_dir)
+            model, tokenizer = load_agent_model(settings, output_dir, start)  # a template TRL cannot read fails here
+            if held_out:
+                summary["no_tool_agent"] = summarize(no_tool_outcomes(env_class, eval_rows), held_out, config)
+                summary["scripted"] = {f"scripted:{e}": summarize(expert_outcomes(e, env_class, eval_rows), held_out,
+                                                                  config) for e in EXPERTS}
+        if settings.warm_start == "sft":
+            if not resume:
+                shutil.rmtree(output_dir / SFT_DIR, ignore_errors=True)
+            if held_out:  # the base model, before the warm start
+                summary["base"] = _evaluation(lambda: make_trainer(start, eval_rows), outcomes, held_out, config,
+                                              output_dir / BASE_EVAL_FILE, log, "base")
+            sft_rows = task_rows(train[:settings.sft_tasks] if settings.sft_tasks else train, settings.seeds)
+            start, summary["warm_start"] = train_warm_start(settings, output_dir, start, model, tokenizer, env_class,
+                                                            sft_rows, resume, log)
+        trainer = make_trainer(start, callbacks=[_progress_callback(settings, log)])
         if held_out:
-            summary["no_tool_agent"] = summarize(no_tool_outcomes(env_class, eval_rows), held_out, config)
-            before = output_dir / EVAL_FILES[0]
-            if before.is_file():  # evaluated in an earlier session, before any training step
-                summary["before"] = json.loads(before.read_text())["summary"]
-            else:
-                summary["before"] = _evaluate(trainer, outcomes, held_out, config, before, log, "before")
+            label = "sft" if settings.warm_start == "sft" else "before"
+            summary["before"] = _evaluation(lambda: trainer, outcomes, held_out, config, output_dir / EVAL_FILES[0],
+                                            log, label)
         started = time.monotonic()
         result = _run(trainer, output_dir, resume)
+        zero_std = [e["frac_reward_zero_std"] for e in result.log if "frac_reward_zero_std" in e]
         summary.update(steps=result.steps, train_loss=result.train_loss, resumed=result.resumed,
-                       train_seconds=round(time.monotonic() - started, 1), final=str(result.output))
+                       train_seconds=round(time.monotonic() - started, 1), final=str(result.output),
+                       nonzero_advantage_groups=1 - sum(zero_std) / len(zero_std) if zero_std else None)
         log(f"trained to step {result.steps} in {summary['train_seconds'] / 60:.1f} min; adapter in {result.output}")
         if held_out:
             summary["after"] = _evaluate(trainer, outcomes, held_out, config, output_dir / EVAL_FILES[1], log,

@@ -117,8 +117,8 @@ def cmd_train_ppo(args: argparse.Namespace) -> int:
 GRPO_OPTIONS = ("model", "world", "split", "eval_split", "task_types", "train_tasks", "eval_tasks", "seeds",
                 "eval_seeds", "max_steps", "time_budget_min", "num_generations", "batch_size",
                 "gradient_accumulation_steps", "learning_rate", "beta", "temperature", "max_completion_length",
-                "tools", "search_k", "progress_weight", "chat_template", "use_vllm", "vllm_mode",
-                "save_steps", "logging_steps", "seed", "torch_threads")
+                "tools", "search_k", "progress_weight", "chat_template", "use_vllm", "vllm_mode", "warm_start",
+                "expert", "sft_tasks", "sft_epochs", "sft_learning_rate", "sft_batch_size", "save_steps", "logging_steps", "seed", "torch_threads")
 
 
 def _grpo_settings(args: argparse.Namespace):
@@ -144,10 +144,15 @@ def cmd_train_grpo(args: argparse.Namespace) -> int:
         raise
     except ValueError as exc:
         raise CliError(f"train grpo: {exc}") from None
-    rows = [(name, s["rollouts"], s["success"], s["bound_iii"], s["success_over_bound_iii"])
-            for name, s in ((k, summary.get(k)) for k in ("no_tool_agent", "before", "after")) if s]
+    warm = summary.get("warm_start") is not None
+    agents = {"no_tool_agent": summary.get("no_tool_agent"), **summary.get("scripted", {}), "base": summary.get("base"),
+              "sft" if warm else "before": summary.get("before"), "sft+grpo" if warm else "after": summary.get("after")}
+    rows = [(name, s["rollouts"], s["success"], "{:.3f}-{:.3f}".format(*s["success_ci95"]), s["bound_iii"],
+             s["success_over_bound_iii"]) for name, s in agents.items() if s]
     if rows:
-        print(format_table(("agent", "rollouts", "full success", "bound_iii", "success/iii"), rows))
+        print(format_table(("agent", "rollouts", "full success", "95% interval", "bound_iii", "success/iii"), rows))
+    if summary.get("nonzero_advantage_groups") is not None:
+        print(f"GRPO groups with non-zero advantages: {summary['nonzero_advantage_groups']:.3f}")
     print(f"wrote {directory / 'summary.json'}", file=sys.stderr)
     return 0
 

@@ -21,27 +21,14 @@ from resilibench.robust_train.grpo import GRPOSettings, locate_model
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    """A tiny random Llama whose tokenizer carries TRL's Qwen2.5 tool-calling chat template."""
-    from transformers import AutoTokenizer
-    from trl.chat_template_utils import qwen2_5_chat_template
-
-    path = build_tiny_lm(tmp_path_factory.mktemp("tiny") / "model")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = qwen2_5_chat_template
-    tokenizer.save_pretrained(path)
-    return path
-
-
-def test_a_tool_call_made_through_the_trainer_changes_the_episode_and_its_reward(tiny_model, tmp_path, monkeypatch):
+def test_a_tool_call_made_through_the_trainer_changes_the_episode_and_its_reward(tool_calling_lm, tmp_path, monkeypatch):
     """The trainer parses a (scripted) tool call, calls the env's method, and grades the episode with the
     evaluator: the same trace and level as the text env given the same call."""
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     from resilibench.envs.text.trl import grpo_environment_class, task_rows
     from resilibench.robust_train.grpo import load_agent_model, make_grpo_trainer
 
-    settings = GRPOSettings(model=str(tiny_model), num_generations=2, batch_size=2, max_completion_length=256)
+    settings = GRPOSettings(model=str(tool_calling_lm), num_generations=2, batch_size=2, max_completion_length=256)
     model, tokenizer = load_agent_model(settings, tmp_path)
     outcomes: list = []
     env_class = grpo_environment_class(outcomes=outcomes, search=SearchSettings(method="lexical"))
@@ -78,11 +65,11 @@ def _train(model: Path, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_train_grpo_steps_evaluates_resumes_and_refuses_a_changed_config(tiny_model, tmp_path, capsys, monkeypatch):
+def test_train_grpo_steps_evaluates_resumes_and_refuses_a_changed_config(tool_calling_lm, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     out = tmp_path / "run"
     # A time budget this small stops after the first step (with a checkpoint); resume trains the second.
-    assert main(_train(tiny_model, out, "--time-budget", "0.00001")) == 0
+    assert main(_train(tool_calling_lm, out, "--time-budget", "0.00001")) == 0
     first = json.loads((out / "summary.json").read_text())
     assert first["steps"] == 1 and not first["resumed"]
     assert (out / "checkpoints" / "checkpoint-1").is_dir() and (out / "final" / "adapter_config.json").is_file()
@@ -94,13 +81,13 @@ def test_train_grpo_steps_evaluates_resumes_and_refuses_a_changed_config(tiny_mo
     printed = capsys.readouterr().out
     assert "step 1/2: reward" in printed and "time budget" in printed and "full success" in printed
 
-    assert main(_train(tiny_model, out)) == 2  # no --resume
+    assert main(_train(tool_calling_lm, out)) == 2  # no --resume
     assert "--resume" in capsys.readouterr().err
-    assert main(_train(tiny_model, out, "--learning-rate", "0.001", "--resume")) == 2
+    assert main(_train(tool_calling_lm, out, "--learning-rate", "0.001", "--resume")) == 2
     err = capsys.readouterr().err
     assert "settings.learning_rate: 5e-05 -> 0.001" in err and "Traceback" not in err
 
-    assert main(_train(tiny_model, out, "--resume")) == 0
+    assert main(_train(tool_calling_lm, out, "--resume")) == 0
     second = json.loads((out / "summary.json").read_text())
     assert second["steps"] == 2 and second["resumed"]
     assert second["before"] == first["before"]  # evaluated once, before any training
@@ -124,8 +111,8 @@ def test_bad_settings_are_one_line_errors(plain_model, tmp_path, capsys, flags, 
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_locate_model(tiny_model, tmp_path):
-    assert locate_model(str(tiny_model)) == (tiny_model, None)
+def test_locate_model(tool_calling_lm, tmp_path):
+    assert locate_model(str(tool_calling_lm)) == (tool_calling_lm, None)
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"")
     assert locate_model(str(gguf)) == (tmp_path, "m.gguf")
