@@ -60,6 +60,48 @@ def _listen(host: str, port: int) -> Any:
         raise CliError(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+# The HTTP servers' limits (serving.ServerLimits) and episode-table bounds (serving.EpisodeTable): option ->
+# (its field, its type, metavar, help). An option not given keeps the library's default; the help shows
+# _DEFAULTS, which a test holds equal to the library's (building the parser imports no server code).
+_DEFAULTS = {"max_connections": 512, "header_timeout": 10.0, "body_timeout": 30.0, "max_body_bytes": 1 << 20,
+             "max_episodes": 10_000, "max_episodes_per_client": 1_000, "episode_idle_timeout": 3600.0}
+_LIMITS = {
+    "--max-connections": ("max_connections", positive_int, "N", "most connections open at once; one more is "
+                          "answered 503 and closed (default {})"),
+    "--header-timeout": ("header_timeout", _seconds, "SECONDS", "a request's head must arrive within this long "
+                         "of the connection's start or the previous response, else 408 (default {:g})"),
+    "--body-timeout": ("body_timeout", _seconds, "SECONDS", "a request's body must arrive within this long of "
+                       "its head, else 408 (default {:g})"),
+    "--max-body-bytes": ("max_body_bytes", positive_int, "N", "largest request body; a larger one is answered "
+                         "413 (default {})"),
+}
+_EPISODE_BOUNDS = {
+    "--max-episodes": ("max_episodes", positive_int, "N", "size of the episode table (default {}; finished "
+                       "episodes are evicted first)"),
+    "--max-episodes-per-client": ("max_episodes_per_client", positive_int, "N", "episodes one client may hold; "
+                                  "its own oldest make room beyond (default {})"),
+    "--episode-idle-timeout": ("episode_idle_timeout", _seconds, "SECONDS", "drop an episode unused this long "
+                               "(default {:g})"),
+}
+
+
+def _add_bounds(parser: argparse.ArgumentParser, options: dict[str, tuple[Any, ...]], prefix: str = "") -> None:
+    for option, (name, kind, metavar, text) in options.items():
+        parser.add_argument(option, type=kind, metavar=metavar, help=prefix + text.format(_DEFAULTS[name]))
+
+
+def _given(args: argparse.Namespace, options: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
+    """The bounds given on the command line, by field name."""
+    values = {name: getattr(args, name) for name, *_ in options.values()}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    from resilibench.envs.real_api.serving import ServerLimits
+
+    return ServerLimits(**_given(args, _LIMITS))
+
+
 def cmd_serve_mcp(args: argparse.Namespace) -> int:
     import anyio
 
@@ -70,10 +112,8 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
         serve_http,
         serve_stdio,
     )
-    from resilibench.envs.real_api.serving import DEFAULT_MAX_EPISODES
-
     http_only = {"--host": args.host, "--port": args.port, "--session-idle-timeout": args.session_idle_timeout,
-                 "--max-sessions": args.max_sessions}
+                 "--max-sessions": args.max_sessions, **{o: getattr(args, f[0]) for o, f in _LIMITS.items()}}
     given = [option for option, value in http_only.items() if value is not None]
     if args.transport == "stdio" and given:
         raise CliError(f"{', '.join(given)}: for --transport http only")
@@ -85,8 +125,8 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
         raise CliError("--tasks: not with --api-tasks (the task file holds the tasks)")
     world = choose_world(args)
     tasks = None if api is not None and api.live is not None else load_library(args.tasks, world)[0]
-    server = build_server(tasks, world.config, max_episodes=args.max_episodes or
-                          DEFAULT_MAX_EPISODES, search=args.search, api=api and api.real)
+    server = build_server(tasks, world.config, search=args.search, api=api and api.real,
+                          **_given(args, _EPISODE_BOUNDS))
     if args.transport == "stdio":
         anyio.run(serve_stdio, server)
         return 0
@@ -99,8 +139,9 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
               flush=True)
 
     idle = DEFAULT_SESSION_IDLE_TIMEOUT if args.session_idle_timeout is None else args.session_idle_timeout
+    limits = _limits(args)
     anyio.run(lambda: serve_http(server, sock, on_ready=ready, session_idle_timeout=idle,
-                                 max_sessions=args.max_sessions or DEFAULT_MAX_SESSIONS))
+                                 max_sessions=args.max_sessions or DEFAULT_MAX_SESSIONS, limits=limits))
     return 0
 
 
@@ -114,14 +155,15 @@ def cmd_serve_tools(args: argparse.Namespace) -> int:
         raise CliError(f"--task: no task {args.task!r} in the library (see `resilibench tasks list` for ids)")
     service = ToolService(tasks, world.config, task_id=args.task,
                           seed=args.seed, slow_seconds=args.slow_seconds, retry_after=args.retry_after,
-                          host=args.host, time_scale=args.time_scale)
+                          host=args.host, time_scale=args.time_scale, **_given(args, _EPISODE_BOUNDS))
+    limits = _limits(args)
     sock = _listen(args.host, args.port)
 
     def ready() -> None:  # printed once the port accepts connections
         print(f"resilibench: tool service at {url_of(sock)} (OpenAPI: {url_of(sock)}/openapi.json; "
               f"default task {service.default_task.instance_id}); Ctrl-C stops it", file=sys.stderr, flush=True)
 
-    serve_tools(service, sock, on_ready=ready)
+    serve_tools(service, sock, on_ready=ready, limits=limits)
     return 0
 
 
@@ -144,8 +186,8 @@ def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
                         "episodes stay)")
     parser.add_argument("--max-sessions", type=positive_int, metavar="N",
                         help="HTTP: most sessions open at once; a new one beyond gets 503 (default 1000)")
-    parser.add_argument("--max-episodes", type=positive_int, metavar="N",
-                        help="size of the episode handle table (default 10000; finished episodes are evicted first)")
+    _add_bounds(parser, _LIMITS, "HTTP: ")
+    _add_bounds(parser, _EPISODE_BOUNDS)
     parser.add_argument("--search", choices=("auto", "semantic", "lexical"), default="auto",
                         help="tool_search method (default auto: semantic when the embed extra is installed)")
     parser.set_defaults(func=cmd_serve_mcp)
@@ -168,6 +210,8 @@ def _tools_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=nonnegative_float, default=1.0, metavar="X",
                         help="under the world's latency process, answer after the drawn duration times X "
                         "(default 1; 0 answers at once)")
+    _add_bounds(parser, _LIMITS)
+    _add_bounds(parser, _EPISODE_BOUNDS)
     parser.set_defaults(func=cmd_serve_tools)
 
 
