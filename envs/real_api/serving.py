@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -244,7 +245,8 @@ class ServerLimits:
 
 class _Throttle(logging.Filter):
     """Lets through the first record of each message, then one per ``interval`` seconds telling how many
-    like it were left out: a flood of bad clients writes a few lines, not one (or a traceback) each."""
+    like it were left out: a flood of bad clients writes a few lines, not one (or a traceback) each. A
+    record of a client that left mid-request (``ClientDisconnect``) is not news and is left out."""
 
     def __init__(self, interval: float = 60.0):
         super().__init__()
@@ -252,6 +254,8 @@ class _Throttle(logging.Filter):
         self._last: dict[str, tuple[float, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], ClientDisconnect):
+            return False
         now = time.monotonic()
         key = str(record.msg)
         last, skipped = self._last.get(key, (-self.interval, 0))
@@ -422,7 +426,7 @@ def uvicorn_config(app: Any, limits: ServerLimits | None = None, parser: str = "
     parser)``, its logs throttled (``_Throttle``); ``options`` go to ``uvicorn.Config``."""
     limits = limits or ServerLimits()
     _open_files_for(limits)
-    for name in ("uvicorn.error", "resilibench.server", "asyncio"):
+    for name in ("uvicorn.error", "resilibench.server", "asyncio", "mcp.server.streamable_http"):
         if _THROTTLE not in logging.getLogger(name).filters:
             logging.getLogger(name).addFilter(_THROTTLE)
     return uvicorn.Config(app, http=limited_protocol(limits, parser), backlog=_BACKLOG,
