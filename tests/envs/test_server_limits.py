@@ -31,6 +31,7 @@ from resilibench.envs.real_api.service import ToolService, running_service
 from resilibench.envs.real_api.serving import (
     MAX_SEED,
     EpisodeTable,
+    ServerLimits,
     UnknownEpisodeError,
     start_episode,
 )
@@ -295,6 +296,16 @@ def test_both_servers_take_seeds_below_2_64_and_refuse_larger(servers):
     assert not anyio.run(start, MAX_SEED).is_error
     result = anyio.run(start, MAX_SEED + 1)
     assert result.is_error and BAD_ARGUMENTS in result.content[0].text
+
+
+def test_the_cli_help_shows_the_librarys_defaults():
+    from resilibench.cli.serve import _DEFAULTS
+
+    limits, table = ServerLimits(), EpisodeTable()
+    assert _DEFAULTS == {"max_connections": limits.max_connections, "header_timeout": limits.header_timeout,
+                         "body_timeout": limits.body_timeout, "max_body_bytes": limits.max_body_bytes,
+                         "max_episodes": table.max_episodes, "max_episodes_per_client": table.max_per_client,
+                         "episode_idle_timeout": table.idle_timeout}
 
 
 def test_table_quota_and_idle_expiry_rules():
