@@ -106,7 +106,7 @@ def main() -> None:
     rounds: dict[str, list[tuple[float, float, int]]] = {name: [] for name in work}
     try:
         with httpx.Client(timeout=30) as client:
-            for name, (proc, urls) in work.items():  # warm-up: imports, first episode, connection
+            for proc, urls in work.values():  # warm-up: imports, first episode, connection
                 round_(client, urls[:200], proc.pid)
             for _ in range(args.repeats):
                 for name, (proc, urls) in work.items():

@@ -106,6 +106,7 @@ class EpisodeTable:
         self._running: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
         self._finished: OrderedDict[str, _Entry] = OrderedDict()
         self._per_client: Counter[str] = Counter()
+        self._next_expiry = 0.0
         self._lock = threading.Lock()  # guards the tables, never held during a call
 
     def __len__(self) -> int:
@@ -121,8 +122,9 @@ class EpisodeTable:
             del self._per_client[entry.client]
 
     def _expire(self, now: float) -> None:
-        if self.idle_timeout is None:
+        if self.idle_timeout is None or now < self._next_expiry:
             return
+        self._next_expiry = now + min(1.0, self.idle_timeout / 10)  # a look per call would cost each call
         for table in (self._running, self._finished):
             while table and next(iter(table.values())).used < now - self.idle_timeout:
                 self._drop(next(iter(table)))

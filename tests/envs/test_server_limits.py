@@ -302,10 +302,10 @@ def test_the_cli_help_shows_the_librarys_defaults():
     from resilibench.cli.serve import _DEFAULTS
 
     limits, table = ServerLimits(), EpisodeTable()
-    assert _DEFAULTS == {"max_connections": limits.max_connections, "header_timeout": limits.header_timeout,
+    assert {"max_connections": limits.max_connections, "header_timeout": limits.header_timeout,
                          "body_timeout": limits.body_timeout, "max_body_bytes": limits.max_body_bytes,
                          "max_episodes": table.max_episodes, "max_episodes_per_client": table.max_per_client,
-                         "episode_idle_timeout": table.idle_timeout}
+                         "episode_idle_timeout": table.idle_timeout} == _DEFAULTS
 
 
 def test_table_quota_and_idle_expiry_rules():
