@@ -60,12 +60,13 @@ def _listen(host: str, port: int) -> Any:
         raise CliError(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-# The HTTP servers' limits (serving.ServerLimits) and episode-table bounds (serving.EpisodeTable): option ->
-# (its field, its type, metavar, help). An option not given keeps the library's default; the help shows
-# _DEFAULTS, which a test holds equal to the library's (building the parser imports no server code).
+# The HTTP servers' limits (serving.ServerLimits: the first four) and the episode table's bounds
+# (serving.EpisodeTable): option -> (field, type, metavar, help). An option not given keeps the library's
+# default; the help shows _DEFAULTS, which a test holds equal to the library's (building the parser imports
+# no server code).
 _DEFAULTS = {"max_connections": 512, "header_timeout": 10.0, "body_timeout": 30.0, "max_body_bytes": 1 << 20,
              "max_episodes": 10_000, "max_episodes_per_client": 1_000, "episode_idle_timeout": 3600.0}
-_LIMITS = {
+_BOUNDS = {
     "--max-connections": ("max_connections", positive_int, "N", "most connections open at once; one more is "
                           "answered 503 and closed (default {})"),
     "--header-timeout": ("header_timeout", _seconds, "SECONDS", "a request's head must arrive within this long "
@@ -74,8 +75,6 @@ _LIMITS = {
                        "its head, else 408 (default {:g})"),
     "--max-body-bytes": ("max_body_bytes", positive_int, "N", "largest request body; a larger one is answered "
                          "413 (default {})"),
-}
-_EPISODE_BOUNDS = {
     "--max-episodes": ("max_episodes", positive_int, "N", "size of the episode table (default {}; finished "
                        "episodes are evicted first)"),
     "--max-episodes-per-client": ("max_episodes_per_client", positive_int, "N", "episodes one client may hold; "
@@ -83,6 +82,8 @@ _EPISODE_BOUNDS = {
     "--episode-idle-timeout": ("episode_idle_timeout", _seconds, "SECONDS", "drop an episode unused this long "
                                "(default {:g})"),
 }
+_LIMITS = dict(list(_BOUNDS.items())[:4])
+_EPISODE_BOUNDS = dict(list(_BOUNDS.items())[4:])
 
 
 def _add_bounds(parser: argparse.ArgumentParser, options: dict[str, tuple[Any, ...]], prefix: str = "") -> None:
