@@ -23,6 +23,7 @@ import pytest
 from mcp import Client
 
 from helpers import valid_arguments
+from resilibench.core.simulator import Episode
 from resilibench.core.world import load_tasks
 from resilibench.envs.mcp.server import API_ERROR, BAD_ARGUMENTS, build_server
 from resilibench.envs.real_api import http_faults as hf
@@ -415,3 +416,21 @@ def test_a_stuck_loop_is_not_what_serves_start_task():
         release.set()
         gate.close()
     assert waited < 1.0
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_both_parsers_drop_a_connection_and_keep_the_limits(parser):
+    """The protocol's drop (NETWORK_ERROR) and limits hold over either parser."""
+    tool = "network_fetcher"
+    seed = next(s for s in range(20_000) if Episode.start(TASK, s).call(tool).error_code == hf.NETWORK_ERROR)
+    limits = ServerLimits(header_timeout=0.5)
+    with running_service(ToolService(), limits=limits, parser=parser) as url:
+        port = int(url.rsplit(":", 1)[1])
+        handle = httpx.post(f"{url}/episodes", json={"task_id": TASK.instance_id, "seed": seed}).json()["episode"]
+        with connect(port) as sock:
+            sock.sendall(f"POST /tools/{tool} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Episode: {handle}\r\n"
+                         f"Content-Length: 0\r\n\r\n".encode())
+            assert answer(sock)[0] == b""  # closed without a byte
+        with connect(port) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            assert status(answer(sock)[0]) == 408
