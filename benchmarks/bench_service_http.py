@@ -10,10 +10,12 @@
   NETWORK_ERROR drops the connection (the client reconnects, as a real one must).
 
 One client (one keep-alive ``httpx`` connection in this process) sends ``--requests`` requests to each
-server in turn, ``--repeats`` rounds interleaved (anchor, service, anchor, ...). Printed per server: the
-median round's requests/s (wall clock, one client) and the server's CPU per request (its process's user +
-system time over the round, from /proc), and their ratios, service over anchor (requests/s) and anchor
-over service (CPU): 1.0x means as fast as the echo. Run: ``python benchmarks/bench_service_http.py``.
+server in turn, ``--repeats`` short rounds interleaved (anchor, service, anchor, ...), so that a change in
+the machine's load meets both alike. Printed per server: the median round's requests/s (wall clock, one
+client) and the server's CPU per request (its process's user + system time over the round, from /proc);
+then the median over rounds of the paired ratios (a service round over the anchor round just before it):
+service over anchor in requests/s, anchor over service in CPU per request. 1.0x means as fast as the
+echo. Run: ``python benchmarks/bench_service_http.py``.
 """
 
 from __future__ import annotations
@@ -91,20 +93,20 @@ def round_(client: httpx.Client, urls: list[str], pid: int) -> tuple[float, floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=2000, help="requests per round (default 2000)")
-    parser.add_argument("--repeats", type=int, default=5, help="rounds per server, interleaved (default 5)")
+    parser.add_argument("--requests", type=int, default=200, help="requests per round (default 200)")
+    parser.add_argument("--repeats", type=int, default=40, help="rounds per server, interleaved (default 40)")
     parser.add_argument("--anchor-http", default="auto", choices=("auto", "h11", "httptools"))
     parser.add_argument("--server-python", default=sys.executable,
                         help="interpreter whose `resilibench serve tools` is measured (default: this one)")
     args = parser.parse_args()
-    echo, echo_url, echo_seen = start([sys.executable, "-c", ECHO, args.anchor_http], r"echo at (\S+)")
-    service, service_url, _ = start([args.server_python, "-m", "resilibench", "serve", "tools", "--port", "0",
-                                     "--slow-seconds", "0"], r"tool service at (\S+)")
     names = default_registry().names
-    work = {"anchor (echo)": (echo, [f"{echo_url}/echo"] * args.requests),
-            "service": (service, [f"{service_url}/tools/{names[i % len(names)]}" for i in range(args.requests)])}
-    rounds: dict[str, list[tuple[float, float, int]]] = {name: [] for name in work}
+    echo, echo_url, echo_seen = start([sys.executable, "-c", ECHO, args.anchor_http], r"echo at (\S+)")
+    work = {"anchor (echo)": (echo, [f"{echo_url}/echo"] * args.requests)}
+    rounds: dict[str, list[tuple[float, float, int]]] = {"anchor (echo)": [], "service": []}
     try:
+        service, service_url, _ = start([args.server_python, "-m", "resilibench", "serve", "tools", "--port", "0",
+                                         "--slow-seconds", "0"], r"tool service at (\S+)")
+        work["service"] = (service, [f"{service_url}/tools/{names[i % len(names)]}" for i in range(args.requests)])
         with httpx.Client(timeout=30) as client:
             for proc, urls in work.values():  # warm-up: imports, first episode, connection
                 round_(client, urls[:200], proc.pid)
@@ -125,8 +127,11 @@ def main() -> None:
         dropped = sum(d for _, _, d in rounds[name])
         print(f"{name:14s} {rps[name]:8.0f} requests/s   server CPU {cpu[name] * 1e6:6.0f} us/request"
               + (f"   ({dropped} dropped connections)" if dropped else ""))
-    print(f"service / anchor: {rps['service'] / rps['anchor (echo)']:.2f}x requests/s, "
-          f"{cpu['anchor (echo)'] / cpu['service']:.2f}x CPU per request (anchor's over the service's)")
+    pairs = list(zip(rounds["anchor (echo)"], rounds["service"], strict=True))
+    rps_ratio = statistics.median(anchor[0] / service[0] for anchor, service in pairs)
+    cpu_ratio = statistics.median(anchor[1] / max(service[1], 1e-9) for anchor, service in pairs)
+    print(f"service / anchor (median of paired rounds): {rps_ratio:.2f}x requests/s, {cpu_ratio:.2f}x CPU per "
+          f"request (anchor's over the service's)")
 
 
 if __name__ == "__main__":
