@@ -322,9 +322,18 @@ class _Limited:
             self._disarm()  # the request is in: the app's time is its own
 
     def on_response_complete(self) -> None:
+        cycle, pipelined = self.cycle, bool(getattr(self, "pipeline", None))
         super().on_response_complete()  # type: ignore[misc]
-        if not self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if self.cycle is cycle and not pipelined:
             self._await_head()
+        else:  # the next request's head is in already (pipelined): wait for its body, if any
+            self._head_bytes = None
+            if self.cycle.more_body:
+                self._arm(self.limits.body_timeout)
+            else:
+                self._disarm()
 
     def _await_head(self) -> None:
         self._head_bytes = 0
