@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from resilibench.core.bounds import exact_bound, optimal_success, play_episode
 from resilibench.core.config import WorldConfig
+from resilibench.core.registry import default_registry
 from resilibench.core.simulator import Episode
 from resilibench.core.tasks.library import TASK_TYPE_NAMES, Task
 from resilibench.core.world import load_tasks
@@ -120,3 +122,13 @@ def with_ctrl_c() -> None:
     """``preexec_fn`` of a child that a test interrupts with SIGINT: Ctrl-C's default disposition, as in a
     terminal (a child of a shell's background job would otherwise inherit SIGINT ignored)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def valid_arguments(tool_name: str) -> dict[str, Any]:
+    """Arguments that fit the tool's schema: each required parameter with a plain value of its type."""
+    values = {"string": "input.csv", "object": {}, "number": 1.0, "integer": 1, "boolean": True}
+    tool = default_registry()[tool_name]
+    args = {p.name: p.constraints["enum"][0] if "enum" in p.constraints else values[p.type]
+            for p in tool.parameters if p.required}
+    assert tool.check_arguments(args) is None
+    return args

@@ -30,10 +30,11 @@ import socket
 import sys
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import anyio
+import httpx2 as httpx
 import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
@@ -66,11 +67,16 @@ from ...core.world import load_tasks
 from ..real_api.client import HttpExecutor
 from ..real_api.live_apis import RealApi
 from ..real_api.serving import (
+    DEFAULT_EPISODE_IDLE_TIMEOUT,
     DEFAULT_MAX_EPISODES,
+    DEFAULT_MAX_EPISODES_PER_CLIENT,
+    MAX_SEED,
     EpisodeTable,
+    ServerLimits,
     UnknownEpisodeError,
     is_loopback,
     start_episode,
+    uvicorn_config,
 )
 
 logger = logging.getLogger(__name__)
@@ -98,7 +104,7 @@ UNKNOWN_EPISODE = "UNKNOWN_EPISODE"
 UNKNOWN_TASK = "UNKNOWN_TASK"
 EPISODE_ENDED = "EPISODE_ENDED"
 OUT_OF_TURNS = "OUT_OF_TURNS"
-API_ERROR = "API_ERROR"  # real-API mode: the tool service refused to open the episode
+API_ERROR = "API_ERROR"  # real-API mode: the tool service refused to open the episode, or is unreachable
 
 SEARCH_HINT = "find tools with the tool_search tool (a query saying what the tool should do)"
 
@@ -159,8 +165,9 @@ class _MetaTool:
 
     description: str
     schema: dict[str, Any]
-    handler: Callable[[dict[str, Any]], types.CallToolResult]
+    handler: Callable[..., types.CallToolResult]  # (arguments) or, per_client, (arguments, client)
     in_thread: bool = False  # run off the event loop (tool search may load an embedding model)
+    per_client: bool = False  # the handler takes the asking client's name (``_client_of``) too
 
     @cached_property
     def schema_json(self) -> str:
@@ -182,7 +189,9 @@ class ResiliBenchMCP:
 
     * ``tasks``: the task library (default: the shipped one); ``config``: the world (default: paper
       values; ``start_task`` sets strict dependencies and may set the turn limit); ``registry``: the tools.
-    * ``max_episodes``: size of the handle table; ``search``: the tool search method ("auto",
+    * ``max_episodes``, ``max_episodes_per_client``, ``episode_idle_timeout`` (seconds): the bounds of the
+      handle table (``serving.EpisodeTable``; a client is an HTTP session, or a network address when
+      the client opened none, or the one stdio client); ``search``: the tool search method ("auto",
       "semantic", "lexical"; auto = semantic when the embed extra is installed).
     * ``api``: real-API mode, a ``RealApi`` as the text env takes it: each episode's calls go over HTTP
       (to our tool service, whose episode mirrors it, or to a live API, whose tools and tasks it serves).
@@ -190,7 +199,9 @@ class ResiliBenchMCP:
 
     def __init__(self, tasks: Sequence[Task] | None = None, config: WorldConfig | None = None,
                  registry: ToolRegistry | None = None, max_episodes: int = DEFAULT_MAX_EPISODES,
-                 search: str = "auto", api: RealApi | None = None):
+                 search: str = "auto", api: RealApi | None = None,
+                 max_episodes_per_client: int = DEFAULT_MAX_EPISODES_PER_CLIENT,
+                 episode_idle_timeout: float | None = DEFAULT_EPISODE_IDLE_TIMEOUT):
         if search not in SEARCH_METHODS:
             raise ValueError(f"search must be one of {SEARCH_METHODS}, got {search!r}")
         live = api and api.live
@@ -206,7 +217,7 @@ class ResiliBenchMCP:
         self.search = search
         # Real-API mode: calls go over HTTP through one client shared by every episode (None: simulated).
         self.client = None if api is None else api.client(self.registry)
-        self.episodes = EpisodeTable(max_episodes)
+        self.episodes = EpisodeTable(max_episodes, max_episodes_per_client, episode_idle_timeout)
         self._configs: dict[tuple[bool, int], WorldConfig] = {}
         self._meta = self._meta_tools()
         clashes = sorted(n for n in self._meta if n in self.registry)
@@ -263,7 +274,7 @@ class ResiliBenchMCP:
                 {"type": "object", "properties": {
                     "task_id": {"type": "string", "description": "A task id of the library (see the "
                                 "resilibench://tasks resource); default: drawn from the split by the seed."},
-                    "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "default": 0,
+                    "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED, "default": 0,
                              "description": "Run seed: fixes every random outcome of the episode."},
                     "split": {"type": "string", "enum": [*SPLITS, "all"], "default": "test",
                               "description": "Where a task is drawn from when task_id is not given."},
@@ -274,7 +285,8 @@ class ResiliBenchMCP:
                                    "default": self.config.rules.turn_limit,
                                    "description": "Tool calls allowed in the episode."}},
                  "additionalProperties": False},
-                self._start_task),
+                # Against a real API it opens the service's episode over HTTP: off the event loop.
+                self._start_task, in_thread=self.client is not None, per_client=True),
             "finish": _MetaTool(
                 "Signal that the task is complete (free). Ends the episode and returns its result level: "
                 "full_success, partial_success or failure.",
@@ -300,9 +312,10 @@ class ResiliBenchMCP:
         if problem is not None:
             return _error(BAD_ARGUMENTS, problem)
         arguments = meta.integers_as_int(arguments)
+        call = partial(meta.handler, arguments, *([_client_of(ctx)] if meta.per_client else []))
         if meta.in_thread:
-            return await anyio.to_thread.run_sync(meta.handler, arguments)
-        return meta.handler(arguments)
+            return await anyio.to_thread.run_sync(call)
+        return call()
 
     async def _list_resources(self, ctx: Any, params: types.PaginatedRequestParams | None
                               ) -> types.ListResourcesResult:
@@ -407,7 +420,7 @@ class ResiliBenchMCP:
             config = self._configs[key] = self.config.replace(rules=rules)
         return config
 
-    def _start_task(self, arguments: dict[str, Any]) -> types.CallToolResult:
+    def _start_task(self, arguments: dict[str, Any], client: str = "") -> types.CallToolResult:
         seed = arguments.get("seed", 0)
         task_id = arguments.get("task_id")
         if task_id is None:
@@ -431,7 +444,9 @@ class ResiliBenchMCP:
             executor = None if self.client is None else HttpExecutor(self.client, episode)
         except InputError as exc:
             return _error(API_ERROR, f"start_task: {exc.message}")
-        handle = self.episodes.add(episode, executor)
+        except httpx.HTTPError as exc:  # the service is unreachable or answered no HTTP
+            return _error(API_ERROR, f"start_task: the tool service did not answer ({type(exc).__name__}: {exc})")
+        handle = self.episodes.add(episode, executor, client)
         data = {
             EPISODE_ARGUMENT: handle,
             "task_id": task.instance_id,
@@ -481,10 +496,25 @@ class ResiliBenchMCP:
 
 def build_server(tasks: Sequence[Task] | None = None, config: WorldConfig | None = None,
                  registry: ToolRegistry | None = None, max_episodes: int = DEFAULT_MAX_EPISODES,
-                 search: str = "auto", api: RealApi | None = None) -> Server:
+                 search: str = "auto", api: RealApi | None = None,
+                 max_episodes_per_client: int = DEFAULT_MAX_EPISODES_PER_CLIENT,
+                 episode_idle_timeout: float | None = DEFAULT_EPISODE_IDLE_TIMEOUT) -> Server:
     """The MCP server of the tool simulator (see ``ResiliBenchMCP`` for the arguments). Connect a client
     in memory with ``mcp.Client(build_server())``, or serve it with ``serve_stdio`` / ``serve_http``."""
-    return ResiliBenchMCP(tasks, config, registry, max_episodes, search, api).server
+    return ResiliBenchMCP(tasks, config, registry, max_episodes, search, api, max_episodes_per_client,
+                          episode_idle_timeout).server
+
+
+def _client_of(ctx: Any) -> str:
+    """Who asks, for the per-client episode quota: the HTTP session, else the network address (the
+    protocol's session-less mode), else the one client of stdio."""
+    request = getattr(ctx, "request", None)
+    if request is None:
+        return "stdio"
+    session = request.headers.get("mcp-session-id")
+    if session:
+        return f"session {session}"
+    return f"address {request.client.host}" if request.client else "address ?"
 
 
 # --- transports ---------------------------------------------------------------------------------------
@@ -494,16 +524,25 @@ def _request_id(value: Any) -> bool:
     return isinstance(value, str | int) and not isinstance(value, bool)
 
 
+_BAD_ID = ("a request id must be a string or an integer (JSON-RPC 2.0 allows null only in a response, and "
+           "MCP not even there)")
+
+
 def malformed_replies(line: str) -> list[types.JSONRPCError] | None:
     """None when ``line`` is a JSON-RPC message the SDK reads; else the JSON-RPC 2.0 errors that answer
     it: a parse error (id null) for text that is not JSON; an invalid-request error for JSON that is no
     message, one per request id it carries (a batch's too: MCP has no batches) or one with id null when
-    it carries none; nothing for a malformed response (a response is never answered)."""
+    it carries none or one that is no request id (null, 1.5, {}); nothing for a malformed response (a
+    response is never answered)."""
     try:
-        types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-        return None
+        message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValidationError as exc:
         first = exc.errors()[0]
+    else:  # the SDK reads a request whose id is null, 1.5 or {} as a notification: it would go unanswered
+        if isinstance(message, types.JSONRPCNotification) and "id" in json.loads(line):
+            return [types.JSONRPCError(jsonrpc="2.0", id=None, error=types.ErrorData(
+                code=types.INVALID_REQUEST, message=f"Invalid request: {_BAD_ID}"))]
+        return None
     try:
         data = json.loads(line)
     except (ValueError, RecursionError):
@@ -582,11 +621,12 @@ def loopback_security(host: str) -> TransportSecuritySettings:
 async def serve_http(server: Server, sock: socket.socket, log_level: str = "warning",
                      on_ready: Callable[[], None] | None = None,
                      session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT,
-                     max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
+                     max_sessions: int = DEFAULT_MAX_SESSIONS, limits: ServerLimits | None = None) -> None:
     """Serve streamable HTTP at ``/mcp`` on a bound socket (``bind_socket``) until interrupted; on a
     loopback address with DNS-rebinding protection (``loopback_security``). ``on_ready`` is called once
     the server accepts connections; ``session_idle_timeout`` (seconds) and ``max_sessions`` bound the
-    HTTP sessions (see ``DEFAULT_SESSION_IDLE_TIMEOUT``); the SDK raises ValueError naming a bad one."""
+    HTTP sessions (see ``DEFAULT_SESSION_IDLE_TIMEOUT``; the SDK raises ValueError naming a bad one),
+    ``limits`` the connections and requests (``serving.ServerLimits``; default its defaults)."""
     import uvicorn
 
     class ReadyServer(uvicorn.Server):
@@ -599,5 +639,5 @@ async def serve_http(server: Server, sock: socket.socket, log_level: str = "warn
     security = loopback_security(host) if is_loopback(host) else None
     app = server.streamable_http_app(host=host, transport_security=security, max_sessions=max_sessions,
                                      session_idle_timeout=session_idle_timeout)
-    config = uvicorn.Config(app, log_level=log_level, lifespan="on")
+    config = uvicorn_config(app, limits, log_level=log_level, lifespan="on")
     await ReadyServer(config).serve(sockets=[sock])

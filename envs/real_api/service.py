@@ -17,15 +17,16 @@ connections, malformed bodies and 4xx, each produced by the world's own draws.
 
 Requests the service cannot play (unknown tool or episode, a bad ``X-Episode-Replay``) get a 4xx with
 ``{"error": {"code", "field", "description"}}`` and change no episode. ``serve_tools`` runs the app under
-uvicorn (with the connection-dropping protocol), ``running_service`` in a background thread.
+uvicorn (``serving.uvicorn_config``: httptools' parser, the server's limits, and a way to drop a connection),
+``running_service`` in a background thread.
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "DEFAULT_SLOW_SECONDS", "DEFAULT_RETRY_AFTER", "DROP_EXTENSION", "UNKNOWN_TOOL", "UNKNOWN_EPISODE",
+    "DEFAULT_SLOW_SECONDS", "DEFAULT_RETRY_AFTER", "UNKNOWN_TOOL", "UNKNOWN_EPISODE",
     "UNKNOWN_TASK", "BAD_REQUEST", "CONFIG_MISMATCH", "EPISODE_ENDED", "OUT_OF_TURNS", "REPLAY_MISMATCH",
-    "ServiceError", "DroppingH11Protocol", "ToolService", "openapi_document", "serve_tools", "url_of",
+    "ServiceError", "ToolService", "openapi_document", "serve_tools", "url_of",
     "running_service",
 ]
 
@@ -48,7 +49,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from resilibench.errors import ConfigError, InputError
 from resilibench.settings import from_dict
@@ -63,16 +63,21 @@ from ...core.world import load_tasks
 from . import http_faults as hf
 from .client import DURATION_HEADER, EPISODE_HEADER, REPLAY_HEADER, WAIT_TURNS_HEADER
 from .serving import (
+    DEFAULT_EPISODE_IDLE_TIMEOUT,
     DEFAULT_MAX_EPISODES,
+    DEFAULT_MAX_EPISODES_PER_CLIENT,
+    DROP_EXTENSION,
     EpisodeTable,
+    ServerLimits,
     UnknownEpisodeError,
     bind_socket,
     is_loopback,
+    seed_problem,
+    uvicorn_config,
 )
 
 DEFAULT_SLOW_SECONDS = 2.0
 DEFAULT_RETRY_AFTER = 1.0
-DROP_EXTENSION = "resilibench.drop_connection"  # scope extension: close the connection without a response
 
 # Codes of the service's own errors (requests it cannot play).
 UNKNOWN_TOOL, UNKNOWN_EPISODE, UNKNOWN_TASK = "UNKNOWN_TOOL", "UNKNOWN_EPISODE", "UNKNOWN_TASK"
@@ -107,21 +112,6 @@ class _Dropped(Response):
             pass
 
 
-class DroppingH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, giving the app a way to close the connection without answering (ASGI has
-    no message for that): the scope extension ``DROP_EXTENSION``, a callable that aborts the transport."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        app = self.app
-
-        async def with_drop(scope: Scope, receive: Receive, send: Send) -> None:
-            scope.setdefault("extensions", {})[DROP_EXTENSION] = lambda: self.transport.abort()
-            await app(scope, receive, send)
-
-        self.app = with_drop
-
-
 class ToolService:
     """The tool service of one world: ``tasks`` (default: the shipped library), ``config`` (the world),
     ``registry``; the default episode plays ``task_id`` (default: the first test task) from run seed
@@ -130,12 +120,16 @@ class ToolService:
     its drawn duration times ``time_scale`` (0: at once; the episode's time budget counts the drawn
     duration either way).
     ``host`` (when given and a loopback address) accepts only Host headers that name this machine, as a
-    guard against DNS rebinding (``serve tools`` gives it)."""
+    guard against DNS rebinding (``serve tools`` gives it). ``max_episodes``, ``max_episodes_per_client``
+    (a client: its network address) and ``episode_idle_timeout`` (seconds) bound the episode table
+    (``serving.EpisodeTable``)."""
 
     def __init__(self, tasks: Sequence[Task] | None = None, config: WorldConfig | None = None,
                  registry: ToolRegistry | None = None, task_id: str | None = None, seed: int = 0,
                  slow_seconds: float = DEFAULT_SLOW_SECONDS, retry_after: float = DEFAULT_RETRY_AFTER,
-                 max_episodes: int = DEFAULT_MAX_EPISODES, host: str | None = None, time_scale: float = 1.0):
+                 max_episodes: int = DEFAULT_MAX_EPISODES, host: str | None = None, time_scale: float = 1.0,
+                 max_episodes_per_client: int = DEFAULT_MAX_EPISODES_PER_CLIENT,
+                 episode_idle_timeout: float | None = DEFAULT_EPISODE_IDLE_TIMEOUT):
         self.tasks = list(tasks) if tasks is not None else load_tasks()
         if not self.tasks:
             raise InputError("tasks", "the task library is empty")
@@ -152,7 +146,7 @@ class ToolService:
         if task_id not in self.tasks_by_id:
             raise InputError("task_id", f"no task {task_id!r} in the library")
         self.default_task = self.tasks_by_id[task_id]
-        self.episodes = EpisodeTable(max_episodes)
+        self.episodes = EpisodeTable(max_episodes, max_episodes_per_client, episode_idle_timeout)
         self._default_seeds, self._default_env_seed = EnvEpisodes(), task_seed(task_id, seed)
         self._default_handle: str | None = None
         self._configs: dict[Any, WorldConfig] = {}
@@ -226,13 +220,14 @@ class ToolService:
             if task_id not in self.tasks_by_id:
                 example = self.tasks[0].instance_id
                 raise ServiceError(404, UNKNOWN_TASK, "task_id", f"no task {task_id!r} here (ids look like {example})")
-            if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-                raise ServiceError(422, BAD_REQUEST, "seed", f"seed must be an integer >= 0, got {seed!r}")
+            problem = seed_problem(seed)
+            if problem is not None:
+                raise ServiceError(422, BAD_REQUEST, "seed", problem)
             config = self._client_world(data.get("config"))
         except ServiceError as exc:
             return exc.response()
         episode = Episode.start(self.tasks_by_id[task_id], seed, config, self.registry)
-        handle = self.episodes.add(episode)
+        handle = self.episodes.add(episode, client=request.client.host if request.client else "")
         return JSONResponse({"episode": handle, "task_id": task_id, "seed": episode.seed,
                              "turn_limit": config.rules.turn_limit, "description": episode.task.description}, 201)
 
@@ -405,22 +400,24 @@ def openapi_document(registry: ToolRegistry | None = None) -> dict[str, Any]:
 # --- running it -----------------------------------------------------------------------------------------
 
 
-def _server(service: ToolService, on_ready: Callable[[], None] | None, log_level: str) -> uvicorn.Server:
+def _server(service: ToolService, on_ready: Callable[[], None] | None, log_level: str,
+            limits: ServerLimits | None, parser: str = "httptools") -> uvicorn.Server:
     class ReadyServer(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if on_ready is not None:
                 on_ready()
 
-    return ReadyServer(uvicorn.Config(service.app, http=DroppingH11Protocol, log_level=log_level,
-                                      lifespan="off", timeout_graceful_shutdown=1))
+    return ReadyServer(uvicorn_config(service.app, limits, parser, log_level=log_level, lifespan="off",
+                                      timeout_graceful_shutdown=1))
 
 
 def serve_tools(service: ToolService, sock: socket.socket, on_ready: Callable[[], None] | None = None,
-                log_level: str = "warning") -> None:
-    """Serve ``service`` on a bound socket (``mcp_server.bind_socket``) until interrupted (Ctrl-C stops
-    it cleanly); ``on_ready`` is called once it accepts connections."""
-    _server(service, on_ready, log_level).run(sockets=[sock])
+                log_level: str = "warning", limits: ServerLimits | None = None) -> None:
+    """Serve ``service`` on a bound socket (``serving.bind_socket``) until interrupted (Ctrl-C stops it
+    cleanly), within ``limits`` (default ``ServerLimits()``); ``on_ready`` is called once it accepts
+    connections."""
+    _server(service, on_ready, log_level, limits).run(sockets=[sock])
 
 
 def url_of(sock: socket.socket) -> str:
@@ -430,11 +427,12 @@ def url_of(sock: socket.socket) -> str:
 
 
 @contextmanager
-def running_service(service: ToolService, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serve ``service`` in a background thread (port 0: a free one) and yield its base URL; the server
-    stops when the block ends."""
+def running_service(service: ToolService, host: str = "127.0.0.1", port: int = 0,
+                    limits: ServerLimits | None = None, parser: str = "httptools") -> Iterator[str]:
+    """Serve ``service`` in a background thread (port 0: a free one; ``limits`` and ``parser`` as
+    ``serving.uvicorn_config`` takes them) and yield its base URL; the server stops when the block ends."""
     sock = bind_socket(host, port)
-    server = _server(service, None, "warning")
+    server = _server(service, None, "warning", limits, parser)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="tool-service", daemon=True)
     thread.start()
     try:

@@ -15,7 +15,7 @@ from resilibench.cli.common import (
     nonnegative_int,
     output_file,
 )
-from resilibench.cli.serve import add_transport_options, listen, seconds, transport_host
+from resilibench.cli.serve import add_transport_options, listen, seconds, transport_host, transport_limits
 
 
 def cmd_proxy_mcp(args: argparse.Namespace) -> int:
@@ -53,7 +53,7 @@ def cmd_proxy_mcp(args: argparse.Namespace) -> int:
     if args.transport == "http":
         sock = listen(host, 8000 if args.port is None else args.port)
         http = {"session_idle_timeout": args.session_idle_timeout or DEFAULT_SESSION_IDLE_TIMEOUT,
-                "max_sessions": args.max_sessions or HTTP_SESSIONS}
+                "max_sessions": args.max_sessions or HTTP_SESSIONS, "limits": transport_limits(args)}
     bound = sock.getsockname()[:2] if sock is not None else None
 
     def ready() -> None:  # printed once clients may connect

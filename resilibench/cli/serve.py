@@ -60,11 +60,55 @@ def listen(host: str, port: int) -> Any:
         raise CliError(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+# The HTTP servers' limits (serving.ServerLimits: the first four) and the episode table's bounds
+# (serving.EpisodeTable): option -> (field, type, metavar, help). An option not given keeps the library's
+# default; the help shows _DEFAULTS, which a test holds equal to the library's (building the parser imports
+# no server code).
+_DEFAULTS = {"max_connections": 512, "header_timeout": 10.0, "body_timeout": 30.0, "max_body_bytes": 1 << 20,
+             "max_episodes": 10_000, "max_episodes_per_client": 1_000, "episode_idle_timeout": 3600.0}
+_BOUNDS = {
+    "--max-connections": ("max_connections", positive_int, "N", "most connections open at once; one more is "
+                          "answered 503 and closed (default {})"),
+    "--header-timeout": ("header_timeout", seconds, "SECONDS", "a request's head must arrive within this long "
+                         "of the connection's start or the previous response, else 408 (default {:g})"),
+    "--body-timeout": ("body_timeout", seconds, "SECONDS", "a request's body must arrive within this long of "
+                       "its head, else 408 (default {:g})"),
+    "--max-body-bytes": ("max_body_bytes", positive_int, "N", "largest request body; a larger one is answered "
+                         "413 (default {})"),
+    "--max-episodes": ("max_episodes", positive_int, "N", "size of the episode table (default {}; finished "
+                       "episodes are evicted first)"),
+    "--max-episodes-per-client": ("max_episodes_per_client", positive_int, "N", "episodes one client may hold; "
+                                  "its own oldest make room beyond (default {})"),
+    "--episode-idle-timeout": ("episode_idle_timeout", seconds, "SECONDS", "drop an episode unused this long "
+                               "(default {:g})"),
+}
+_LIMITS = dict(list(_BOUNDS.items())[:4])
+_EPISODE_BOUNDS = dict(list(_BOUNDS.items())[4:])
+
+
+def _add_bounds(parser: argparse.ArgumentParser, options: dict[str, tuple[Any, ...]], prefix: str = "") -> None:
+    for option, (name, kind, metavar, text) in options.items():
+        parser.add_argument(option, type=kind, metavar=metavar, help=prefix + text.format(_DEFAULTS[name]))
+
+
+def _given(args: argparse.Namespace, options: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
+    """The bounds given on the command line, by field name."""
+    values = {name: getattr(args, name) for name, *_ in options.values()}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def transport_limits(args: argparse.Namespace) -> Any:
+    """The HTTP server's limits of ``add_transport_options`` (``serving.ServerLimits``)."""
+    from resilibench.envs.real_api.serving import ServerLimits
+
+    return ServerLimits(**_given(args, _LIMITS))
+
+
 def transport_host(args: argparse.Namespace, what: str) -> str:
     """The host of ``add_transport_options``' HTTP transport, checked: HTTP options refused with stdio, a
     host beyond this machine refused without --allow-remote."""
     http_only = {"--host": args.host, "--port": args.port, "--session-idle-timeout": args.session_idle_timeout,
-                 "--max-sessions": args.max_sessions}
+                 "--max-sessions": args.max_sessions, **{o: getattr(args, f[0]) for o, f in _LIMITS.items()}}
     given = [option for option, value in http_only.items() if value is not None]
     if args.transport == "stdio" and given:
         raise CliError(f"{', '.join(given)}: for --transport http only")
@@ -84,16 +128,14 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
         serve_http,
         serve_stdio,
     )
-    from resilibench.envs.real_api.serving import DEFAULT_MAX_EPISODES
-
     host = transport_host(args, "server")
     api = load_api(args)
     if api is not None and api.live is not None and args.tasks is not None:
         raise CliError("--tasks: not with --api-tasks (the task file holds the tasks)")
     world = choose_world(args)
     tasks = None if api is not None and api.live is not None else load_library(args.tasks, world)[0]
-    server = build_server(tasks, world.config, max_episodes=args.max_episodes or
-                          DEFAULT_MAX_EPISODES, search=args.search, api=api and api.real)
+    server = build_server(tasks, world.config, search=args.search, api=api and api.real,
+                          **_given(args, _EPISODE_BOUNDS))
     if args.transport == "stdio":
         anyio.run(serve_stdio, server)
         return 0
@@ -106,8 +148,9 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
               flush=True)
 
     idle = DEFAULT_SESSION_IDLE_TIMEOUT if args.session_idle_timeout is None else args.session_idle_timeout
+    limits = transport_limits(args)
     anyio.run(lambda: serve_http(server, sock, on_ready=ready, session_idle_timeout=idle,
-                                 max_sessions=args.max_sessions or DEFAULT_MAX_SESSIONS))
+                                 max_sessions=args.max_sessions or DEFAULT_MAX_SESSIONS, limits=limits))
     return 0
 
 
@@ -121,14 +164,15 @@ def cmd_serve_tools(args: argparse.Namespace) -> int:
         raise CliError(f"--task: no task {args.task!r} in the library (see `resilibench tasks list` for ids)")
     service = ToolService(tasks, world.config, task_id=args.task,
                           seed=args.seed, slow_seconds=args.slow_seconds, retry_after=args.retry_after,
-                          host=args.host, time_scale=args.time_scale)
+                          host=args.host, time_scale=args.time_scale, **_given(args, _EPISODE_BOUNDS))
+    limits = transport_limits(args)
     sock = listen(args.host, args.port)
 
     def ready() -> None:  # printed once the port accepts connections
         print(f"resilibench: tool service at {url_of(sock)} (OpenAPI: {url_of(sock)}/openapi.json; "
               f"default task {service.default_task.instance_id}); Ctrl-C stops it", file=sys.stderr, flush=True)
 
-    serve_tools(service, sock, on_ready=ready)
+    serve_tools(service, sock, on_ready=ready, limits=limits)
     return 0
 
 
@@ -136,7 +180,8 @@ def cmd_serve_tools(args: argparse.Namespace) -> int:
 
 
 def add_transport_options(parser: argparse.ArgumentParser) -> None:
-    """How clients reach an MCP server: ``--transport`` and the HTTP options (read by ``transport_host``)."""
+    """How clients reach an MCP server: ``--transport``, the HTTP options and the HTTP server's limits (read
+    by ``transport_host`` and ``transport_limits``)."""
     parser.add_argument("--transport", choices=("stdio", "http"), default="stdio",
                         help="stdio (default; for clients that launch the server) or streamable HTTP")
     parser.add_argument("--host", help="HTTP: address to listen on (default 127.0.0.1)")
@@ -145,9 +190,11 @@ def add_transport_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-remote", action="store_true",
                         help="HTTP: allow a --host that is not a loopback address (no authentication!)")
     parser.add_argument("--session-idle-timeout", type=seconds, metavar="SECONDS",
-                        help="HTTP: close a session idle this long (default 300; the client re-initializes)")
+                        help="HTTP: close a session idle this long (default 300; the client re-initializes, "
+                        "episodes stay)")
     parser.add_argument("--max-sessions", type=positive_int, metavar="N",
                         help="HTTP: most sessions open at once; a new one beyond gets 503 (default 1000)")
+    _add_bounds(parser, _LIMITS, "HTTP: ")
 
 
 def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
@@ -155,8 +202,7 @@ def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_option(parser)
     add_api_options(parser)
     add_transport_options(parser)
-    parser.add_argument("--max-episodes", type=positive_int, metavar="N",
-                        help="size of the episode handle table (default 10000; finished episodes are evicted first)")
+    _add_bounds(parser, _EPISODE_BOUNDS)
     parser.add_argument("--search", choices=("auto", "semantic", "lexical"), default="auto",
                         help="tool_search method (default auto: semantic when the embed extra is installed)")
     parser.set_defaults(func=cmd_serve_mcp)
@@ -179,6 +225,8 @@ def _tools_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=nonnegative_float, default=1.0, metavar="X",
                         help="under the world's latency process, answer after the drawn duration times X "
                         "(default 1; 0 answers at once)")
+    _add_bounds(parser, _LIMITS)
+    _add_bounds(parser, _EPISODE_BOUNDS)
     parser.set_defaults(func=cmd_serve_tools)
 
 

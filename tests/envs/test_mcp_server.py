@@ -21,6 +21,7 @@ from jsonschema import Draft202012Validator
 from mcp import Client, MCPError, StdioServerParameters
 
 import resilibench  # noqa: F401  (registers ResiliBench-v1)
+from helpers import valid_arguments
 from resilibench.cli import main as cli_main
 from resilibench.core.config import WorldConfig
 from resilibench.core.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_registry
@@ -45,16 +46,6 @@ REGISTRY = default_registry()
 META_TOOLS = {"tool_search", "tool_info", "start_task", "finish", "episode_status"}
 BAD = {"unexpected": 1}  # breaks every tool's schema (additionalProperties is false)
 SERVE = [sys.executable, "-m", "resilibench", "serve", "mcp", "--search", "lexical"]
-
-
-def valid_arguments(tool_name: str) -> dict[str, Any]:
-    """Arguments that fit the tool's schema: each required parameter with a plain value of its type."""
-    values = {"string": "input.csv", "object": {}, "number": 1.0, "integer": 1, "boolean": True}
-    tool = REGISTRY[tool_name]
-    args = {p.name: p.constraints["enum"][0] if "enum" in p.constraints else values[p.type]
-            for p in tool.parameters if p.required}
-    assert tool.check_arguments(args) is None
-    return args
 
 
 def script_arguments(step: tuple[str, bool]) -> dict[str, Any]:
@@ -553,6 +544,10 @@ def test_stdio_answers_malformed_json_rpc_instead_of_leaving_the_client_hanging(
         (deep, [(9, -32600)]),
         ('{"jsonrpc": "2.0", "id": 4, "method": "ping", "params": {"q": "\\ud800"}}', [(4, -32600)]),
         ("[" * 100_000, [(None, -32700)]),
+        # Requests whose id is no request id: the SDK would read them as notifications and never answer.
+        ('{"jsonrpc": "2.0", "id": null, "method": "ping"}', [(None, -32600)]),
+        ('{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}', [(None, -32600)]),
+        ('{"jsonrpc": "2.0", "id": {}, "method": "tools/list"}', [(None, -32600)]),
     ]
     initialize = {"jsonrpc": "2.0", "id": 100, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
