@@ -14,8 +14,8 @@
 (c) Memory per env at the largest N, two ways, each env first made once at 8 envs so that imports,
     compiled code and the task library are not counted: the peak of the memory Python allocates
     (``tracemalloc``, numpy arrays included) while ``make_vec`` builds the env, resets it and steps it 50
-    times, over N; and the growth of the peak resident memory (``ru_maxrss``) of a fresh process over the
-    same and 200 steps, over N.
+    times, over N; and the growth of the resident memory (``/proc/self/statm``) of a fresh process from
+    before ``make_vec`` to after 200 steps, the env alive, over N.
 (d) For context, ResiliBench-v1 through Gymnasium's ``SyncVectorEnv`` (N single envs in a Python loop).
 
 Times are CPU seconds of this process (``time.process_time``), so other jobs on a shared machine inflate
@@ -122,25 +122,29 @@ def memory_per_env(env_id: str, num_envs: int, **kwargs) -> float:
 
 
 def resident_growth(env_id: str, num_envs: int, dtype: str) -> float:
-    """Bytes per env by which a fresh process's peak resident memory grows while it makes, resets and
-    steps (200 times) a ``num_envs`` vector env, after the same at 8 envs (``--rss-child``)."""
+    """Bytes per env by which a fresh process's resident memory grows while it makes, resets and steps (200
+    times) a ``num_envs`` vector env, after the same at 8 envs (``--rss-child``)."""
     out = subprocess.run([sys.executable, __file__, "--rss-child", env_id, str(num_envs), dtype],
                          capture_output=True, text=True, check=True).stdout
-    return float(out.split()[-1])
+    return float(out.split()[-2])
 
 
 def rss_child(env_id: str, num_envs: int, dtype: str) -> None:
-    def run(n: int, steps: int) -> None:
+    def run(n: int, steps: int) -> gym.vector.VectorEnv:
         env = gym.make_vec(env_id, num_envs=n, vectorization_mode="vector_entry_point", **dtype_option(dtype))
         env.reset(seed=0)
-        actions = np.random.default_rng(0).integers(env.single_action_space.n, size=(steps, n))
-        for a in actions:
+        for a in np.random.default_rng(0).integers(env.single_action_space.n, size=(steps, n)):
             env.step(a)
+        return env
+
+    def resident() -> int:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * resource.getpagesize()
 
     run(8, 20)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    run(num_envs, 200)
-    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 / num_envs)
+    before = resident()
+    env = run(num_envs, 200)
+    print((resident() - before) / num_envs, env.num_envs)
 
 
 def dtype_option(dtype: str) -> dict:

@@ -119,7 +119,7 @@ def texts_digest(texts: Iterable[str]) -> str:
 
 @cache
 def _shipped_similarity() -> dict[str, Any]:
-    return json.loads(resources.files(__package__).joinpath("data/tool_similarity.json").read_text())
+    return json.loads((resources.files("resilibench.core.text") / "data" / "tool_similarity.json").read_text())
 
 
 def similar_tools(tool: int, exclude: Iterable[int] = (), registry: ToolRegistry | None = None,

@@ -209,7 +209,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self.layout = ObservationLayout(n)
         self.single_action_space = spaces.Discrete(n + 1)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self.single_observation_space = spaces.Box(0.0, 1.0, (self.layout.size,), self.observation_dtype)
+        self.single_observation_space = spaces.Box(0.0, 1.0, (self.layout.size,), self.observation_dtype.type)
         self._observation_space: spaces.Space | None = None
 
         self._turn_limit = episode_rules.turn_limit
@@ -294,14 +294,14 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self._started = False
 
     @property
-    def observation_space(self) -> spaces.Space:
+    def observation_space(self) -> spaces.Space:  # pyright: ignore[reportIncompatibleVariableOverride]
         """The batched observation space, built on first use."""
         if self._observation_space is None:
             self._observation_space = batch_space(self.single_observation_space, self.num_envs)
         return self._observation_space
 
     @observation_space.setter
-    def observation_space(self, space: spaces.Space) -> None:
+    def observation_space(self, space: spaces.Space) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]
         self._observation_space = space
 
     def _observation_values(self, values) -> np.ndarray:
