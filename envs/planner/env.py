@@ -291,28 +291,20 @@ class ResiliBenchEnv(gym.Env):
             process_features(ep, lay, obs)
 
     def _info(self, ep: Episode) -> dict[str, Any]:
-        task = ep.task
-        evaluation = ep.evaluation
         trace, records = self._trace, ep.trace
         n = len(trace)
-        if n < len(records):  # one new call per step, unless the episode was driven directly
-            trace.extend([r.to_dict() for r in records[n:]])
+        if n < len(records):  # each record converted once, when it is new (one per step, unless driven directly)
+            if n + 1 == len(records):
+                trace.append(records[n].to_dict())
+            else:
+                trace.extend([r.to_dict() for r in records[n:]])
+        task, evaluation = ep.task, ep.evaluation
         if evaluation is None:
-            return {
-                "action_mask": ep.action_mask.copy(),
-                "trace": trace.copy(),
-                "task_id": task.instance_id,
-                "task_type": task.task_type,
-            }
-        return {
-            "action_mask": self._finished_mask.copy(),
-            "trace": trace.copy(),
-            "task_id": task.instance_id,
-            "task_type": task.task_type,
-            "level": evaluation.level,
-            "evaluation": evaluation,
-            "end_reason": ep.end_reason,
-        }
+            return {"action_mask": ep.action_mask.copy(), "trace": trace[:], "task_id": task.instance_id,
+                    "task_type": task.task_type}
+        return {"action_mask": self._finished_mask.copy(), "trace": trace[:], "task_id": task.instance_id,
+                "task_type": task.task_type, "level": evaluation.level, "evaluation": evaluation,
+                "end_reason": ep.end_reason}
 
 
 def _finished_mask(n_tools: int) -> np.ndarray:

@@ -61,8 +61,9 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     ``counter_tables`` (``resilibench.envs.planner.observation``), and the compiled step (``_advance_rows``) looks
     the results up. Randomness is the counter-based stream of ``resilibench.core.stream``, computed with
     numpy on arrays: sub-env ``i`` keeps its env seed's key and draws its episodes' tasks and seeds as
-    ``EnvEpisodes`` does (a few dozen ahead, in one batch), and a step computes each sub-env's next success
-    draw from (episode seed, draw index). Throughput: see ``docs/benchmarks.md``.
+    ``EnvEpisodes`` does (a few ahead, in one batch), and the compiled step computes a sub-env's success
+    draw from (episode seed, draw index) when it draws; it also checks the actions before changing anything.
+    Throughput: see ``docs/benchmarks.md``.
 
     ```python
     import gymnasium as gym
@@ -82,7 +83,19 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     ## Observation Space
 
     ``Box(0, 1, (N, 204), float32)``: row ``i`` is sub-env ``i``'s ``ResiliBench-v1`` observation (layout
-    in ``resilibench.envs.planner.observation``).
+    in ``resilibench.envs.planner.observation``). With ``observation_dtype="float16"``, ``Box(0, 1, (N, 204),
+    float16)``: the same observation rounded to half precision (``obs.astype(np.float16)``; every entry but
+    the fractions is exact), half the memory and bandwidth, for policies that read half precision. The
+    batched ``observation_space`` is built on first use (Gymnasium's ``Box`` holds four arrays of the batch's
+    shape: 30 MB at 16,384 envs); ``single_observation_space`` is always there.
+
+    ## What a caller may keep
+
+    ``reset`` and ``step`` return the env's own buffers as read-only arrays, not copies (as Gymnasium's
+    vector envs with ``copy=False``): the observation, reward, terminated, truncated and every array of
+    ``info`` hold their values until the next ``step`` or ``reset``, which overwrites them in place. Keep
+    one beyond that with ``np.copy`` (a rollout buffer's copy into its own storage is that copy). The
+    ``info`` dict itself is new at every call.
 
     ## Rewards
 
@@ -119,6 +132,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
       (the default; "training" raises ``ValueError``); ``reward_phase`` is accepted for symmetry and unused. A
       ``config`` with failure processes on raises ``ConfigError`` naming ``processes`` (the single env
       plays them).
+    * ``observation_dtype``: "float32" (the default) or "float16" (see Observation Space).
     * ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i`` (or per sub-env from a list of N ints/None);
       ``reset(options={"task_id": id or [N ids/None]})`` pins tasks like the single env;
       ``options={"reset_mask": bool array}`` resets only the masked sub-envs.
@@ -126,7 +140,9 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     ## Version History
 
     * v0: initial release, the rules of ``ResiliBench-v0`` v0.
-    * v1: world v1 (its task library and grading, docs/core/worlds.md); the default.
+    * v1: world v1 (its task library and grading, docs/core/worlds.md); the default. Later in v1, with no
+      change to any value: the ``observation_dtype="float16"`` option, and the returned arrays became the
+      env's read-only buffers (see What a caller may keep).
     """
 
     metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
@@ -145,8 +161,12 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         render_mode: str | None = None,
         world: str | World = DEFAULT_WORLD,
         features: str = "full",
+        observation_dtype: str = "float32",
     ):
         self.features = check_features(features)
+        if observation_dtype not in OBSERVATION_DTYPES:
+            raise ValueError(f"observation_dtype must be one of {OBSERVATION_DTYPES}, got {observation_dtype!r}")
+        self.observation_dtype = np.dtype(observation_dtype)
         if not isinstance(num_envs, int | np.integer) or isinstance(num_envs, bool) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
         if reward not in REWARD_MODES:
@@ -189,8 +209,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self.layout = ObservationLayout(n)
         self.single_action_space = spaces.Discrete(n + 1)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self.single_observation_space = spaces.Box(0.0, 1.0, (self.layout.size,), np.float32)
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.single_observation_space = spaces.Box(0.0, 1.0, (self.layout.size,), self.observation_dtype.type)
+        self._observation_space: spaces.Space | None = None
 
         self._turn_limit = episode_rules.turn_limit
         self._strict = episode_rules.strict_dependencies
@@ -232,8 +252,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         consecutive, streak = np.meshgrid(counts, counts, indexing="ij")
         self._end_table = np.asarray(termination_code(consecutive, streak, episode_rules),
                                      dtype=np.int64).reshape(-1)
-        self._step_table, self._failures_table, self._consecutive_table = (
-            np.asarray(x, dtype=np.float64) for x in counter_tables(episode_rules))
+        self._counter_tables = tuple(_cells(self._observation_values(x)) for x in counter_tables(episode_rules))
+        self._one = _cells(self._observation_values([1.0]))
         self._finished_mask = np.zeros(n + 1, dtype=np.int8)
         self._finished_mask[n] = 1
         self._build_task_tables(self.known_tasks)
@@ -245,21 +265,48 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self._seeded = np.zeros(N, dtype=bool)
         self._queue_start = np.zeros(N, dtype=np.int64)
         self._cursor = np.zeros(N, dtype=np.int64)
-        self._queue_task = np.zeros((N, _QUEUE), dtype=np.int64)
+        self._queue_task = np.zeros((N, _QUEUE), dtype=np.int32)
         self._queue_key = np.zeros((N, _QUEUE), dtype=np.uint64)
         self._episode_key = np.zeros(N, dtype=np.uint64)
         self._draw_offset = rs.offsets(2 * np.arange(T + 1))
 
-        # Batched state.
-        self._obs_buf = np.zeros((N, self.layout.size), dtype=np.float32)
+        # Batched state, and the arrays the compiled step writes what it returns to.
+        self._obs_buf = np.zeros((N, self.layout.size), dtype=self.observation_dtype)
         self._mask_buf = np.zeros((N, n + 1), dtype=np.int8)
         self._tc = np.zeros((N, self._cols), dtype=np.uint8)
         # Integer state, one row per sub-env (an episode start copies the task's row of ``_ints_start``);
         # the last columns come from the task tables.
-        self._ints = np.zeros((N, _N_INTS), dtype=np.int64)
-        self._task, self._draws = self._ints[:, _TASK], self._ints[:, _DRAWS]
-        self._autoreset = np.zeros(N, dtype=bool)
+        self._ints = np.zeros((N, _N_INTS), dtype=np.int32)
+        self._task = np.zeros(N, dtype=np.int64)
+        self._start = np.full(N, _GO_ON, dtype=np.int64)  # what ``reset`` starts per row
+        self._reward = np.zeros(N, dtype=np.float64)
+        self._level = np.full(N, -1, dtype=np.int8)
+        self._end_code = np.zeros(N, dtype=np.int8)
+        self._terminated = np.zeros(N, dtype=bool)
+        self._truncated = np.zeros(N, dtype=bool)
+        self._ended = np.zeros(N, dtype=bool)  # ended at the last step: the next step resets the row
+        # What a caller gets: read-only views of those arrays, made once.
+        self._out = {name: _read_only(a) for name, a in (
+            ("obs", self._obs_buf), ("reward", self._reward), ("terminated", self._terminated),
+            ("truncated", self._truncated), ("mask", self._mask_buf), ("task", self._task),
+            ("level", self._level), ("end_code", self._end_code), ("ended", self._ended),
+            ("everywhere", np.ones(N, dtype=bool)))}
         self._started = False
+
+    @property
+    def observation_space(self) -> spaces.Space:  # pyright: ignore[reportIncompatibleVariableOverride]
+        """The batched observation space, built on first use."""
+        if self._observation_space is None:
+            self._observation_space = batch_space(self.single_observation_space, self.num_envs)
+        return self._observation_space
+
+    @observation_space.setter
+    def observation_space(self, space: spaces.Space) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]
+        self._observation_space = space
+
+    def _observation_values(self, values) -> np.ndarray:
+        """``values`` as the observation stores them: float32 (the single env's values), then the dtype."""
+        return np.asarray(values, dtype=np.float64).astype(np.float32).astype(self.observation_dtype)
 
     # --- construction ----------------------------------------------------------------------------------
 
@@ -276,10 +323,10 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         out_mask = np.zeros((k, n), dtype=bool)
         # Observation offset of "next required = j" (-1, i.e. no write, without the next-required one-hot).
         next_obs = np.full((k, width), -1, dtype=np.int64)
-        fields = np.zeros((_N_INTS, k), dtype=np.int64)  # the integer state at the start of an episode
+        fields = np.zeros((_N_INTS, k), dtype=np.int32)  # the integer state at the start of an episode
         classes: dict[tuple[int, float], int] = {}  # (number of required tools, min coverage) -> grade class
         self._min_cov = np.zeros(k, dtype=np.float64)
-        self._init_obs = np.zeros((k, lay.size), dtype=np.float32)
+        init_obs = np.zeros((k, lay.size), dtype=np.float32)
         coverage = self.config.evaluator.min_coverage
         for i, (task, req) in enumerate(zip(tasks, required, strict=True)):
             pos_bit[i, list(req)] = 1 << np.arange(len(req))
@@ -292,17 +339,33 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             if not 1 <= max_calls <= _CALLS:
                 raise ValueError(f"task {task.instance_id!r}: the batched env needs 0 <= max_retries <= {_CALLS - 1}, "
                                  f"got {task.max_retries}; use vectorization_mode='sync'")
-            fields[_TASK, i], fields[_MAX_CALLS, i], fields[_N_REQ, i] = i, max_calls, len(req)
+            fields[_MAX_CALLS, i], fields[_N_REQ, i] = max_calls, len(req)
             fields[_TASK_TOOLS, i], fields[_TASK_REQ, i] = i * n, i * width
             if task.task_type not in coverage:
                 raise ValueError(f"no min_coverage for task type {task.task_type!r}; configured: {sorted(coverage)}")
             self._min_cov[i] = coverage[task.task_type]
             grade_class = classes.setdefault((len(req), self._min_cov[i]), len(classes))
             fields[_GRADE_BASE, i] = grade_class * width * 16
-            self._init_obs[i] = initial_observation(task, reg, lay, self.features)
+            init_obs[i] = initial_observation(task, reg, lay, self.features)
         self._pos_bit, self._out_mask, self._next_obs = pos_bit.reshape(-1), out_mask.reshape(-1), next_obs.reshape(-1)
         fields[_LAST_TOOL] = -1
         self._ints_start = np.ascontiguousarray(fields.T)
+        # First observations, sparse: the entries every task shares (a row the step keeps in cache), then per
+        # task the entries that differ from it, ``_init_at[_init_ptr[i]:_init_ptr[i + 1]]`` (a full row per
+        # task, read at random, cost an episode start more than the rest of its episode).
+        init_obs = init_obs.astype(self.observation_dtype)
+        shared = (init_obs == init_obs[:1]).all(axis=0)
+        template = np.where(shared, init_obs[0], 0).astype(self.observation_dtype)
+        rows, at = np.nonzero(init_obs != template)
+        self._init_template = _cells(template)
+        self._init_ptr = np.searchsorted(rows, np.arange(k + 1)).astype(np.int32)
+        self._init_at = at.astype(np.int32)
+        self._init_val = _cells(np.ascontiguousarray(init_obs[rows, at]))
+        # Progress (covered / number required) of every pair, as the observation stores it: index
+        # n_required * width + covered.
+        n_req, covered = np.meshgrid(np.arange(width), np.arange(width), indexing="ij")
+        self._progress = _cells(self._observation_values(covered / np.maximum(n_req, 1)).reshape(-1))
+        self._width = width
         # The evaluator's ``grade`` over every (class, covered, order broken, output, completion, failure
         # termination) an episode can end in: index = base + covered * 16 + broken * 8 + output * 4
         # + completed * 2 + failed; the sequence holds when a required tool succeeded and none out of order.
@@ -364,12 +427,14 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
                 raise ValueError(f"seeds must be non-negative integers or None, got {s!r}")
         pinned = self._pinned_rows(task_id, rows)
         self._seed_rows(rows, [seeds[i] for i in rows.tolist()])
-        start_task = np.full(N, _GO_ON, dtype=np.int64)
-        start_task[rows] = [pinned.get(r, _DRAWN) for r in rows.tolist()]
-        self._advance(None, start_task)
-        self._autoreset[rows] = False
+        if self._cursor.max() >= _QUEUE:
+            self._refill()
+        self._start[:] = _GO_ON
+        self._start[rows] = [pinned.get(r, _DRAWN) for r in rows.tolist()]
+        self._advance(self._start, False)
         self._started = True
-        return self._obs_buf.copy(), self._info_arrays()
+        out = self._out
+        return out["obs"], self._info()
 
     def step(self, actions):
         if not self._started:
@@ -378,52 +443,43 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         a = np.asarray(actions)
         if a.shape != (N,) or a.dtype.kind not in "iu":
             raise ValueError(f"actions must be an integer array of shape ({N},), got {a.dtype} {a.shape}")
-        a = a.astype(np.int64, copy=False)
-        if (a.view(np.uint64) > n).any():  # negative actions wrap to huge values
-            raise ValueError(f"actions must be in [0, {n}] (FINISH = {n}), got {a[(a < 0) | (a > n)][:5]}")
-        reward, level, end_code, ended, truncated = self._advance(a, np.where(self._autoreset, _DRAWN, _GO_ON))
-        self._autoreset = ended
-        info = self._info_arrays()
-        info["level"], info["_level"] = level, ended.copy()
-        info["end_reason"], info["_end_reason"] = end_code, ended.copy()
-        return self._obs_buf.copy(), reward, ended ^ truncated, truncated, info
-
-    def _advance(self, actions: np.ndarray | None, start_task: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Start new episodes where ``start_task`` is a task row or ``_DRAWN``, and (given ``actions``) step
-        the other sub-envs: (reward, level, end code, ended, truncated) per sub-env (``_advance_rows``)."""
-        N = self.num_envs
-        if self._cursor.max() >= _QUEUE:
+        status = self._advance(a, True)
+        if status >= 0:
+            bad = a[(a < 0) | (a > n)] if a.dtype.kind == "i" else a[a > n]
+            raise ValueError(f"actions must be in [0, {n}] (FINISH = {n}), got {bad[:5]}")
+        if status == _REFILL:
             self._refill()
-        # Each sub-env's next success draw, uniform(episode seed, 2 * draws used); rows that do not draw
-        # (or start a new episode) ignore theirs.
-        u = rs.to_uniform(rs.bits_array(self._episode_key, self._draw_offset[self._draws]))
-        out = (np.zeros(N, dtype=np.float64), np.full(N, -1, dtype=np.int8), np.zeros(N, dtype=np.int8),
-               np.zeros(N, dtype=bool), np.zeros(N, dtype=bool))
+        out = self._out
+        info = self._info()
+        info["level"], info["_level"] = out["level"], out["ended"]
+        info["end_reason"], info["_end_reason"] = out["end_code"], out["ended"]
+        return out["obs"], out["reward"], out["terminated"], out["truncated"], info
+
+    def _advance(self, actions: np.ndarray, act: bool) -> int:
+        """One call of the compiled step (``_advance_rows``): with ``act``, every row acts on its action or, if
+        its episode ended at the last step, starts the next one; without, rows start what ``actions`` (a task
+        row, ``_DRAWN`` or ``_GO_ON``) says. Returns the index of the first bad action (nothing changed),
+        ``_REFILL`` when a row used its last episode computed ahead, else ``_OK``."""
         lay = self.layout
-        _advance_rows(
-            start_task if actions is None else actions, start_task, actions is not None, u,
-            (self._queue_task, self._queue_key, self._cursor, self._episode_key, self._ints, self._ints_start,
-             self._tc, self._tc_init, self._mask_buf, self._obs_buf, self._init_obs),
+        return _advance_rows(
+            actions, act,
+            (self._queue_task, self._queue_key, self._cursor, self._episode_key, self._draw_offset, self._ints,
+             self._ints_start, self._task, self._tc, self._tc_init, self._mask_buf, _cells(self._obs_buf),
+             self._init_template, self._init_ptr, self._init_at, self._init_val),
             (self._status_of, self._kind_table, self._dep_idx, self._p_table, self._unmet_table, self._end_table,
-             self._step_table, self._failures_table, self._consecutive_table, self._pos_bit, self._out_mask,
-             self._next_obs, self._next_of_bits, self._grade_table, self._finished_mask),
-            (self.n_tools, self._turn_limit, self._strict, lay.status, lay.progress, lay.step, lay.failures,
-             lay.consecutive),
-            *out)
-        return out
+             *self._counter_tables, self._progress, self._one, self._pos_bit, self._out_mask, self._next_obs,
+             self._next_of_bits, self._grade_table, self._finished_mask),
+            (self.n_tools, self._turn_limit, self._strict, self._width, lay.status, lay.progress, lay.step,
+             lay.failures, lay.consecutive),
+            (self._reward, self._level, self._end_code, self._terminated, self._truncated, self._ended))
 
     def close_extras(self, **kwargs: Any) -> None:
         pass
 
-    def _info_arrays(self) -> dict[str, Any]:
-        N = self.num_envs
-        everywhere = np.ones(N, dtype=bool)
-        return {
-            "action_mask": self._mask_buf.copy(),
-            "_action_mask": everywhere,
-            "task_index": self._task.copy(),
-            "_task_index": everywhere.copy(),
-        }
+    def _info(self) -> dict[str, Any]:
+        out = self._out
+        return {"action_mask": out["mask"], "_action_mask": out["everywhere"], "task_index": out["task"],
+                "_task_index": out["everywhere"]}
 
     def _pinned_rows(self, task_id, rows: np.ndarray) -> dict[int, int]:
         """{row: task-table row} for ``options['task_id']`` (one id for all rows, or one per sub-env)."""
@@ -455,11 +511,14 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
 
     def _refill(self) -> None:
         """Compute the next ``_QUEUE`` episodes of every sub-env from where its sequence stands: episode e
-        of env key k has task row ``below(bits(k, 2e), pool size)`` and episode key ``key(bits(k, 2e + 1))``."""
-        e = (self._queue_start + self._cursor)[:, None] + np.arange(_QUEUE)
-        env_key = self._env_key[:, None]
-        self._queue_task[:] = rs.below_array(rs.bits_array(env_key, rs.offsets(2 * e)), len(self.tasks))
-        self._queue_key[:] = rs.key_array(rs.bits_array(env_key, rs.offsets(2 * e + 1)))
+        of env key k has task row ``below(bits(k, 2e), pool size)`` and episode key ``key(bits(k, 2e + 1))``
+        (in blocks of rows, so that the temporaries stay small)."""
+        for r in range(0, self.num_envs, _REFILL_ROWS):
+            rows = slice(r, r + _REFILL_ROWS)
+            e = (self._queue_start[rows] + self._cursor[rows])[:, None] + np.arange(_QUEUE)
+            env_key = self._env_key[rows, None]
+            self._queue_task[rows] = rs.below_array(rs.bits_array(env_key, rs.offsets(2 * e)), len(self.tasks))
+            self._queue_key[rows] = rs.key_array(rs.bits_array(env_key, rs.offsets(2 * e + 1)))
         self._queue_start += self._cursor
         self._cursor[:] = 0
 
@@ -479,12 +538,29 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
 # Bits of the per-(sub-env, tool) code.
 _CALLS, _SUCCEEDED, _DEPENDENCY_PROBLEM = 63, 64, 128
 # Rows of the integer state matrix; the task-derived ones come last.
-(_TASK, _TURNS, _DRAWS, _N_FAILURES, _CONSECUTIVE, _LAST_TOOL, _STREAK, _NEXT_REQ, _COVERED, _DONE_BITS,
- _ORDER_BROKEN, _OUTPUT_DONE, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE) = range(17)
-_N_INTS = 17
-_QUEUE = 32  # episodes per sub-env computed ahead in one batch
-_DRAWN, _GO_ON = -1, -2  # ``start_task`` of ``_advance_rows``: start with the drawn task; no new episode
-_TASK_FIELDS = np.array([_TASK, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE])
+(_TURNS, _DRAWS, _N_FAILURES, _CONSECUTIVE, _LAST_TOOL, _STREAK, _NEXT_REQ, _COVERED, _DONE_BITS,
+ _ORDER_BROKEN, _OUTPUT_DONE, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE) = range(16)
+_N_INTS = 16
+_QUEUE = 16  # episodes per sub-env computed ahead in one batch
+_REFILL_ROWS = 4096
+_DRAWN, _GO_ON = -1, -2  # what ``reset`` starts in a row: the drawn task; no new episode
+_OK, _REFILL = -1, -2  # what ``_advance_rows`` returns besides the index of a bad action
+_TASK_FIELDS = np.array([_MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE])
+OBSERVATION_DTYPES = ("float32", "float16")
+_SHIFT = np.uint64(11)
+_mix = numba.njit(rs.mix_array)  # the stream's mix, compiled for one uint64
+
+
+def _cells(a: np.ndarray) -> np.ndarray:
+    """What the compiled step writes an observation array through: float32 as it is, float16 (which numba
+    does not know) as its uint16 bit patterns; tables in the same dtype are copied bit for bit."""
+    return a.view(np.uint16) if a.dtype == np.float16 else a
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def _lowest_zero_bit(bits: np.ndarray) -> np.ndarray:
@@ -500,23 +576,45 @@ def _lowest_zero_bit(bits: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _advance_rows(actions, start_task, act, u, state, tables, sizes, reward, level, end_code, ended, truncated):
-    """Advance every sub-env one step, row by row (compiled). A row with ``start_task[i] != _GO_ON`` starts
-    the next episode of its sequence (task row ``start_task[i]``, or the drawn one if ``_DRAWN``); when
-    ``act``, the other rows act under the tabulated rules of the single env (``Episode.call``), filling reward, level,
-    end_code, ended and truncated. The loop body makes no calls: this is the vector env's hot path."""
-    queue_task, queue_key, cursor, episode_key, ints, ints_start, tc, tc_init, mask, obs, init_obs = state
+def _advance_rows(actions, act, state, tables, sizes, out):
+    """Advance every sub-env one step, row by row (compiled). With ``act``: first check every action (return
+    the index of the first outside [0, n] before changing anything); then a row whose episode ended at the
+    last step starts the next episode of its sequence, and the others act under the tabulated rules of the
+    single env (``Episode.call``), drawing from the stream where the single env draws, and fill ``out``.
+    Without ``act``, ``actions[i]`` says what row ``i`` starts: a task row, ``_DRAWN`` (the drawn task) or
+    ``_GO_ON`` (nothing). Returns ``_REFILL`` when a row used its last episode computed ahead, else ``_OK``.
+    The loop body calls nothing but the inlined mix: this is the vector env's hot path."""
+    (queue_task, queue_key, cursor, episode_key, draw_offset, ints, ints_start, task_of, tc, tc_init, mask, obs,
+     init_template, init_ptr, init_at, init_val) = state
     (status_of, kind_table, dep_idx, p_table, unmet_table, end_table, step_table, failures_table,
-     consecutive_table, pos_bit_table, out_mask, next_obs, next_of_bits, grade_table, finished_mask) = tables
-    n, T, strict, status_at, progress_at, step_at, failures_at, consecutive_at = sizes
-    for i in range(start_task.shape[0]):
-        task = start_task[i]
+     consecutive_table, progress_table, one, pos_bit_table, out_mask, next_obs, next_of_bits, grade_table,
+     finished_mask) = tables
+    n, T, strict, width, status_at, progress_at, step_at, failures_at, consecutive_at = sizes
+    reward, level, end_code, terminated, truncated, ended = out
+    n_rows = actions.shape[0]
+    if act:
+        for i in range(n_rows):
+            if actions[i] < 0 or actions[i] > n:
+                return i
+    one_value = one[0]
+    result = _OK
+    for i in range(n_rows):
+        if act:
+            task = _DRAWN if ended[i] else _GO_ON
+            reward[i], level[i], end_code[i] = 0.0, -1, 0
+            terminated[i] = truncated[i] = False
+        else:
+            task = actions[i]
         if task != _GO_ON:  # a new episode: the next of the row's sequence
             c = cursor[i]
             cursor[i] = c + 1
+            if c + 1 >= queue_task.shape[1]:
+                result = _REFILL
             if task == _DRAWN:
                 task = queue_task[i, c]
             episode_key[i] = queue_key[i, c]
+            task_of[i] = task
+            ended[i] = False
             for j in range(ints.shape[1]):  # element loops: faster than slice assignment here
                 ints[i, j] = ints_start[task, j]
             for j in range(tc.shape[1]):
@@ -524,11 +622,13 @@ def _advance_rows(actions, start_task, act, u, state, tables, sizes, reward, lev
             for j in range(mask.shape[1]):
                 mask[i, j] = 1
             for j in range(obs.shape[1]):
-                obs[i, j] = init_obs[task, j]
+                obs[i, j] = init_template[j]
+            for p in range(init_ptr[task], init_ptr[task + 1]):
+                obs[i, init_at[p]] = init_val[p]
             continue
         if not act:
             continue
-        t = actions[i]
+        t = np.int64(actions[i])
         finish = t == n
         code = 0
         if finish:
@@ -548,18 +648,19 @@ def _advance_rows(actions, start_task, act, u, state, tables, sizes, reward, lev
                     p_index += kind_table[j, tc[i, dep_idx[t, j]]]
                 unmet = unmet_table[p_index]
                 draw = live and not (strict and unmet)
-                success = draw and u[i] < p_table[p_index]
-                failed = not success
-                if draw:
+                if draw:  # uniform(episode seed, 2 * draws so far), as the single env's stream
+                    x = _mix(episode_key[i] + draw_offset[ints[i, _DRAWS]])
+                    success = (x >> _SHIFT) * rs.UNIT < p_table[p_index]
                     ints[i, _DRAWS] += 1
+                failed = not success
                 problem = failed and live and unmet  # a failure with unmet dependencies (not a capped call)
                 new = calls + live + _SUCCEEDED * success + _DEPENDENCY_PROBLEM * problem
                 tc[i, t] = new
                 if success or calls + live >= ints[i, _MAX_CALLS]:
                     mask[i, t] = 0
             block = status_at + N_STATUS * t
-            obs[i, block + status_of[before]] = 0.0
-            obs[i, block + status_of[new]] = 1.0
+            obs[i, block + status_of[before]] = 0
+            obs[i, block + status_of[new]] = one_value
             turns = ints[i, _TURNS] + 1
             ints[i, _TURNS] = turns
             if turns == T:
@@ -591,10 +692,10 @@ def _advance_rows(actions, start_task, act, u, state, tables, sizes, reward, lev
                     ints[i, _NEXT_REQ] = new_next
                     new_offset = next_obs[base + new_next]
                     if old_offset >= 0:
-                        obs[i, old_offset] = 0.0
+                        obs[i, old_offset] = 0
                     if new_offset >= 0:
-                        obs[i, new_offset] = 1.0
-                    obs[i, progress_at] = covered / ints[i, _N_REQ]
+                        obs[i, new_offset] = one_value
+                    obs[i, progress_at] = progress_table[ints[i, _N_REQ] * width + covered]
             obs[i, step_at] = step_table[turns]
             obs[i, failures_at] = failures_table[ints[i, _N_FAILURES]]
             obs[i, consecutive_at] = consecutive_table[ints[i, _CONSECUTIVE]]
@@ -605,5 +706,7 @@ def _advance_rows(actions, start_task, act, u, state, tables, sizes, reward, lev
             reward[i] = 1.0 if g == FULL else 0.0
             end_code[i] = code
             ended[i] = True
+            terminated[i] = not truncated[i]
             for j in range(mask.shape[1]):
                 mask[i, j] = finished_mask[j]
+    return result

@@ -1,14 +1,18 @@
 """The seven flaw types: every method does what it says, reproducibly, with severity and clear errors."""
 
 import json
+import subprocess
+import sys
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from resilibench.core.arguments import task_hints
 from resilibench.core.bounds import reference_workflow
+from resilibench.core.matching import make_matcher, tool_text
 from resilibench.core.plan_follower import workflow_success
-from resilibench.core.registry import OPERATION_PHRASES, default_registry
+from resilibench.core.registry import OPERATION_PHRASES, ToolRegistry, default_registry
 from resilibench.core.text.flaws import (
     FLAW_METHODS,
     FLAW_TYPES,
@@ -219,6 +223,31 @@ def test_semantic_similarity_comes_from_the_local_embedding_model():
     injection = inject_flaw(PLAN, "semantic_drift", method="progressive_replacement", seed=0, matcher="semantic")
     assert injection == inject_flaw(PLAN, "semantic_drift", method="progressive_replacement", seed=0,
                                     matcher="semantic")
+
+
+@pytest.mark.slow
+def test_shipped_similarity_is_the_models():
+    """The shipped table is what the embedding model computes for the shared registry's tool texts (if the
+    model or the tools change, regenerate core/text/data/tool_similarity.json from ``computed``)."""
+    pytest.importorskip("sentence_transformers")
+    texts = [tool_text(t) for t in REGISTRY.tools]
+    computed = np.round(make_matcher("semantic").similarity(texts, texts), 4)
+    np.testing.assert_array_equal(tool_similarity("semantic"), computed)
+    some = [i for i, t in enumerate(REGISTRY.tools) if not t.dependencies][:5]
+    other = ToolRegistry(tuple(REGISTRY.tools[i] for i in some))  # another registry: computed, not read
+    np.testing.assert_array_equal(tool_similarity("semantic", other), computed[np.ix_(some, some)])
+
+
+def test_flaw_injection_loads_no_embedding_model():
+    code = ("import sys\nfrom resilibench.core.bounds import reference_workflow\n"
+            "from resilibench.core.text.flaws import inject_flaw, tool_similarity\n"
+            "from resilibench.core.world import load_tasks\n"
+            "task = load_tasks(split='test')[0]\n"
+            "inject_flaw(reference_workflow(task), 'semantic_drift', seed=0)\n"
+            "assert tool_similarity('semantic').shape == (30, 30)\n"
+            "print(sorted(m for m in ('torch', 'sentence_transformers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split("\n")[-2] == "[]"
 
 
 def test_insertions_keep_a_plan_numbered_against_its_edges_acyclic():

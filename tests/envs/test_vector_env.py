@@ -235,11 +235,36 @@ def test_spaces_and_dtypes():
         assert terminated.dtype == np.bool_ and truncated.dtype == np.bool_
         assert info["level"].dtype == np.int8 and info["end_reason"].dtype == np.int8
         assert not (terminated & truncated).any()
-    # Returned arrays are copies: later steps do not change them.
+    # Returned arrays are the env's buffers, read-only, overwritten by the next step (a kept copy is not).
     kept = obs.copy(), info["action_mask"].copy()
-    env.step(env.action_space.sample())
-    np.testing.assert_array_equal(obs, kept[0])
-    np.testing.assert_array_equal(info["action_mask"], kept[1])
+    for array in (obs, reward, terminated, truncated, *(v for v in info.values())):
+        assert not array.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        obs[0, 0] = 0.5
+    obs2, *_, info2 = env.step(env.action_space.sample())
+    assert obs2 is obs and info2["action_mask"] is info["action_mask"]
+    assert not np.array_equal(obs2, kept[0])  # five rows each made a call
+    assert np.shares_memory(obs, u._obs_buf)
+
+
+def test_float16_observation_is_the_rounded_default():
+    envs = [gym.make_vec("ResiliBench-v1", num_envs=16, vectorization_mode="vector_entry_point",
+                         observation_dtype=dtype) for dtype in ("float32", "float16")]
+    u = envs[1].unwrapped
+    assert u.single_observation_space == gym.spaces.Box(0.0, 1.0, (204,), np.float16)
+    assert u.observation_space.shape == (16, 204) and u.observation_space.dtype == np.float16
+    rng = np.random.default_rng(3)
+    outs = [env.reset(seed=9) for env in envs]
+    for step in range(200):
+        (obs32, info32), (obs16, info16) = ((out[0], out[-1]) for out in outs)
+        assert obs16.dtype == np.float16
+        np.testing.assert_array_equal(obs16, obs32.astype(np.float16), err_msg=f"step {step}")
+        np.testing.assert_array_equal(info16["action_mask"], info32["action_mask"])
+        actions = mixed_actions(rng, info32["action_mask"], obs32)
+        outs = [env.step(actions) for env in envs]
+        np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    with pytest.raises(ValueError, match="observation_dtype must be one of"):
+        ResiliBenchVectorEnv(num_envs=2, observation_dtype="float64")
 
 
 def test_deterministic_under_seed():
@@ -247,10 +272,10 @@ def test_deterministic_under_seed():
         env = gym.make_vec("ResiliBench-v1", num_envs=8, vectorization_mode="vector_entry_point")
         obs, _ = env.reset(seed=77)
         rng = np.random.default_rng(5)
-        out = [obs]
+        out = [obs.copy()]
         for _ in range(50):
             obs, reward, *_ = env.step(rng.integers(31, size=8))
-            out += [obs, reward]
+            out += [obs.copy(), reward.copy()]
         return out
 
     for a, b in zip(trajectory(), trajectory(), strict=True):
