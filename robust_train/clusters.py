@@ -216,10 +216,9 @@ def write_clusters(directory: str | Path, tasks: Sequence[Task], *, types: Seque
     world = (config or WorldConfig()).to_dict()
     source = {"wording": "shared", **(source or {"path": "in-memory", "sha256": None, "count": None})}
     settings = {"types": list(types), "variants_per_type": variants_per_type, "seed": seed,
-                "llm": perturber.settings if perturber is not None else None}
+                "llm": perturber.settings if perturber is not None else None, "wording": source["wording"]}
     run_config = {"world": world, "tasks": source, "clusters": settings, "selection": selection or {}}
-    run = RunDirectory(directory, {"world": world, "tasks_sha256": source["sha256"], "wording": source["wording"],
-                                   "clusters": settings},
+    run = RunDirectory(directory, {"world": world, "tasks_sha256": source["sha256"], "clusters": settings},
                        key=("cluster_id",), results=CLUSTERS_FILE, summary=None, meta=META_FILE)
     with run.session(resume):
         existing: dict[str, ClusterRecord] = {}

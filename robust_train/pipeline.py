@@ -53,12 +53,12 @@ from .scpo import ScPOSettings, run_scpo
 from .training import PreferenceSettings, SFTSettings, json_digest, model_digest
 
 # The demo's generator and its training (docs/robust_train/generation.md, "The demo", says why these).
-HIDDEN, LAYERS = 128, 4
-MAX_NEW_TOKENS = 24  # a names answer: up to 8 tools and their line breaks, then the end token
-PRETRAIN = SFTSettings(epochs=3.0, learning_rate=2e-3, batch_size=16, gradient_accumulation_steps=1, lora=None,
-                       max_length=256)
-SFT = SFTSettings(epochs=2.0, learning_rate=1e-3, batch_size=16, gradient_accumulation_steps=1, lora=None,
-                  max_length=256)
+HIDDEN, LAYERS = 128, 2
+MAX_NEW_TOKENS = 32  # a names answer: up to 15 tools and their line breaks, then the end token
+PRETRAIN = SFTSettings(epochs=16.0, learning_rate=3e-3, batch_size=16, gradient_accumulation_steps=1, lora=None,
+                       max_length=256, save_steps=500)
+SFT = SFTSettings(epochs=3.0, learning_rate=1e-3, batch_size=16, gradient_accumulation_steps=1, lora=None,
+                  max_length=256, save_steps=500)
 
 MODEL = "model"  # the directory name of a stage's resulting model
 STAGE_FILE = "stage.json"  # a stage's recorded inputs

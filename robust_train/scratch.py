@@ -62,7 +62,7 @@ def build_causal_lm(directory: str | Path, corpus: Iterable[str], *, seed: int =
     """Build and save a random ``LlamaForCausalLM`` and its tokenizer (trained on ``corpus``) in
     ``directory``; returns it. Deterministic for a seed. The generation config stops at the end token;
     with ``answer_texts`` it also suppresses every token that none of those texts encodes to (constrained
-    decoding: an answer is made of those tokens and the end token only)."""
+    decoding: an answer is made of those tokens and the end token only, and is not empty)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -85,7 +85,8 @@ def build_causal_lm(directory: str | Path, corpus: Iterable[str], *, seed: int =
         suppress = [i for i in range(len(tokenizer)) if i not in allowed]
     model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id,
                                                bos_token_id=tokenizer.bos_token_id,
-                                               eos_token_id=tokenizer.eos_token_id, suppress_tokens=suppress)
+                                               eos_token_id=tokenizer.eos_token_id, suppress_tokens=suppress,
+                                               min_new_tokens=None if suppress is None else 1)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
