@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..core.registry import default_registry
-from ..core.tasks.library import Task
+from ..core.tasks.library import Task, dependency_sort
 from ..core.workflow import Workflow
 from .clusters import ClusterRecord
 from .generator import workflow_text
@@ -81,10 +81,14 @@ class BagOfWordsGenerator:
         return sorted(position, key=lambda t: position[t])
 
     def workflow(self, task: Task, tools: Sequence[str]) -> Workflow:
-        """The optimal workflow of ``task`` with ``tools`` as its required tools (dependencies added)."""
+        """The optimal workflow of ``task`` with ``tools`` as its required tools (dependencies added); tools
+        in an order that puts one before a tool it depends on are first sorted by dependencies (stable)."""
         from ..core.bounds import reference_workflow
 
-        return reference_workflow(replace(task, required_tools=tuple(tools)))
+        try:
+            return reference_workflow(replace(task, required_tools=tuple(tools)))
+        except ValueError:  # the order contradicts a dependency: the workflow would have a cycle
+            return reference_workflow(replace(task, required_tools=tuple(dependency_sort(tools))))
 
 
 def bow_answers(train: Sequence[ClusterRecord], records: Sequence[ClusterRecord], *, seed: int = 0

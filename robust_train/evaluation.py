@@ -31,7 +31,6 @@ __all__ = [
 ]
 
 import math
-
 import re
 from collections import Counter
 from collections.abc import Sequence

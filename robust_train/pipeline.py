@@ -39,7 +39,6 @@ from resilibench.rundir import RunDirectory
 from resilibench.settings import AT_LEAST_ONE, Settings, setting
 
 from ..core.tasks.wording import WORDINGS
-
 from .clusters import ClusterRecord, clusters_digest
 from .evaluation import (
     RobustnessTable,
