@@ -51,10 +51,10 @@ class BagOfWordsGenerator:
             labels[row, [column[t] for t in required]] = 1
         vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2)
         features = vectorizer.fit_transform(texts)
-        present = labels.any(axis=0)  # a tool no training task requires is never predicted
+        present = [int(i) for i in np.flatnonzero(labels.any(axis=0))]  # a tool no train task requires: never
         classifier = OneVsRestClassifier(LogisticRegression(C=10.0, max_iter=2000, random_state=seed))
         classifier.fit(features, labels[:, present])
-        return cls(vectorizer, classifier, tuple(t for t, p in zip(tools, present, strict=True) if p))
+        return cls(vectorizer, classifier, tuple(tools[i] for i in present))
 
     def predict_tools(self, texts: Sequence[str]) -> list[list[str]]:
         """Each text's predicted required tools, in the text's step order."""
