@@ -202,7 +202,7 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
     steps = {"max_steps": 2, "batch_size": 4, "gradient_accumulation_steps": 1, "warmup_ratio": 0}
     settings = DemoSettings(
         train_clusters=3, test_clusters=2, pretrain_tasks=5, hidden_size=32, num_layers=1,
-        pretrain=SFTSettings(lora=None, learning_rate=1e-3, **steps),
+        pretrain=SFTSettings(lora=None, learning_rate=1e-3, prompt_loss=True, **steps),
         sft=SFTSettings(lora=LoraSettings(r=4, alpha=8), **steps),
         scpo=ScPOSettings(iterations=1, candidates=2, max_new_tokens=16,
                           preference=PreferenceSettings(max_steps=1, batch_size=2, gradient_accumulation_steps=1,
