@@ -102,7 +102,7 @@ def test_names_answers_round_trip_in_call_order_with_the_same_score(tasks):
         GeneratorFormat(answer="yaml")
 
 
-@pytest.mark.slow  # torch, transformers and TRL: about 15 s
+@pytest.mark.slow  # torch, transformers and TRL: a model built, sampled and trained one step
 def test_a_names_generator_decodes_tool_names_only_and_trains(tmp_path):
     """Constrained decoding: even an untrained names generator answers with tool names and line breaks
     only; one SFT step on a tiny subset trains it and keeps the constraint."""
