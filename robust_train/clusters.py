@@ -200,7 +200,8 @@ def write_clusters(directory: str | Path, tasks: Sequence[Task], *, types: Seque
                    on_record: Callable[[ClusterRecord], None] | None = None) -> WriteResult:
     """Build the clusters of ``tasks`` that ``directory/clusters.jsonl`` lacks and append them one by
     one, then write ``meta.json``. A directory built with other settings, world config or task library
-    (``source``: ``cli.load_library``'s description; default "in-memory", no digest) is refused with
+    (``source``: ``cli.load_library``'s description, with the wording option ``core.tasks.wording``
+    under "wording"; default "in-memory", no digest, shared wording) is refused with
     ``errors.ConfigChanged``, a task whose stored copy differs with ``errors.RunDirectoryError``;
     ``resume=False`` starts afresh. The directory is locked while building (``rundir.RunDirectory``).
     ``selection`` (split, limits) is recorded but may differ between runs: each cluster depends only on
@@ -213,9 +214,9 @@ def write_clusters(directory: str | Path, tasks: Sequence[Task], *, types: Seque
 
     types = parse_types(types)
     world = (config or WorldConfig()).to_dict()
-    source = source or {"path": "in-memory", "sha256": None, "count": None}
+    source = {"wording": "shared", **(source or {"path": "in-memory", "sha256": None, "count": None})}
     settings = {"types": list(types), "variants_per_type": variants_per_type, "seed": seed,
-                "llm": perturber.settings if perturber is not None else None}
+                "llm": perturber.settings if perturber is not None else None, "wording": source["wording"]}
     run_config = {"world": world, "tasks": source, "clusters": settings, "selection": selection or {}}
     run = RunDirectory(directory, {"world": world, "tasks_sha256": source["sha256"], "clusters": settings},
                        key=("cluster_id",), results=CLUSTERS_FILE, summary=None, meta=META_FILE)

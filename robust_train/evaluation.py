@@ -11,24 +11,31 @@ reference (optimal) workflow.
 
 Answers are written to a JSONL file as they come and reused on a rerun.
 
-Two trivial baselines answer without a model, so that a generator's rows can be read against them:
+Three baselines answer without a language model, so that a generator's rows can be read against them:
 ``name_copy_answers`` writes the tools an instruction names (any spelling) as a chain, which rebuilt
 every world-v0 workflow and finds nothing in world v1's descriptions; ``lookup_answers`` answers every
-instruction of a task type with the type's most frequent training workflow, whatever the text says.
+instruction of a task type with the type's most frequent training workflow, whatever the text says; the
+bag-of-words generator (``robust_train.bow``, TF-IDF and logistic regression) is the simplest learned
+generator and the floor a trained one must clear.
+
+``exec_interval`` and ``paired_interval`` give 95% intervals over clusters of the mean execution score
+under a set of perturbations (one value per cluster: the mean over its variants of those types).
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "COLUMNS", "RobustnessTable", "generate_answers", "named_chain", "name_copy_answers", "lookup_answers",
-    "baseline_tables", "robustness_table", "format_tables",
+    "COLUMNS", "NOISE_TYPES", "RobustnessTable", "generate_answers", "named_chain", "name_copy_answers",
+    "lookup_answers", "baseline_tables", "robustness_table", "Interval", "exec_interval", "paired_interval",
+    "format_tables",
 ]
 
+import math
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
-from statistics import fmean
+from dataclasses import dataclass, field
+from statistics import fmean, stdev
 from typing import Any
 
 from resilibench.llm import Backend, GenerationConfig
@@ -41,26 +48,28 @@ from .generator import (
     GeneratorOutputError,
     canonical_form,
     execution_score,
-    parse_workflow,
     workflow_text,
 )
 
 COLUMNS = ("node", "graph", "exec", "exec_ratio", "valid", "optimal")
+NOISE_TYPES = ("noise_light", "noise_moderate", "noise_heavy")
 
 
 @dataclass(frozen=True)
 class RobustnessTable:
-    """Per perturbation type (and "original"): the means of ``COLUMNS``, with the answer counts."""
+    """Per perturbation type (and "original"): the means of ``COLUMNS``, with the answer counts;
+    ``cluster_exec``: per cluster, per perturbation type, the mean execution score of its variants."""
 
     rows: dict[str, dict[str, float]]
     counts: dict[str, int]
+    cluster_exec: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "counts": self.counts}
+        return {"rows": self.rows, "counts": self.counts, "cluster_exec": self.cluster_exec}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RobustnessTable:
-        return cls(data["rows"], data["counts"])
+        return cls(data["rows"], data["counts"], data.get("cluster_exec", {}))
 
 
 def generate_answers(backend: Backend, records: Sequence[ClusterRecord], fmt: GeneratorFormat,
@@ -127,22 +136,31 @@ def lookup_answers(train: Sequence[ClusterRecord], records: Sequence[ClusterReco
     return {r.cluster_id: {v.variant_id: best[r.task.task_type] for v in r.variants} for r in records}
 
 
-def baseline_tables(train: Sequence[ClusterRecord], records: Sequence[ClusterRecord]) -> dict[str, RobustnessTable]:
-    """The robustness tables of the two baselines on ``records``: "names" and "lookup"."""
+def baseline_tables(train: Sequence[ClusterRecord], records: Sequence[ClusterRecord], *, seed: int = 0
+                    ) -> dict[str, RobustnessTable]:
+    """The robustness tables of the three baselines on ``records``: "names", "lookup" and "bow" (the
+    bag-of-words generator trained on every variant of ``train``)."""
+    from .bow import bow_answers
+
     return {"names": robustness_table(records, name_copy_answers(records)),
-            "lookup": robustness_table(records, lookup_answers(train, records))}
+            "lookup": robustness_table(records, lookup_answers(train, records)),
+            "bow": robustness_table(records, bow_answers(train, records, seed=seed))}
 
 
-def robustness_table(records: Sequence[ClusterRecord], answers: dict[str, dict[str, str]]) -> RobustnessTable:
-    """The table of the module docstring from the generator's answers."""
+def robustness_table(records: Sequence[ClusterRecord], answers: dict[str, dict[str, str]],
+                     fmt: GeneratorFormat | None = None) -> RobustnessTable:
+    """The table of the module docstring from the generator's answers (in ``fmt``'s answer form, JSON
+    by default)."""
     from ..metrics.structural import chain_f1, reachability_f1
 
+    fmt = fmt or GeneratorFormat()
     values: dict[str, dict[str, list[float]]] = {}
+    per_cluster: dict[str, dict[str, list[float]]] = {}
     for record in records:
         parsed = {}
         for v in record.variants:
             try:
-                parsed[v.variant_id] = parse_workflow(answers[record.cluster_id][v.variant_id])
+                parsed[v.variant_id] = fmt.parse(answers[record.cluster_id][v.variant_id])
             except GeneratorOutputError:
                 parsed[v.variant_id] = None
         original = parsed[record.variants[0].variant_id]
@@ -160,21 +178,68 @@ def robustness_table(records: Sequence[ClusterRecord], answers: dict[str, dict[s
                     row["graph"].append(0.0)
             score = execution_score(record.task, workflow)
             row["exec"].append(score)
+            per_cluster.setdefault(record.cluster_id, {}).setdefault(v.perturbation, []).append(score)
             row["exec_ratio"].append(score / optimal if optimal > 0 else 1.0)
             row["valid"].append(float(workflow is not None))
             row["optimal"].append(float(workflow is not None and canonical_form(workflow) == reference_key))
     return RobustnessTable({kind: {c: fmean(v) for c, v in cols.items() if v} for kind, cols in values.items()},
-                           {kind: len(cols["exec"]) for kind, cols in values.items()})
+                           {kind: len(cols["exec"]) for kind, cols in values.items()},
+                           {cid: {kind: fmean(v) for kind, v in kinds.items()} for cid, kinds in per_cluster.items()})
 
 
-def format_tables(tables: dict[str, RobustnessTable], kinds: Sequence[str]) -> str:
-    """Stages side by side (RobustFlow Table 2's layout): one row per perturbation type, node / graph /
-    exec columns per stage; the original instructions' row has no robustness columns."""
+@dataclass(frozen=True)
+class Interval:
+    """A mean over clusters with its 95% interval (normal approximation, mean +- 1.96 standard errors)."""
+
+    mean: float
+    low: float
+    high: float
+    clusters: int
+
+    def __str__(self) -> str:
+        return f"{self.mean:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def _interval(values: Sequence[float]) -> Interval:
+    if not values:
+        raise ValueError("no cluster to take an interval over")
+    mean = fmean(values)
+    half = 1.96 * stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return Interval(mean, mean - half, mean + half, len(values))
+
+
+def _cluster_means(table: RobustnessTable, kinds: Sequence[str]) -> dict[str, float]:
+    if not table.cluster_exec:
+        raise ValueError("the table has no per-cluster scores (it was written before they were kept)")
+    return {cid: fmean(row[k] for k in kinds if k in row) for cid, row in table.cluster_exec.items()
+            if any(k in row for k in kinds)}
+
+
+def exec_interval(table: RobustnessTable, kinds: Sequence[str] = NOISE_TYPES) -> Interval:
+    """The mean over clusters of each cluster's mean execution score under ``kinds``, with its 95%
+    interval."""
+    return _interval(list(_cluster_means(table, kinds).values()))
+
+
+def paired_interval(after: RobustnessTable, before: RobustnessTable, kinds: Sequence[str] = NOISE_TYPES
+                    ) -> Interval:
+    """The mean over clusters of ``after``'s minus ``before``'s per-cluster execution score under
+    ``kinds`` (the same clusters), with its 95% interval."""
+    a, b = _cluster_means(after, kinds), _cluster_means(before, kinds)
+    if a.keys() != b.keys():
+        raise ValueError("the two tables cover different clusters")
+    return _interval([a[c] - b[c] for c in a])
+
+
+def format_tables(tables: dict[str, RobustnessTable], kinds: Sequence[str],
+                  columns: Sequence[str] = ("node", "graph", "exec")) -> str:
+    """Stages side by side (RobustFlow Table 2's layout): one row per perturbation type, ``columns`` (of
+    ``COLUMNS``) per stage; the original instructions' row has no robustness columns."""
     from resilibench.console import format_table
 
     headers = ["perturbation"]
     for stage in tables:
-        headers += [f"{stage} node", f"{stage} graph", f"{stage} exec"]
+        headers += [f"{stage} {c}" for c in columns]
     rows = []
     for kind in kinds:
         if not any(kind in t.rows for t in tables.values()):
@@ -182,6 +247,6 @@ def format_tables(tables: dict[str, RobustnessTable], kinds: Sequence[str]) -> s
         row = [kind]
         for table in tables.values():
             cells = table.rows.get(kind, {})
-            row += [f"{cells[c]:.3f}" if c in cells else "-" for c in ("node", "graph", "exec")]
+            row += [f"{cells[c]:.3f}" if c in cells else "-" for c in columns]
         rows.append(row)
     return format_table(headers, rows)

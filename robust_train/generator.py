@@ -1,14 +1,19 @@
 """The workflow generator's contract: task instruction in, a workflow of our tools out, as JSON.
 
 A generator reads an instruction (a task description or one of its perturbed variants) and answers with
-a DAG of tools, ``{"nodes": ["file_operations_reader", ...], "edges": [[0, 1], ...]}``, which parses into
-the shared ``Workflow``. Everything the training and the evaluation need comes from here:
+a workflow of tools in one of two forms (``GeneratorFormat.answer``): a DAG as JSON, ``{"nodes":
+["file_operations_reader", ...], "edges": [[0, 1], ...]}``, or the tool names in call order, one per line
+(``"names"``: the workflow is their chain, executed in that order; a short answer that a small model
+learns fast). Both parse into the shared ``Workflow``. Everything the training and the evaluation need
+comes from here:
 
 - ``GeneratorFormat.messages``: the chat messages of an instruction (a system line saying the format,
   optionally the tool list for models that have not learned the tools);
-- ``workflow_text``: the answer the generator is taught for a workflow: tool names, the transitive
-  reduction of its edges (fewest edges, the same order constraints), compact JSON;
-- ``parse_workflow``: the generator's answer back to a ``Workflow``, with a reason when it is not one;
+- ``workflow_text``: the JSON answer the generator is taught for a workflow: tool names, the transitive
+  reduction of its edges (fewest edges, the same order constraints); ``names_text`` the names answer;
+  ``GeneratorFormat.answer_text`` the one of its format;
+- ``parse_workflow`` / ``parse_names`` (``GeneratorFormat.parse``): the generator's answer back to a
+  ``Workflow``, with a reason when it is not one;
 - ``canonical_form``: the normalised DAG that ScPO counts votes on;
 - ``execution_score``: the exact expected full-success probability of following the workflow on the
   task (``core.plan_follower.workflow_success``), 0 for an answer that is not a workflow.
@@ -17,11 +22,12 @@ the shared ``Workflow``. Everything the training and the evaluation need comes f
 from __future__ import annotations
 
 __all__ = [
-    "SYSTEM_PROMPT", "GeneratorFormat", "reduced", "workflow_text", "GeneratorOutputError", "parse_workflow",
-    "canonical_form", "execution_score",
+    "SYSTEM_PROMPT", "NAMES_PROMPT", "ANSWER_FORMS", "GeneratorFormat", "reduced", "workflow_text", "names_text",
+    "GeneratorOutputError", "parse_workflow", "parse_names", "canonical_form", "execution_score",
 ]
 
 import json
+import re
 from dataclasses import dataclass
 from functools import cache
 
@@ -33,6 +39,8 @@ from ..core.workflow import Node, Workflow
 
 SYSTEM_PROMPT = ('Answer with the workflow for the task as JSON: {"nodes": [tool names in call order], '
                  '"edges": [[i, j], ...] where step j needs step i}.')
+NAMES_PROMPT = "Answer with the tool names of the workflow in call order, one per line."
+ANSWER_FORMS = ("json", "names")
 
 
 @cache
@@ -43,19 +51,41 @@ def _tool_list() -> str:
 
 @dataclass(frozen=True)
 class GeneratorFormat:
-    """How an instruction is put to the generator. ``tool_list`` appends the 30 tools with their
+    """How an instruction is put to the generator and how it answers. ``answer``: ``"json"`` (a DAG) or
+    ``"names"`` (tool names in call order, one per line). ``tool_list`` appends the 30 tools with their
     descriptions to the system message (for pretrained models meeting our tools for the first time; a
     generator trained on our data has learned them and saves the tokens)."""
 
-    system: str = SYSTEM_PROMPT
     tool_list: bool = False
+    answer: str = "json"
+
+    def __post_init__(self) -> None:
+        if self.answer not in ANSWER_FORMS:
+            raise ValueError(f"GeneratorFormat.answer must be one of {', '.join(ANSWER_FORMS)}, got {self.answer!r}")
+
+    @property
+    def prompt(self) -> str:
+        """The line that says the answer format."""
+        return NAMES_PROMPT if self.answer == "names" else SYSTEM_PROMPT
+
+    @property
+    def system(self) -> str:
+        """The system message: the answer format (and the tool list when asked)."""
+        return f"{self.prompt}\nTools:\n{_tool_list()}" if self.tool_list else self.prompt
 
     def messages(self, instruction: str) -> list[dict[str, str]]:
-        system = f"{self.system}\nTools:\n{_tool_list()}" if self.tool_list else self.system
-        return [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": instruction}]
+
+    def answer_text(self, workflow: Workflow) -> str:
+        """The answer the generator is taught for ``workflow`` in this format."""
+        return names_text(workflow) if self.answer == "names" else workflow_text(workflow)
+
+    def parse(self, text: str) -> Workflow:
+        """The workflow of an answer in this format (``GeneratorOutputError`` when there is none)."""
+        return parse_names(text) if self.answer == "names" else parse_workflow(text)
 
     def to_dict(self) -> dict[str, object]:
-        return {"system": self.system, "tool_list": self.tool_list}
+        return {"system": self.prompt, "tool_list": self.tool_list, "answer": self.answer}
 
 
 def reduced(workflow: Workflow) -> Workflow:
@@ -68,6 +98,11 @@ def workflow_text(workflow: Workflow) -> str:
     """The answer a generator is taught for ``workflow``: tool names and reduced edges as compact JSON."""
     flat = reduced(workflow)
     return json.dumps({"nodes": [n.tool for n in flat.nodes], "edges": [list(e) for e in flat.edges]})
+
+
+def names_text(workflow: Workflow) -> str:
+    """The names answer for ``workflow``: its tool names in node (call) order, one per line."""
+    return "\n".join(n.tool or "" for n in workflow.nodes)
 
 
 class GeneratorOutputError(ValueError):
@@ -99,6 +134,22 @@ def parse_workflow(text: str) -> Workflow:
     if not nx.is_directed_acyclic_graph(parsed.to_networkx()):
         raise GeneratorOutputError("the edges have a cycle")
     return parsed
+
+
+@cache
+def _names_pattern() -> re.Pattern[str]:
+    names = sorted(default_registry().names, key=len, reverse=True)
+    return re.compile("|".join(re.escape(n) for n in names))
+
+
+def parse_names(text: str) -> Workflow:
+    """The workflow of a names answer: the tool names in ``text``, in order (separators or none), as a
+    chain, each step after the one before (the order a plan follower calls them in). Raises
+    ``GeneratorOutputError`` when it names no tool."""
+    tools = _names_pattern().findall(text)
+    if not tools:
+        raise GeneratorOutputError("the answer names no tool")
+    return Workflow(tuple(Node(t) for t in tools), tuple((i, i + 1) for i in range(len(tools) - 1)))
 
 
 def canonical_form(workflow: Workflow) -> str:

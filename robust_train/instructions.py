@@ -40,9 +40,10 @@ __all__ = [
     "extract_answer", "InstructionRequest", "InstructionPerturber",
 ]
 
+import functools
 import re
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -460,16 +461,19 @@ def _clause_bank() -> tuple[tuple[str, int, re.Pattern[str], frozenset[str]], ..
     return tuple(bank)
 
 
-def reword_clause(clause: str, rng: np.random.Generator, registry: ToolRegistry) -> str:
+def reword_clause(clause: str, rng: np.random.Generator, registry: ToolRegistry,
+                  clauses: Mapping[str, Sequence[int]] | None = None) -> str:
     """Another wording of one step: a different clause of the phrase bank for the same step with the same
-    slots, filled with the same values (when the clause is a bank clause of exactly one tool), else the
-    clause with bank synonyms outside its protected spans."""
+    slots, filled with the same values (when the clause is a bank clause of exactly one tool, and among
+    the tool's ``clauses`` indices when given: a task held out by wording), else the clause with bank
+    synonyms outside its protected spans."""
     matches = [(tool, i, m.groupdict(), slots) for tool, i, pattern, slots in _clause_bank()
                if (m := pattern.fullmatch(clause))]
     if len({tool for tool, *_ in matches}) == 1:
         tool, index, values, slots = matches[0]
         options = [t for j, t in enumerate(phrases.STEP_CLAUSES[tool])
-                   if j != index and set(re.findall(r"\{(\w+)\}", t)) == slots]
+                   if j != index and set(re.findall(r"\{(\w+)\}", t)) == slots
+                   and (clauses is None or j in clauses.get(tool, ()))]
         if options:
             return _pick(options, rng).format(**values)
     spans = protected_spans(clause, registry)
@@ -520,10 +524,11 @@ def _step_pattern(registry: ToolRegistry) -> re.Pattern[str]:
                       + _tool_regex(registry, group="?P<tool>"))
 
 
-def _steps(text: str, rng: np.random.Generator, registry: ToolRegistry) -> str:
+def _steps(text: str, rng: np.random.Generator, registry: ToolRegistry,
+           clauses: Mapping[str, Sequence[int]] | None = None) -> str:
     """Reword the steps: v0 steps ("<phrase> with <tool>") change how they name their tool (voice), some
     with reworded operation phrases; v1 steps (a step list, else each sentence) get about half of their
-    clauses reworded (``reword_clause``)."""
+    clauses reworded (``reword_clause``, within ``clauses``)."""
 
     def step(m: re.Match[str]) -> str:
         form = _TOOL_FORMS[int(rng.integers(len(_TOOL_FORMS)))]
@@ -533,17 +538,17 @@ def _steps(text: str, rng: np.random.Generator, registry: ToolRegistry) -> str:
     text = _step_pattern(registry).sub(step, text)
     steps = find_step_list(text)
     if steps is not None:
-        clauses = [reword_clause(c, rng, registry) if rng.random() < 0.5 else c for c in steps.clauses]
-        if clauses != list(steps.clauses):
-            return _replace_steps(text, steps, steps.style, clauses, rng) if steps.style != "sentences" else (
-                text[:steps.start] + _reword_sentences(text[steps.start:steps.end], steps, clauses) + text[steps.end:])
+        new = [reword_clause(c, rng, registry, clauses) if rng.random() < 0.5 else c for c in steps.clauses]
+        if new != list(steps.clauses):
+            return _replace_steps(text, steps, steps.style, new, rng) if steps.style != "sentences" else (
+                text[:steps.start] + _reword_sentences(text[steps.start:steps.end], steps, new) + text[steps.end:])
         return text
 
     def sentence(m: re.Match[str]) -> str:
         clause = _lower_first(m.group(2))
         if not any(p.fullmatch(clause) for *_, p, _ in _clause_bank()):
             return m.group(0)
-        new = reword_clause(clause, rng, registry)
+        new = reword_clause(clause, rng, registry, clauses)
         return m.group(1) + (new[:1].upper() + new[1:] if m.group(2)[:1].isupper() else new) + "."
 
     return re.sub(r"(^|(?<=\s))((?:[^\n.]|\.(?!\s|$))*?[^\n\s.])\.(?=\s|$)", sentence, text)
@@ -616,17 +621,20 @@ PARAPHRASE_CANDIDATES = 12
 FALLBACK_FRAME = "The task is as follows: {}"
 
 
-def paraphrase_instruction(text: str, rng: np.random.Generator, registry: ToolRegistry | None = None
-                           ) -> tuple[str, list[str]]:
+def paraphrase_instruction(text: str, rng: np.random.Generator, registry: ToolRegistry | None = None,
+                           clauses: Mapping[str, Sequence[int]] | None = None) -> tuple[str, list[str]]:
     """A rule-based paraphrase of ``text`` and the names of the rules used: the first of up to
     ``PARAPHRASE_CANDIDATES`` random rule combinations that passes ``check_variant`` (length within 20%
-    included), else the valid one closest in length, else the text behind a fixed declarative frame."""
+    included), else the valid one closest in length, else the text behind a fixed declarative frame.
+    ``clauses``: per tool, the bank clauses a reworded step may take (a task held out by wording)."""
     registry = registry or default_registry()
+    rules = [(name, functools.partial(_steps, clauses=clauses) if rule is _steps else rule)
+             for name, rule in PARAPHRASE_RULES]
     best: tuple[float, str, list[str]] | None = None
     for _ in range(PARAPHRASE_CANDIDATES):
-        chosen = [(name, rule) for name, rule in PARAPHRASE_RULES if rng.random() < 0.6]
+        chosen = [(name, rule) for name, rule in rules if rng.random() < 0.6]
         if not chosen:
-            chosen = [PARAPHRASE_RULES[int(rng.integers(len(PARAPHRASE_RULES)))]]
+            chosen = [rules[int(rng.integers(len(rules)))]]
         candidate = text
         applied = []
         for name, rule in chosen:
@@ -714,7 +722,8 @@ def rule_variant(task: Task, reference: Workflow, perturbation: str, rng: np.ran
     check_type(perturbation)
     variant_id = f"{perturbation}-{index}"
     if perturbation == "paraphrase":
-        text, rules = paraphrase_instruction(task.description, rng, registry)
+        clauses = (task.metadata.get("wording") or {}).get("clauses")
+        text, rules = paraphrase_instruction(task.description, rng, registry, clauses)
         return Variant(variant_id, perturbation, text, None, "rules", {"rules": rules})
     if perturbation == "requirements":
         text, added = augment_requirements(task, reference, rng)

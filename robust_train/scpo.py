@@ -46,8 +46,6 @@ from .generator import (
     GeneratorOutputError,
     canonical_form,
     execution_score,
-    parse_workflow,
-    workflow_text,
 )
 from .training import (
     PreferenceSettings,
@@ -113,10 +111,12 @@ class Ranked:
         return self.score + vote_weight * self.vote
 
 
-def judge_answer(record: ClusterRecord, variant_id: str, text: str) -> Candidate:
-    """Parse, canonicalise and score one answer to one of the cluster's variants."""
+def judge_answer(record: ClusterRecord, variant_id: str, text: str, fmt: GeneratorFormat | None = None
+                 ) -> Candidate:
+    """Parse (in ``fmt``'s answer form, JSON by default), canonicalise and score one answer to one of the
+    cluster's variants."""
     try:
-        workflow = parse_workflow(text)
+        workflow = (fmt or GeneratorFormat()).parse(text)
     except GeneratorOutputError as exc:
         return Candidate(variant_id, text, f"{INVALID}{text}", 0.0, str(exc))
     return Candidate(variant_id, text, canonical_form(workflow), execution_score(record.task, workflow))
@@ -167,11 +167,11 @@ def pair_rows(record: ClusterRecord, best: Ranked, worst: Ranked, weight: float,
               fmt: GeneratorFormat, prompts: str = "rejected") -> list[dict[str, Any]]:
     """The DPO rows of a cluster's pair: one per variant that produced w- (``prompts="rejected"``) or per
     variant of the cluster (``"all"``), with that variant's prompt. The
-    chosen answer is w+ written out cleanly (``workflow_text`` of the sampled workflow, node order kept),
-    so that the NLL term teaches the answer format and nothing a sample had around its JSON; the rejected
-    answer is the sample as it was."""
+    chosen answer is w+ written out cleanly (``fmt.answer_text`` of the sampled workflow, node order kept),
+    so that the NLL term teaches the answer format and nothing a sample had around its answer; the
+    rejected answer is the sample as it was."""
     texts = {v.variant_id: v.text for v in record.variants}
-    chosen = workflow_text(parse_workflow(best.text))
+    chosen = fmt.answer_text(fmt.parse(best.text))
     return [{"prompt": fmt.messages(texts[variant_id]),
              "chosen": [{"role": "assistant", "content": chosen}],
              "rejected": [{"role": "assistant", "content": worst.text}],
@@ -190,7 +190,7 @@ def sample_cluster_candidates(backend: Backend, records: Sequence[ClusterRecord]
     answers = backend.generate([messages for _, _, messages in jobs], config)
     out: list[list[Candidate]] = [[] for _ in records]
     for (i, variant_id, _), text in zip(jobs, answers, strict=True):
-        out[i].append(judge_answer(records[i], variant_id, text))
+        out[i].append(judge_answer(records[i], variant_id, text, fmt))
     return out
 
 

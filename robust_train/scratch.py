@@ -58,9 +58,11 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 4096, extra_tokens:
 def build_causal_lm(directory: str | Path, corpus: Iterable[str], *, seed: int = 0, hidden_size: int = 32,
                     num_layers: int = 2, num_heads: int = 4, vocab_size: int = 4096,
                     max_positions: int = 16384, initializer_range: float = 0.02,
-                    extra_tokens: Sequence[str] = ()) -> Path:
+                    extra_tokens: Sequence[str] = (), answer_texts: Sequence[str] | None = None) -> Path:
     """Build and save a random ``LlamaForCausalLM`` and its tokenizer (trained on ``corpus``) in
-    ``directory``; returns it. Deterministic for a seed. The generation config stops at the end token."""
+    ``directory``; returns it. Deterministic for a seed. The generation config stops at the end token;
+    with ``answer_texts`` it also suppresses every token that none of those texts encodes to (constrained
+    decoding: an answer is made of those tokens and the end token only, and is not empty)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -77,9 +79,14 @@ def build_causal_lm(directory: str | Path, corpus: Iterable[str], *, seed: int =
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
+    suppress = None
+    if answer_texts is not None:
+        allowed = {eos, *(i for text in answer_texts for i in tokenizer(text, add_special_tokens=False)["input_ids"])}
+        suppress = [i for i in range(len(tokenizer)) if i not in allowed]
     model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id,
                                                bos_token_id=tokenizer.bos_token_id,
-                                               eos_token_id=tokenizer.eos_token_id)
+                                               eos_token_id=tokenizer.eos_token_id, suppress_tokens=suppress,
+                                               min_new_tokens=None if suppress is None else 1)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

@@ -114,9 +114,13 @@ def _default(name: str, value: Any) -> Any:
 class SFTSettings(_TrainerSettings):
     """Supervised fine-tuning (RobustFlow A.4: 3 epochs, batch 2 x gradient accumulation 2, learning rate
     1e-4, warm-up 5 %, sequences up to 2,048 tokens). ``lora=None`` fine-tunes every weight;
-    ``max_steps`` (when not -1) overrides ``epochs``."""
+    ``max_steps`` (when not -1) overrides ``epochs``; ``prompt_loss`` puts the loss on the prompt's tokens
+    too (by default it is on the answer only)."""
 
     section = "SFTSettings"
+
+    prompt_loss: bool = setting(False, help="train on the prompt's tokens too, not only the answer's (a model "
+                                "from scratch learns the instructions' text as well)")
 
 
 @dataclass(frozen=True)
@@ -422,7 +426,7 @@ def make_sft_trainer(model_path: str | Path, rows: Sequence[dict], output_dir: s
     with _quiet():
         model, tokenizer = _load_model(model_path, settings.lora is not None)
         args = SFTConfig(**_common_args(settings, Path(output_dir) / CHECKPOINT_DIR, progress),
-                         completion_only_loss=True)
+                         completion_only_loss=not settings.prompt_loss)
         trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                              peft_config=_peft_config(settings.lora), callbacks=list(callbacks) or None)
     return _quiet_trainer(trainer, progress)

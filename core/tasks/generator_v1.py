@@ -21,10 +21,10 @@ from __future__ import annotations
 __all__ = [
     "GENERATOR_VERSION", "OPERATION_POOLS", "OPERATION_QUERIES", "SUPPORT_STEPS", "SUPPORT_PROBABILITY",
     "SIMILARITY_FLOOR", "DRAW_ATTEMPTS", "candidate_weights", "draw_tool_list", "describe",
-    "structural_splits", "generate_tasks_v1",
+    "description_slots", "structural_splits", "generate_tasks_v1",
 ]
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -162,8 +162,9 @@ def _pick(options: Sequence[str], rng: np.random.Generator) -> str:
     return options[int(rng.integers(len(options)))]
 
 
-def _slots(dataset: str, fmt: str, out_fmt: str, source: str, destinations: dict[str, str],
-           rng: np.random.Generator) -> dict[str, str]:
+def description_slots(dataset: str, fmt: str, out_fmt: str, source: str, destinations: dict[str, str],
+                      rng: np.random.Generator) -> dict[str, str]:
+    """The values of a description's slots: the task's data, then the decorative ones drawn from ``rng``."""
     return {
         "dataset": dataset, "fmt": fmt.upper(), "out_fmt": out_fmt.upper(), "source": source, **destinations,
         "schema": _pick(phrases.SCHEMAS, rng), "group": _pick(phrases.GROUPS, rng),
@@ -186,10 +187,13 @@ def _steps_text(clauses: list[str], rng: np.random.Generator) -> str:
     return "Steps:\n" + "\n".join(f"{i}. {c[0].upper()}{c[1:]}." for i, c in enumerate(clauses, 1))
 
 
-def describe(task_type: str, tools: Sequence[str], slots: dict[str, str], rng: np.random.Generator) -> str:
-    """A description of the task in natural language: an opening, the steps in order, a closing."""
-    clauses = [_pick(phrases.STEP_CLAUSES[t], rng).format(**slots) for t in tools]
-    steps = _steps_text(clauses, rng)
+def describe(task_type: str, tools: Sequence[str], slots: dict[str, str], rng: np.random.Generator,
+             clauses: Mapping[str, Sequence[int]] | None = None) -> str:
+    """A description of the task in natural language: an opening, the steps in order, a closing.
+    ``clauses``: per tool, the indices of its bank clauses that may be used (None: all of them)."""
+    clauses_text = [_pick(phrases.STEP_CLAUSES[t] if clauses is None else
+                          [phrases.STEP_CLAUSES[t][i] for i in clauses[t]], rng).format(**slots) for t in tools]
+    steps = _steps_text(clauses_text, rng)
     text = _pick(phrases.OPENINGS[task_type], rng).format(**slots)
     if slots["source"] not in steps:
         text += " " + _pick(phrases.SOURCE_SENTENCES, rng).format(**slots)
@@ -274,7 +278,8 @@ def _task(task_type: TaskType, tools: tuple[str, ...], split: str, index: int, s
     fmt = _pick(phrases.FORMATS, rng)
     out_fmt = _pick([f for f in phrases.FORMATS if f != fmt], rng)
     inputs, expected, source, destinations = _io(tools, dataset, fmt, out_fmt, index, registry, rng)
-    description = describe(task_type.name, tools, _slots(dataset, fmt, out_fmt, source, destinations, rng), rng)
+    description = describe(task_type.name, tools, description_slots(dataset, fmt, out_fmt, source, destinations, rng),
+                           rng)
     while True:
         instance_id = f"task_{int(rng.integers(1 << 32)):08x}"
         if instance_id not in used_ids:

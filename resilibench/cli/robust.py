@@ -43,7 +43,7 @@ TRAINER_OPTIONS = ("epochs", "learning_rate", "batch_size", "gradient_accumulati
 LORA_OPTIONS = ("r", "alpha")
 PREFERENCE_OPTIONS = ("beta", "nll_alpha")
 SCPO_OPTIONS = ("iterations", "candidates", "temperature", "vote", "vote_weight", "max_new_tokens")
-DEMO_OPTIONS = ("train_clusters", "test_clusters", "pretrain_tasks", "seed")
+DEMO_OPTIONS = ("train_clusters", "test_clusters", "pretrain_tasks", "wording", "seed")
 
 
 # --- clusters -----------------------------------------------------------------------------------------
@@ -77,6 +77,7 @@ def cmd_clusters(args: argparse.Namespace) -> int:
     world = choose_world(args, need_bounds=True)
     config = world.config
     tasks, source = load_library(args.tasks, world)
+    tasks, source = _worded(tasks, source, args.wording)
     task_types = dedupe(args.task_type) if args.task_type else None
     selected = _per_type(select_tasks(tasks, args.split, task_types), args.per_type)
     check_bound_turn_limit(config, selected)
@@ -103,6 +104,16 @@ def cmd_clusters(args: argparse.Namespace) -> int:
     print(f"wrote {result.path} and {directory / 'meta.json'} ({result.built} clusters built now, {result.found} "
           "already there)", file=sys.stderr)
     return 0
+
+
+def _worded(tasks: list[Any], source: dict[str, Any], wording: str) -> tuple[list[Any], dict[str, Any]]:
+    """The tasks under the --wording option, and their source description recording it."""
+    from resilibench.core.tasks.wording import apply_wording
+
+    try:
+        return apply_wording(tasks, wording), {**source, "wording": wording}
+    except ValueError as exc:
+        raise CliError(f"--wording: {exc}") from None
 
 
 def _print_summary(result: Any, types: tuple[str, ...]) -> None:
@@ -165,7 +176,7 @@ def _clusters(path: str) -> list[Any]:
 def _format(args: argparse.Namespace):
     from resilibench.robust_train.generator import GeneratorFormat
 
-    return GeneratorFormat(tool_list=args.tool_list)
+    return GeneratorFormat(tool_list=args.tool_list, answer=args.answer)
 
 
 def _lora(args: argparse.Namespace, default: Any) -> Any:
@@ -194,8 +205,17 @@ def _train_flags(parser: argparse.ArgumentParser, defaults: Any) -> None:
 
     add_options(parser, type(defaults), TRAINER_OPTIONS, defaults=defaults)
     add_options(parser, LoraSettings, LORA_OPTIONS, defaults=defaults.lora)
+    _format_flags(parser)
+
+
+def _format_flags(parser: argparse.ArgumentParser) -> None:
+    """--tool-list and --answer: the generator's prompt and answer form (the same in every stage)."""
+    from resilibench.robust_train.generator import ANSWER_FORMS
+
     parser.add_argument("--tool-list", action="store_true",
                         help="put the 30 tools in the system message (models that have not learned them)")
+    parser.add_argument("--answer", choices=ANSWER_FORMS, default="json",
+                        help="json: a DAG; names: tool names in call order, one per line (default json)")
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -286,12 +306,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _clusters_arguments(parser: argparse.ArgumentParser) -> None:
+    from resilibench.core.tasks.wording import WORDINGS
     from resilibench.robust_train.instructions import PERTURBATION_TYPES
 
     add_library_options(parser)
     add_config_option(parser)
     add_output_dir_option(parser, None, "where clusters.jsonl and meta.json go (resumed when present)")
     parser.add_argument("--split", choices=SPLIT_CHOICES, default="train", help="default train")
+    parser.add_argument("--wording", choices=WORDINGS, default="shared",
+                        help="held_out: test descriptions worded in phrase-bank clauses no train task uses (world v1; "
+                        "default shared, the library as shipped)")
     add_task_type_option(parser)
     parser.add_argument("--per-type", type=positive_int, metavar="N", help="use the first N tasks of each task type")
     parser.add_argument("--limit", type=positive_int, metavar="N",
@@ -350,7 +374,7 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_dir_option(parser, None, "answers and tables; reused")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N", help="default 256")
     parser.add_argument("--batch-size", type=positive_int, default=64, metavar="N", help="default 64")
-    parser.add_argument("--tool-list", action="store_true", help="as for `robust sft`")
+    _format_flags(parser)
     _torch_threads_flag(parser)
     parser.set_defaults(func=cmd_evaluate)
 
@@ -361,7 +385,7 @@ def _scratch_arguments(parser: argparse.ArgumentParser) -> None:
     for option, default in (("--hidden-size", 128), ("--num-layers", 4), ("--num-heads", 4), ("--vocab-size", 2048)):
         parser.add_argument(option, type=positive_int, default=default, metavar="N", help=f"default {default}")
     parser.add_argument("--seed", type=nonnegative_int, default=0, metavar="N", help="default 0")
-    parser.add_argument("--tool-list", action="store_true", help="as for `robust sft`")
+    _format_flags(parser)
     _torch_threads_flag(parser)
     parser.set_defaults(func=cmd_scratch)
 

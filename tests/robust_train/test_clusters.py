@@ -190,6 +190,16 @@ def test_cli_builds_resumes_and_refuses_other_configs(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--types" in err and "noise_light" in err
 
+    # The same directory with the test descriptions held out by wording: refused, the option recorded.
+    assert main([*base, "--per-type", "1", "--wording", "held_out"]) == 2
+    assert "(clusters.wording: 'shared' -> 'held_out')" in capsys.readouterr().err
+    held = str(tmp_path / "held")
+    assert main([*base, "--per-type", "1", "--wording", "held_out", "--output-dir", held]) == 0
+    capsys.readouterr()
+    meta = json.loads((tmp_path / "held" / "meta.json").read_text())["config"]
+    assert meta["clusters"]["wording"] == meta["tasks"]["wording"] == "held_out"
+    assert all(r.task.metadata["wording"]["option"] == "held_out" for r in load_clusters(held))
+
 
 def test_cli_with_a_custom_task_library(tmp_path, capsys):
     library = write_tasks(TASKS[:2], tmp_path / "mine.jsonl")

@@ -12,10 +12,10 @@ from resilibench.core.tasks.library import interleave_task_types
 from resilibench.core.world import load_tasks
 from resilibench.robust_train.clusters import build_clusters
 from resilibench.robust_train.evaluation import (
-    baseline_tables,
     lookup_answers,
     name_copy_answers,
     named_chain,
+    robustness_table,
 )
 from resilibench.robust_train.generator import canonical_form, parse_workflow
 
@@ -43,10 +43,10 @@ def test_name_copy_rebuilds_v0_and_finds_nothing_in_v1():
     records = clusters("v1", "test", 10)
     answers = name_copy_answers(records)
     assert {a for by_variant in answers.values() for a in by_variant.values()} == {""}
-    table = baseline_tables(clusters("v1", "train", 40), records)["names"]
+    table = robustness_table(records, answers)
     assert all(row["valid"] == row["exec"] == 0.0 for row in table.rows.values())
     records_v0 = clusters("v0", "test", 10)
-    table_v0 = baseline_tables(clusters("v0", "train", 10), records_v0)["names"]
+    table_v0 = robustness_table(records_v0, name_copy_answers(records_v0))
     assert table_v0.rows["original"]["valid"] == 1.0
     assert table_v0.rows["paraphrase"]["node"] == 1.0  # paraphrases keep the names: a copy is "robust"
 
@@ -60,7 +60,7 @@ def test_lookup_answers_the_type_s_most_frequent_workflow_whatever_the_text():
         same_type = [r for r in train if r.task.task_type == record.task.task_type]
         keys = [canonical_form(r.reference) for r in same_type]
         assert canonical_form(parse_workflow(texts.pop())) == max(keys, key=keys.count)
-    table = baseline_tables(train, records)["lookup"]
+    table = robustness_table(records, lookup_answers(train, records))
     assert all(table.rows[kind]["node"] == table.rows[kind]["graph"] == 1.0 for kind in TYPES)
     # v1 holds the test split out by structure: a looked-up train workflow is never the reference
     assert table.rows["original"]["optimal"] == 0.0

@@ -202,7 +202,7 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
     steps = {"max_steps": 2, "batch_size": 4, "gradient_accumulation_steps": 1, "warmup_ratio": 0}
     settings = DemoSettings(
         train_clusters=3, test_clusters=2, pretrain_tasks=5, hidden_size=32, num_layers=1,
-        pretrain=SFTSettings(lora=None, learning_rate=1e-3, **steps),
+        pretrain=SFTSettings(lora=None, learning_rate=1e-3, prompt_loss=True, **steps),
         sft=SFTSettings(lora=LoraSettings(r=4, alpha=8), **steps),
         scpo=ScPOSettings(iterations=1, candidates=2, max_new_tokens=16,
                           preference=PreferenceSettings(max_steps=1, batch_size=2, gradient_accumulation_steps=1,
@@ -210,13 +210,16 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
         max_new_tokens=16)
     logs: list[str] = []
     tables = run_demo(tmp_path, settings, progress=False, log=logs.append)
-    assert list(tables) == ["names", "lookup", "base", "sft", "scpo1"]
+    assert list(tables) == ["names", "lookup", "bow", "base", "sft", "scpo1"]
     assert all(row["valid"] == 0.0 for row in tables["names"].rows.values())  # v1 text names no tool
     assert all(set(t.rows) == {"original", "paraphrase", "requirements", "noise_light", "noise_moderate",
                                "noise_heavy"} and t.counts["original"] == 2 for t in tables.values())
     table_text = (tmp_path / "table.txt").read_text()
     assert "scpo1 node" in table_text and "noise_heavy" in table_text
-    assert json.loads((tmp_path / "report.json").read_text())["sft"] == tables["sft"].to_dict()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["tables"]["sft"] == tables["sft"].to_dict() and report["settings"]["answer"] == "names"
+    assert report["summary"]["final"] == "scpo1" and set(report["summary"]["noise_exec"]) == set(tables)
+    assert "mean exec under noise (95% interval over clusters)" in table_text
     logs.clear()
     assert run_demo(tmp_path, settings, progress=False, log=logs.append) == tables
     assert not any(line.startswith("iteration") for line in logs)  # nothing was sampled again
@@ -236,8 +239,8 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
 
     fewer = load_clusters(tmp_path / "clusters" / "pretrain")[:4]
     with pytest.raises(ValueError, match="stage.json was produced with a different config .*clusters_sha256"):
-        run_sft(tmp_path / "scratch", fewer, tmp_path / "base", settings.pretrain, GeneratorFormat(), originals_only=True,
-                progress=False)
+        run_sft(tmp_path / "scratch", fewer, tmp_path / "base", settings.pretrain, GeneratorFormat(answer="names"),
+                originals_only=True, progress=False)
 
 
 def test_robust_commands_set_torch_threads_before_work(cluster_records, tmp_path):

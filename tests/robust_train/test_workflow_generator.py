@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -77,3 +78,59 @@ def test_messages_carry_the_format_and_optionally_the_tools():
     assert [m["role"] for m in plain] == ["system", "user"] and '"nodes"' in plain[0]["content"]
     with_tools = GeneratorFormat(tool_list=True).messages("x")
     assert "file_operations_reader" in with_tools[0]["content"] and "file_operations_reader" not in plain[0]["content"]
+
+
+def test_names_answers_round_trip_in_call_order_with_the_same_score(tasks):
+    from resilibench.robust_train.generator import names_text, parse_names
+
+    fmt = GeneratorFormat(answer="names")
+    for task in tasks[:4]:
+        reference = reference_workflow(task)
+        answer = fmt.answer_text(reference)
+        assert answer == names_text(reference) == "\n".join(n.tool for n in reference.nodes)
+        chain = fmt.parse(answer)
+        assert [n.tool for n in chain.nodes] == [n.tool for n in reference.nodes]
+        assert chain.edges == tuple((i, i + 1) for i in range(len(chain.nodes) - 1))
+        # A plan follower calls the steps in node order, so the chain executes as the reference does.
+        assert execution_score(task, chain) == pytest.approx(execution_score(task, reference))
+    assert [n.tool for n in parse_names("network_fetcherfile_operations_writer").nodes] == [
+        "network_fetcher", "file_operations_writer"]
+    with pytest.raises(GeneratorOutputError, match="names no tool"):
+        fmt.parse("nothing here")
+    assert "one per line" in fmt.messages("x")[0]["content"] and fmt.to_dict()["answer"] == "names"
+    with pytest.raises(ValueError, match="answer must be one of json, names"):
+        GeneratorFormat(answer="yaml")
+
+
+@pytest.mark.slow  # torch, transformers and TRL: a model built, sampled and trained one step
+def test_a_names_generator_decodes_tool_names_only_and_trains(tmp_path):
+    """Constrained decoding: even an untrained names generator answers with tool names and line breaks
+    only; one SFT step on a tiny subset trains it and keeps the constraint."""
+    pytest.importorskip("torch")
+    from resilibench.agents.backends import TransformersBackend
+    from resilibench.core.registry import default_registry
+    from resilibench.llm import GenerationConfig
+    from resilibench.robust_train.clusters import build_clusters
+    from resilibench.robust_train.pipeline import build_generator, run_sft
+    from resilibench.robust_train.training import SFTSettings, set_torch_threads
+
+    set_torch_threads(1)
+    fmt = GeneratorFormat(answer="names")
+    records = list(build_clusters(load_tasks(split="train")[:4], types=("noise_light",)))
+    model = build_generator(tmp_path / "scratch", records, fmt, hidden_size=16, num_layers=1, num_heads=2,
+                            vocab_size=300)
+    names = "|".join(default_registry().names)
+
+    def only_names(answer: str) -> bool:
+        return bool(re.fullmatch(rf"(?:{names}|\n)+", answer) and re.search(names, answer))
+
+    prompts = [fmt.messages(v.text) for r in records for v in r.variants]
+    config = GenerationConfig(max_new_tokens=12, temperature=1.0, seed=0)
+    for answer in TransformersBackend(model, batch_size=8).generate(prompts, config):
+        assert only_names(answer), answer
+    trained = run_sft(model, records, tmp_path / "sft", SFTSettings(
+        max_steps=1, batch_size=4, gradient_accumulation_steps=1, warmup_ratio=0, lora=None), fmt, progress=False)
+    result = json.loads((tmp_path / "sft" / "train" / "final" / "train_result.json").read_text())
+    assert result["steps"] == 1 and result["train_loss"] > 0
+    answer = TransformersBackend(trained, batch_size=8).generate(prompts[:1], config)[0]
+    assert only_names(answer), answer
