@@ -109,10 +109,9 @@ class PlainSubproblems(Subproblems):
         return next(move[2] for move in self.transitions(key) if move[0] == action)
 
     def action_values(self, key: Key) -> Iterator[tuple[int, float]]:
-        solve = self.solve
+        value = self.value
         for i, p, success, failure in self.transitions(key):
-            yield i, (p * solve(success)[0] if p > 0.0 else 0.0) + (
-                (1.0 - p) * solve(failure)[0] if p < 1.0 else 0.0)
+            yield i, (p * value(success) if p > 0.0 else 0.0) + ((1.0 - p) * value(failure) if p < 1.0 else 0.0)
 
 
 @cache
