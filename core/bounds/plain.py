@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import cache
+from typing import cast
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class PlainSubproblems(Subproblems):
     def transitions(self, key: Key) -> list[tuple[int, float, PlainKey | None, PlainKey | None]]:
         """(action, success probability, key after success, key after failure) of every action of a state
         in tie-break order: tools under the call cap (local indices), then FILLER."""
-        sid, codes, n_h, consecutive, last, streak, turns = key
+        sid, codes, n_h, consecutive, last, streak, turns = cast(PlainKey, key)
         n_required = self.shapes[sid][0]
         strict, make = self.rules.strict_dependencies, self.key
         moves = []

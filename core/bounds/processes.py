@@ -21,7 +21,7 @@ import dataclasses
 import struct
 from collections.abc import Iterator, Sequence
 from functools import cache, cached_property
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -85,7 +85,7 @@ class ProcessSubproblems(Subproblems):
         self._time_ids: dict[float, int] = {0.0: 0}
         self._time_tails: list[bytes] = [bytes(2)]
         self._layouts: list[struct.Struct] = []  # by number of local tools
-        self._branches: dict[tuple, list[tuple[float, bool, float, int]]] = {}
+        self._branches: dict[tuple, tuple[int, list[tuple[float, bool, float, int, int]]]] = {}
         self._orders: dict[tuple, tuple[int, ...] | None] = {}  # failed spares' (bases, calls, states, last) -> order
         self._reordered: dict[tuple[int, tuple[int, ...]], int] = {}  # (shape id, order) -> shape id
 
@@ -246,10 +246,11 @@ class ProcessSubproblems(Subproblems):
         """(action, its branches) of every action of a state in tie-break order: local tools under the call
         cap, then FILLER (the best fresh spare). The outcomes of a call that differ only in their duration
         share the rest of their key (``_body``)."""
-        n = (len(key) - 2 - self.layout(0).size) // 2
-        sid, fid, n_h, consecutive, last, streak, turns, *rest = self.layout(n).unpack(key[:-2])
+        packed = cast(ProcessKey, key)
+        n = (len(packed) - 2 - self.layout(0).size) // 2
+        sid, fid, n_h, consecutive, last, streak, turns, *rest = self.layout(n).unpack(packed[:-2])
         codes, states = tuple(rest[:n]), tuple(rest[n:])
-        time = self._times[int.from_bytes(key[-2:], "little")]
+        time = self._times[int.from_bytes(packed[-2:], "little")]
         n_required, _, bases, _ = self.shapes[sid]
         strict, body_of, timed, outcomes = self.rules.strict_dependencies, self._body, self._timed, self.outcomes
         aged = self._aged
