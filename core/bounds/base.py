@@ -21,8 +21,9 @@ from ..tasks.library import Task
 
 FILLER = -1  # action code of "call a fresh spare tool" inside the DP
 
-# A subproblem key: the shape id first, then the counters the DP keeps (each DP has its own layout).
-Key = tuple
+# A subproblem key: the shape id and the counters the DP keeps (each DP has its own layout, ``shape_of`` reads
+# the shape id).
+Key = tuple | bytes
 
 
 class State(NamedTuple):
@@ -107,9 +108,12 @@ class Subproblems(ABC):
         self.shapes: list[tuple] = []  # id -> (n_required, deps, ...)
         self._actions: list[tuple[int, ...]] = []  # id -> tool actions in tie-break order (FILLER comes last)
         self._after: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}  # (id, i) -> (id', kept indices)
-        self._ends: dict[tuple[int, int], bool] = {}
+        # _ends[consecutive][streak]: whether those counters end the episode (both stay below turn_limit + 2).
+        self._ends = [[termination_reason(c, s, rules) is not None for s in range(rules.turn_limit + 2)]
+                      for c in range(rules.turn_limit + 2)]
         self._callable: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, int, int], ...]] = {}
-        self.memo: dict[Key, tuple[float, int | None]] = {}  # key -> (value, optimal action; None = FINISH)
+        # key -> optimal probability of full success; the optimal action is found again when asked (``solve``).
+        self.memo: dict[Key, float] = {}
 
     # --- shapes ----------------------------------------------------------------------------------------
 
@@ -154,12 +158,9 @@ class Subproblems(ABC):
         cannot reach its limit within ``spare`` failures is reset, and a call count that cannot reach the
         cap within ``spare + 1`` calls only says "called" (1). Equivalent states then share one key, and
         values stay bit-identical."""
-        rules = self.rules
-        end = self._ends.get((consecutive, streak))
-        if end is None:
-            end = self._ends[(consecutive, streak)] = termination_reason(consecutive, streak, rules) is not None
-        if spare < 0 or end:
+        if spare < 0 or self._ends[consecutive][streak]:
             return None
+        rules = self.rules
         if consecutive + spare < rules.max_consecutive_failures:
             consecutive = 0
         if last < 0 or streak + spare < rules.max_same_tool_failures:
@@ -183,6 +184,10 @@ class Subproblems(ABC):
             tools = self._callable[(sid, codes)] = tuple(found)
         return tools
 
+    def shape_of(self, key: Key) -> int:
+        """The shape id of a key."""
+        return key[0]
+
     @abstractmethod
     def success_key(self, key: Key, action: int) -> Key | None:
         """The key once ``action`` (a local index or FILLER) has succeeded from ``key`` (of several
@@ -195,21 +200,32 @@ class Subproblems(ABC):
         """(action, optimal probability of full success after taking it) of every action of a state, in
         tie-break order: tool actions (local indices), then FILLER."""
 
-    def solve(self, key: Key | None) -> tuple[float, int | None]:
-        """(optimal probability of full success, optimal action; None = FINISH) from ``key`` (None = lost).
-        Ties go to the first action in tie-break order."""
+    def value(self, key: Key | None) -> float:
+        """Optimal probability of full success from ``key`` (None = lost), memoised."""
         if key is None:
-            return 0.0, None
-        cached = self.memo.get(key)
-        if cached is not None:
-            return cached
-        best, best_action = (1.0 if self.shapes[key[0]][0] == 0 else 0.0), None
+            return 0.0
+        value = self.memo.get(key)
+        if value is None:
+            value = self.memo[key] = self._best(key)[0]
+        return value
+
+    def _best(self, key: Key) -> tuple[float, int | None]:
+        """(value, optimal action; None = FINISH) of ``key`` from its actions' values; ties go to the first
+        action in tie-break order."""
+        best, best_action = (1.0 if self.shapes[self.shape_of(key)][0] == 0 else 0.0), None
         if best == 0.0:
             for action, v in self.action_values(key):
                 if v > best + 1e-12:
                     best, best_action = v, action
-        result = self.memo[key] = (best, best_action)
-        return result
+        return best, best_action
+
+    def solve(self, key: Key | None) -> tuple[float, int | None]:
+        """(optimal probability of full success, optimal action; None = FINISH) from ``key`` (None = lost).
+        The memo keeps values only: the action is found again from the (memoised) values after it."""
+        if key is None:
+            return 0.0, None
+        self.value(key)
+        return self._best(key)
 
 
 DP = TypeVar("DP", bound=Subproblems)
@@ -274,13 +290,14 @@ class ExactBound(ABC, Generic[DP]):
             return None
         if action == FILLER:
             return State(key, state.tools)
-        return State(key, tuple(state.tools[j] for j in self.dp.after_success(state.key[0], action)[1]))
+        kept = self.dp.after_success(self.dp.shape_of(state.key), action)[1]
+        return State(key, tuple(state.tools[j] for j in kept))
 
     # --- dynamic programming -------------------------------------------------------------------------
 
     def value(self, state: State | None) -> float:
         """Optimal probability of full success from ``state`` (None = lost)."""
-        return 0.0 if state is None else self.dp.solve(state.key)[0]
+        return 0.0 if state is None else self.dp.value(state.key)
 
     def best_local_action(self, state: State) -> int | None:
         """The optimal local action (index into ``state.tools``, FILLER) or None for FINISH."""

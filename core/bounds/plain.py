@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import cache
+from typing import cast
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class PlainSubproblems(Subproblems):
     def transitions(self, key: Key) -> list[tuple[int, float, PlainKey | None, PlainKey | None]]:
         """(action, success probability, key after success, key after failure) of every action of a state
         in tie-break order: tools under the call cap (local indices), then FILLER."""
-        sid, codes, n_h, consecutive, last, streak, turns = key
+        sid, codes, n_h, consecutive, last, streak, turns = cast(PlainKey, key)
         n_required = self.shapes[sid][0]
         strict, make = self.rules.strict_dependencies, self.key
         moves = []
@@ -109,10 +110,9 @@ class PlainSubproblems(Subproblems):
         return next(move[2] for move in self.transitions(key) if move[0] == action)
 
     def action_values(self, key: Key) -> Iterator[tuple[int, float]]:
-        solve = self.solve
+        value = self.value
         for i, p, success, failure in self.transitions(key):
-            yield i, (p * solve(success)[0] if p > 0.0 else 0.0) + (
-                (1.0 - p) * solve(failure)[0] if p < 1.0 else 0.0)
+            yield i, (p * value(success) if p > 0.0 else 0.0) + ((1.0 - p) * value(failure) if p < 1.0 else 0.0)
 
 
 @cache

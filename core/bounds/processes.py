@@ -18,9 +18,10 @@ uses that one then.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Iterator, Sequence
 from functools import cache, cached_property
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -32,10 +33,11 @@ from ..registry import ToolRegistry
 from ..simulator import Episode, success_probability
 from .base import FILLER, ExactBound, Key, Problem, State, Subproblems
 
-# (shape id, call count per local tool, process state per local tool, N_h, consecutive failures, local index
-# of the tool of the current failure streak (-1: none), streak length, turns used, time used, bases of the
-# fresh spare tools left, best first)
-ProcessKey = tuple[int, tuple[int, ...], tuple[ToolState, ...], int, int, int, int, int, float, tuple[float, ...]]
+# A state packed in bytes (``ProcessSubproblems.layout``: about 30 bytes, its hash kept by the object): shape
+# id, id of the bases of the fresh spare tools left (best first), id of the time used, N_h, consecutive failures,
+# local index of the tool of the current failure streak (-1: none), streak length, turns used, then the call
+# count of each local tool, then the id of each local tool's process state (``ProcessSubproblems.tool_states``).
+ProcessKey = bytes
 # (probability, success, key after) of each outcome of an action
 Branches = list[tuple[float, bool, "ProcessKey | None"]]
 
@@ -68,7 +70,24 @@ class ProcessSubproblems(Subproblems):
         self.budget = processes.time_budget_seconds
         # The longest a call can take (its time counts against the budget).
         self.longest = max(o.duration for _, o in call_outcomes(processes, FRESH, 0.5, ("",)))
-        self._branches: dict[tuple[ToolState, float], list[tuple[float, bool, float, ToolState]]] = {}
+        # Every process state a tool can be in, by id (FRESH is 0), and the id one turn later.
+        self.tool_states = tuple(ToolState(down, blocked) for down in (None, False, True)
+                                 for blocked in range(processes.rate_limit_wait + 1))
+        self._state_ids = {state: j for j, state in enumerate(self.tool_states)}
+        self._aged = tuple(self._state_ids[ToolState(s.down, s.blocked - 1)] if s.blocked else j
+                           for j, s in enumerate(self.tool_states))
+        # Bases of fresh spares left, by id: the tuple, the id without its first, the id cut to n (-1: not yet).
+        self._fresh: list[tuple[float, ...]] = []
+        self._fresh_ids: dict[tuple[float, ...], int] = {}
+        self._fresh_rest: list[int] = []
+        self._fresh_cut: list[list[int]] = []
+        self._times: list[float] = [0.0]  # time used, by id, and its bytes in a key
+        self._time_ids: dict[float, int] = {0.0: 0}
+        self._time_tails: list[bytes] = [bytes(2)]
+        self._layouts: list[struct.Struct] = []  # by number of local tools
+        self._branches: dict[tuple, tuple[int, list[tuple[float, bool, float, int, int]]]] = {}
+        self._orders: dict[tuple, tuple[int, ...] | None] = {}  # failed spares' (bases, calls, states, last) -> order
+        self._reordered: dict[tuple[int, tuple[int, ...]], int] = {}  # (shape id, order) -> shape id
 
     # --- shapes ----------------------------------------------------------------------------------------
 
@@ -104,112 +123,186 @@ class ProcessSubproblems(Subproblems):
 
     # --- transitions -----------------------------------------------------------------------------------
 
-    def outcomes(self, state: ToolState, p: float) -> list[tuple[float, bool, float, ToolState]]:
-        """(probability, success, duration, state after) of each outcome of a call (failures of the success
-        formula merged: the error code does not matter to the bound)."""
-        entry = self._branches.get((state, p))
+    def fresh_id(self, fresh: tuple[float, ...]) -> int:
+        """The id of a tuple of fresh spare bases (best first)."""
+        fid = self._fresh_ids.get(fresh)
+        if fid is None:
+            fid = self._fresh_ids[fresh] = len(self._fresh)
+            self._fresh.append(fresh)
+            self._fresh_rest.append(-1)
+            self._fresh_cut.append([-1] * (self.rules.turn_limit + 1))
+        return fid
+
+    def _cut(self, fid: int, n: int) -> int:
+        """The id of the first ``n`` bases of fresh tuple ``fid``."""
+        cut = self._fresh_cut[fid][n]
+        if cut < 0:
+            fresh = self._fresh[fid]
+            cut = self._fresh_cut[fid][n] = fid if len(fresh) <= n else self.fresh_id(fresh[:n])
+        return cut
+
+    def _rest(self, fid: int) -> int:
+        """The id of fresh tuple ``fid`` without its first (best) base."""
+        rest = self._fresh_rest[fid]
+        if rest < 0:
+            rest = self._fresh_rest[fid] = self.fresh_id(self._fresh[fid][1:])
+        return rest
+
+    def outcomes(self, state: int, base: float, n_uncalled: int, n_failed: int, n_h: int
+                 ) -> tuple[int, list[tuple[float, bool, float, int, int]]]:
+        """(number of groups, [(probability, success, duration, state id after, group)]) of the outcomes of a
+        call of a tool in state id ``state`` (failures of the success formula merged: the error code does not
+        matter to the bound). Outcomes of one group differ only in their duration."""
+        memo_key = (state, base, n_uncalled, n_failed, n_h)
+        entry = self._branches.get(memo_key)
         if entry is None:
-            merged: dict[tuple[bool, float, ToolState], float] = {}
-            for q, outcome in call_outcomes(self.processes, state, p, ("",)):
-                what = (outcome.success, outcome.duration, outcome.state)
+            p = success_probability(base, n_uncalled, n_failed, n_h, self.failure)
+            merged: dict[tuple[bool, float, int], float] = {}
+            for q, outcome in call_outcomes(self.processes, self.tool_states[state], p, ("",)):
+                what = (outcome.success, outcome.duration, self._state_ids[outcome.state])
                 merged[what] = merged.get(what, 0.0) + q
-            entry = self._branches[(state, p)] = [(q, *what) for what, q in merged.items()]
+            groups: dict[tuple[bool, int], int] = {}
+            entry = self._branches[memo_key] = (len({(ok, after) for ok, _, after in merged}), [
+                (q, ok, duration, after, groups.setdefault((ok, after), len(groups)))
+                for (ok, duration, after), q in merged.items()])
         return entry
+
+    def layout(self, n: int) -> struct.Struct:
+        """The packing of a key with ``n`` local tools, all but the time id (``ProcessKey``)."""
+        while len(self._layouts) <= n:
+            self._layouts.append(struct.Struct(f"<IIBBbBB{2 * len(self._layouts)}B"))
+        return self._layouts[n]
+
+    def shape_of(self, key: Key) -> int:
+        return int.from_bytes(key[:4], "little")
 
     def key(self, sid: int, codes: tuple[int, ...], states: tuple[ToolState, ...], n_h: int, consecutive: int,
             last: int, streak: int, turns: int, time: float, fresh: tuple[float, ...]) -> ProcessKey | None:
-        """The canonical key of a state, None when it is lost: as ``PlainSubproblems.key`` (counters that
-        cannot reach a limit are forgotten), lost also once the time budget is used up before the last
-        required tool succeeded; only the fresh spares a remaining turn can use are kept."""
-        rules, budget = self.rules, self.budget
+        """The canonical key of a state given with process states and fresh bases as they are."""
+        body = self._body(sid, codes, tuple(self._state_ids[s] for s in states), n_h, consecutive, last, streak,
+                          turns, self.fresh_id(fresh))
+        return None if body is None else self._timed(body, self.shapes[sid][0], turns, time)
+
+    def _body(self, sid: int, codes: tuple[int, ...], states: tuple[int, ...], n_h: int, consecutive: int,
+              last: int, streak: int, turns: int, fid: int) -> bytes | None:
+        """The canonical key of a state but its time (``_timed`` adds it), None when it is lost: as
+        ``PlainSubproblems.key`` (counters that cannot reach a limit are forgotten); only the fresh spares a
+        remaining turn can use are kept."""
         n_required, _, _, n_spares = self.shapes[sid]
-        spare = rules.turn_limit - turns - n_required
+        spare = self.rules.turn_limit - turns - n_required
         counters = self._canonical_counters(spare, codes, consecutive, last, streak)
         if counters is None:
             return None
-        if budget is None or time + self.longest * (rules.turn_limit - turns - 1) < budget:
-            time = 0.0  # every call left fits in the budget, whatever the time used: it no longer matters
-        elif n_required and time >= budget:
-            return None
         codes, consecutive, last, streak = counters
         if n_spares > 1:
-            sid, codes, states, last = self.sorted_spares(sid, codes, states, last)
-        return sid, codes, states, n_h, consecutive, last, streak, turns, time, fresh[:spare]
+            sid, order = self._spare_order(sid, codes, states, last)
+            if order is not None:
+                codes, states = tuple([codes[j] for j in order]), tuple([states[j] for j in order])
+                last = order.index(last) if last >= 0 else last
+        return self.layout(len(codes)).pack(sid, self._cut(fid, spare), n_h, consecutive, last, streak, turns,
+                                            *codes, *states)
+
+    def _timed(self, body: bytes, n_required: int, turns: int, time: float) -> ProcessKey | None:
+        """The key of ``body`` (``_body``) at time used ``time``, None when it is lost: once the time budget is
+        used up before the last required tool succeeded."""
+        budget = self.budget
+        if budget is None or time + self.longest * (self.rules.turn_limit - turns - 1) < budget:
+            return body + self._time_tails[0]  # every call left fits in the budget, whatever the time used
+        if n_required and time >= budget:
+            return None
+        tid = self._time_ids.get(time)
+        if tid is None:
+            tid = self._time_ids[time] = len(self._times)
+            self._times.append(time)
+            self._time_tails.append(tid.to_bytes(2, "little"))
+        return body + self._time_tails[tid]
 
     @staticmethod
     def spare_rank(base: float, calls: int, state: ToolState, last: bool) -> tuple:
         """The order of failed spares in a key (interchangeable tools listed one way)."""
         return base, calls, state.down is None, bool(state.down), state.blocked, last
 
-    def sorted_spares(self, sid: int, codes: tuple[int, ...], states: tuple[ToolState, ...], last: int
-                      ) -> tuple[int, tuple[int, ...], tuple[ToolState, ...], int]:
-        """(shape id, call counts, process states, streak tool) with the failed spares in ``spare_rank``
+    def _spare_order(self, sid: int, codes: tuple[int, ...], states: tuple[int, ...], last: int
+                     ) -> tuple[int, tuple[int, ...] | None]:
+        """(shape id, order of the local tools; None: as they are) with the failed spares in ``spare_rank``
         order."""
         n_required, deps, bases, n_spares = self.shapes[sid]
         first = len(deps) - n_spares
-        order = sorted(range(first, len(deps)), key=lambda j: self.spare_rank(bases[j], codes[j], states[j],
-                                                                               j == last))
-        if order == list(range(first, len(deps))):
-            return sid, codes, states, last
-        order = list(range(first)) + order
-        sid = self.shape(n_required, deps, [bases[j] for j in order], n_spares)[0]
-        return sid, tuple([codes[j] for j in order]), tuple([states[j] for j in order]), (
-            order.index(last) if last >= 0 else last)
-
-    @staticmethod
-    def aged(states: tuple[ToolState, ...]) -> tuple[ToolState, ...]:
-        """The process states one turn later: a rate-limit block counts turns, called or not."""
-        if not any(s.blocked for s in states):
-            return states
-        return tuple(ToolState(s.down, s.blocked - 1) if s.blocked else s for s in states)
-
-    def probability(self, base: float, n_uncalled: int, n_failed: int, n_h: int) -> float:
-        return success_probability(base, n_uncalled, n_failed, n_h, self.failure)
+        spares = (bases[first:], codes[first:], states[first:], last - first)
+        if spares not in self._orders:
+            order = sorted(range(n_spares), key=lambda j: self.spare_rank(
+                bases[first + j], codes[first + j], self.tool_states[states[first + j]], j == last - first))
+            self._orders[spares] = None if order == list(range(n_spares)) else tuple(order)
+        order = self._orders[spares]
+        if order is None:
+            return sid, None
+        new_sid = self._reordered.get((sid, order))
+        if new_sid is None:
+            new_sid = self._reordered[(sid, order)] = self.shape(
+                n_required, deps, bases[:first] + tuple(bases[first + j] for j in order), n_spares)[0]
+        return new_sid, tuple(range(first)) + tuple(first + j for j in order)
 
     def transitions(self, key: Key) -> list[tuple[int, Branches]]:
         """(action, its branches) of every action of a state in tie-break order: local tools under the call
-        cap, then FILLER (the best fresh spare)."""
-        sid, codes, states, n_h, consecutive, last, streak, turns, time, fresh = key
-        n_required, deps, bases, n_spares = self.shapes[sid]
-        strict, make = self.rules.strict_dependencies, self.key
-        later = self.aged(states)  # every tool's state at the next turn, unless called now
+        cap, then FILLER (the best fresh spare). The outcomes of a call that differ only in their duration
+        share the rest of their key (``_body``)."""
+        packed = cast(ProcessKey, key)
+        n = (len(packed) - 2 - self.layout(0).size) // 2
+        sid, fid, n_h, consecutive, last, streak, turns, *rest = self.layout(n).unpack(packed[:-2])
+        codes, states = tuple(rest[:n]), tuple(rest[n:])
+        time = self._times[int.from_bytes(packed[-2:], "little")]
+        n_required, _, bases, _ = self.shapes[sid]
+        strict, body_of, timed, outcomes = self.rules.strict_dependencies, self._body, self._timed, self.outcomes
+        aged = self._aged
+        later = tuple([aged[s] for s in states])  # every tool's state at the next turn, unless called now
+        turns += 1
         moves = []
         for i, n_uncalled, n_failed in self._callable_tools(sid, codes):
             failed_codes = codes[:i] + (codes[i] + 1,) + codes[i + 1:]
             same = streak + 1 if last == i else 1
             if strict and (n_uncalled or n_failed):  # dependency error: no draw, no process stage
-                moves.append((i, [(1.0, False, make(sid, failed_codes, later, n_h + 1, consecutive + 1, i, same,
-                                             turns + 1, time, fresh))]))
+                body = body_of(sid, failed_codes, later, n_h + 1, consecutive + 1, i, same, turns, fid)
+                moves.append((i, [(1.0, False, body and timed(body, n_required, turns, time))]))
                 continue
             branches: Branches = []
-            for q, success, duration, state in self.outcomes(states[i], self.probability(
-                    bases[i], n_uncalled, n_failed, n_h)):
-                if not success:
-                    after = later[:i] + (state,) + later[i + 1:]
-                    branches.append((q, False, make(sid, failed_codes, after, n_h + 1, consecutive + 1, i, same,
-                                             turns + 1, time + duration, fresh)))
-                elif 0 < i < n_required:
+            groups, found = outcomes(states[i], bases[i], n_uncalled, n_failed, n_h)
+            bodies: list = [False] * groups
+            for q, success, duration, state, group in found:
+                if success and 0 < i < n_required:
                     branches.append((q, True, None))  # a later required tool succeeding first breaks the sequence
-                else:
-                    new_sid, keep = self.after_success(sid, i)
-                    branches.append((q, True, make(new_sid, tuple([codes[j] for j in keep]),
-                                             tuple([later[j] for j in keep]), n_h, 0, -1, 0, turns + 1,
-                                             time + duration, fresh)))
+                    continue
+                body = bodies[group]
+                if body is False:
+                    if not success:
+                        body = body_of(sid, failed_codes, later[:i] + (state,) + later[i + 1:], n_h + 1,
+                                       consecutive + 1, i, same, turns, fid)
+                    else:
+                        new_sid, keep = self.after_success(sid, i)
+                        body = body_of(new_sid, tuple([codes[j] for j in keep]), tuple([later[j] for j in keep]),
+                                       n_h, 0, -1, 0, turns, fid)
+                    bodies[group] = body
+                branches.append((q, success, body and timed(body, n_required - (success and i < n_required), turns,
+                                                            time + duration)))
             moves.append((i, branches))
+        fresh = self._fresh[fid]
         if fresh:
-            base, rest = fresh[0], fresh[1:]
+            base, rest_id = fresh[0], self._rest(fid)
+            next_base = fresh[1] if len(fresh) > 1 else None
             branches = []
-            for q, success, duration, state in self.outcomes(FRESH, self.probability(base, 0, 0, n_h)):
-                if success:
-                    branches.append((q, True, make(sid, codes, later, n_h, 0, -1, 0, turns + 1, time + duration,
-                                             rest)))
-                elif self.keeps_spare(base, state, rest[0] if rest else None):
-                    branches.append((q, False, make(self.with_spare(sid, base), codes + (1,), later + (state,),
-                                             n_h + 1, consecutive + 1, len(codes), 1, turns + 1,
-                                             time + duration, rest)))
-                else:
-                    branches.append((q, False, make(sid, codes, later, n_h + 1, consecutive + 1, -1, 1, turns + 1,
-                                             time + duration, rest)))
+            groups, found = outcomes(0, base, 0, 0, n_h)
+            bodies = [False] * groups
+            for q, success, duration, state, group in found:
+                body = bodies[group]
+                if body is False:
+                    if success:
+                        body = body_of(sid, codes, later, n_h, 0, -1, 0, turns, rest_id)
+                    elif self.keeps_spare(base, self.tool_states[state], next_base):
+                        body = body_of(self.with_spare(sid, base), codes + (1,), later + (state,), n_h + 1,
+                                       consecutive + 1, len(codes), 1, turns, rest_id)
+                    else:
+                        body = body_of(sid, codes, later, n_h + 1, consecutive + 1, -1, 1, turns, rest_id)
+                    bodies[group] = body
+                branches.append((q, success, body and timed(body, n_required, turns, time + duration)))
             moves.append((FILLER, branches))
         return moves
 
@@ -218,9 +311,9 @@ class ProcessSubproblems(Subproblems):
         return max((b for b in branches if b[1]), key=lambda b: b[0])[2]
 
     def action_values(self, key: Key) -> Iterator[tuple[int, float]]:
-        solve = self.solve
+        value = self.value
         for action, branches in self.transitions(key):
-            yield action, sum(q * solve(after)[0] for q, _, after in branches if after is not None)
+            yield action, sum([q * value(after) for q, _, after in branches if after is not None])
 
 
 @cache

@@ -8,6 +8,7 @@ The fast lane checks each on short tasks and short episodes and on the smallest 
 worlds.
 """
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +97,22 @@ def test_processes_that_change_nothing_give_the_v1_bound(strict):
     for task in some_tasks() + varied_tasks(10, seed=3):
         assert isinstance(exact_bound(task, neutral), ProcessBound)
         assert optimal_success(task, neutral) == optimal_success(task, v1)
+
+
+REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "bound_iii_processes_reference.json").read_text())
+
+
+@pytest.mark.parametrize("every", [200, pytest.param(25, marks=pytest.mark.slow)], ids=["sample", "recorded"])
+@pytest.mark.parametrize("name", sorted(REFERENCE["values"]))
+def test_process_worlds_give_the_recorded_values_bit_for_bit(name, every):
+    """Every 25th test task (fast lane: every 200th) of each world of examples/processes/ gets the value
+    recorded from the earlier DP over tuple keys, bit for bit (the same float, not one within 1e-12)."""
+    config = load_config(EXAMPLES / f"{name}.yaml")
+    recorded = REFERENCE["values"][name]
+    tasks = load_tasks(split="test")[::every]
+    assert tasks and all(t.instance_id in recorded for t in tasks)
+    assert {t.instance_id: repr(optimal_success(t, config)) for t in tasks} == {
+        t.instance_id: recorded[t.instance_id] for t in tasks}
 
 
 @LANES
