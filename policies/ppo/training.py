@@ -12,7 +12,8 @@ output directory:
 
 With a behaviour-cloning warm start (``warm_start``; the default in worlds with failure processes) the
 network is first fitted to the exact optimal policy's decisions (``warm_start.behaviour_clone``) and PPO
-fine-tunes it; training.json then records the cloning (decisions, agreement, minutes, validation).
+fine-tunes it; training.json then records the cloning (decisions, agreement, minutes, validation), and
+checkpoints/iter_000000 holds the cloned policy (until ``keep_checkpoints`` newer ones replace it).
 
 A checkpoint holds the algorithm (learner, optimizer, env-runner connectors, iteration count); state.json
 adds what RLlib does not know about: the curriculum stage, env steps and the training time so far.
@@ -462,6 +463,7 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
         if cfg.cloning and checkpoint is None:
             record["warm_start"] = _clone(cfg, algo, module, tasks, validation, log)
             state.train_seconds = record["warm_start"]["seconds"]
+            save_checkpoint(algo, directory, state, cfg.keep_checkpoints)  # iter_000000: the cloned policy
         write_json_atomic(record_path, record)
         run.open_results(session)
 
