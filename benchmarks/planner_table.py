@@ -7,7 +7,9 @@ to the process-aware heuristic (``resilibench.policies.compare``). Exact values 
 randomness, so the intervals reflect only which tasks were drawn.
 
 Run: ``python benchmarks/planner_table.py --config examples/processes/outages.yaml --limit 150
---policy bc=runs/ppo-outages/bc`` (``--output FILE`` writes the per-task rows and the summary as JSON).
+--policy bc=runs/ppo-outages/checkpoints/iter_000000`` (``--output FILE`` writes the per-task rows and the
+summary as JSON). ``--no-baselines`` scores only the policies, and ``--rows FILE`` (repeatable) merges the
+rows of earlier ``--output`` files on the same tasks, so baselines and policies can be scored apart.
 """
 
 from __future__ import annotations
@@ -34,11 +36,17 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=150)
     parser.add_argument("--policy", action="append", default=[], metavar="NAME=CHECKPOINT")
     parser.add_argument("--output", help="JSON file for the rows and the summary")
+    parser.add_argument("--no-baselines", dest="baselines", action="store_false",
+                        help="score only the --policy planners (no bound, heuristics or optimal policy)")
+    parser.add_argument("--rows", action="append", default=[], metavar="FILE", help="merge the rows of an "
+                        "earlier --output file (same tasks)")
     args = parser.parse_args()
     config = load_config(args.config)
     tasks = interleave_task_types(load_tasks(None, args.split, None))[:args.limit]
-    planners = {name: HEURISTICS[name] for name in ("in_order", "dependency_aware", REFERENCE)}
-    planners["optimal"] = lambda: OptimalPlanner(config)
+    planners = {}
+    if args.baselines:
+        planners = {name: HEURISTICS[name] for name in ("in_order", "dependency_aware", REFERENCE)}
+        planners["optimal"] = lambda: OptimalPlanner(config)
     if args.policy:
         from resilibench.policies.ppo.evaluation import PPOPlanner, load_module
 
@@ -47,8 +55,13 @@ def main() -> None:
             module = load_module(path)
             planners[name] = lambda path=path, module=module: PPOPlanner(path, module)
     started = time.process_time()
-    rows = exact_rows(planners, tasks, config)
-    summary = summarize_exact(rows, list(planners), REFERENCE)
+    rows = exact_rows(planners, tasks, config, bound=args.baselines)
+    for path in args.rows:
+        earlier = {r["task_id"]: r for r in json.loads(Path(path).read_text())["rows"]}
+        for row in rows:
+            row.update({k: v for k, v in earlier[row["task_id"]].items() if k not in row})
+    names = [k for k in rows[0] if k not in ("task_id", "task_type", "bound_iii")]
+    summary = summarize_exact(rows, names, REFERENCE if REFERENCE in names else None)
     print(f"{args.config or 'v1'}: {len(tasks)} {args.split} tasks, {time.process_time() - started:.0f} CPU s")
     print(f"{'planner':<18} {'exact full':>10} {'95% CI':>17} {'share of iii':>12} {'share 95% CI':>15}"
           f"  {'minus ' + REFERENCE + ' [95% CI]'}")

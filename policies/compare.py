@@ -30,13 +30,14 @@ def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
 
 
 def exact_rows(planners: Mapping[str, Callable[[], Planner]], tasks: Sequence[Task], config: WorldConfig,
-               on_task: Callable[[dict[str, Any]], object] | None = None) -> list[dict[str, Any]]:
-    """One row per task: bound (iii) and each planner's exact full-success probability (a fresh planner
-    per task from its factory). ``on_task`` sees each row as it is made."""
+               on_task: Callable[[dict[str, Any]], object] | None = None, bound: bool = True) -> list[dict[str, Any]]:
+    """One row per task: bound (iii) (unless ``bound`` is False) and each planner's exact full-success
+    probability (a fresh planner per task from its factory). ``on_task`` sees each row as it is made."""
     rows = []
     for task in tasks:
-        row: dict[str, Any] = {"task_id": task.instance_id, "task_type": task.task_type,
-                               "bound_iii": optimal_success(task, config)}
+        row: dict[str, Any] = {"task_id": task.instance_id, "task_type": task.task_type}
+        if bound:
+            row["bound_iii"] = optimal_success(task, config)
         for name, make in planners.items():
             row[name] = exact_policy_success(make(), task, config)
         rows.append(row)
@@ -48,14 +49,16 @@ def exact_rows(planners: Mapping[str, Callable[[], Planner]], tasks: Sequence[Ta
 def summarize_exact(rows: Sequence[Mapping[str, Any]], planners: Sequence[str], reference: str | None = None
                     ) -> dict[str, dict[str, Any]]:
     """Per planner (and ``bound_iii``): mean exact success with its 95 % interval over the tasks, the share
-    of bound (iii) (interval: the mean's over the bound's mean), and with ``reference`` the paired
-    difference to it with its 95 % interval."""
+    of bound (iii) (the ratio of the means; its interval by the delta method, paired with the bound per
+    task), and with ``reference`` the paired difference to it with its 95 % interval."""
     bound = sum(r["bound_iii"] for r in rows) / len(rows)
     out: dict[str, dict[str, Any]] = {}
     for name in ("bound_iii", *planners):
         mean, low, high = mean_interval([r[name] for r in rows])
-        entry: dict[str, Any] = {"tasks": len(rows), "mean": mean, "ci95": [low, high], "share_of_iii": mean / bound,
-                                 "share_ci95": [low / bound, high / bound]}
+        share = mean / bound
+        _, e_low, e_high = mean_interval([(r[name] - share * r["bound_iii"]) / bound for r in rows])
+        entry: dict[str, Any] = {"tasks": len(rows), "mean": mean, "ci95": [low, high], "share_of_iii": share,
+                                 "share_ci95": [share + e_low, share + e_high]}
         if reference is not None and name not in ("bound_iii", reference):
             d, d_low, d_high = mean_interval([r[name] - r[reference] for r in rows])
             entry[f"minus_{reference}"] = {"mean": d, "ci95": [d_low, d_high]}
