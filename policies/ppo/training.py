@@ -8,6 +8,12 @@ output directory:
     DIR/progress.jsonl           one row per iteration (iteration, env steps, return, full success, ...)
     DIR/checkpoints/iter_NNNNNN  RLlib checkpoints (Algorithm.save_to_path) with state.json beside them
     DIR/checkpoints/latest.json  the newest checkpoint; ``resume=True`` continues from it
+    DIR/learning_curve.png       full success of the greedy policy on held-out validation tasks vs minutes
+
+With a behaviour-cloning warm start (``warm_start``; the default in worlds with failure processes) the
+network is first fitted to the exact optimal policy's decisions (``warm_start.behaviour_clone``) and PPO
+fine-tunes it; training.json then records the cloning (decisions, agreement, minutes, validation), and
+checkpoints/iter_000000 holds the cloned policy (until ``keep_checkpoints`` newer ones replace it).
 
 A checkpoint holds the algorithm (learner, optimizer, env-runner connectors, iteration count); state.json
 adds what RLlib does not know about: the curriculum stage, env steps and the training time so far.
@@ -19,7 +25,7 @@ __all__ = [
     "REWARDS", "ENV_NAME", "TRAINING_FILE", "PROGRESS_FILE", "STATE_FILE", "RESUMABLE_CHANGES",
     "PPOTrainConfig", "build_ppo_config", "RayClusterError", "required_cpus", "probe_ray_head",
     "check_cluster_resources", "init_ray", "bound_iii_mean", "TrainingState", "read_state",
-    "training_directory", "format_progress", "train", "restore_algorithm", "save_checkpoint",
+    "training_directory", "format_progress", "train", "restore_algorithm", "load_weights", "save_checkpoint",
 ]
 
 import dataclasses
@@ -52,6 +58,7 @@ from . import (
     require_rl,
 )
 from .curriculum import CurriculumConfig, stage_pools
+from .warm_start import WARM_STARTS
 
 REWARDS = ("sparse", "shaped")
 ENV_NAME = "ResiliBenchMasked-v0"  # MaskedPlannerEnv over ResiliBench-v1, registered with Ray Tune
@@ -119,6 +126,17 @@ class PPOTrainConfig(Settings):
     num_gpus_per_learner: float = setting(0.0, bounds=(0, None), metavar="X", help="GPUs per learner")
     num_torch_threads: int = setting(1, bounds=AT_LEAST_ONE, help="torch threads of the driver (env runners "
                                      "get Ray's default, 1 per CPU)")
+    # Warm start: behaviour cloning from the exact optimal policy (resilibench.policies.ppo.warm_start).
+    warm_start: str = setting("auto", choices=WARM_STARTS, help="bc: clone the optimal policy before PPO; "
+                              "auto: bc in worlds with failure processes")
+    bc_tasks: int = setting(200, bounds=AT_LEAST_ONE, help="training tasks the expert plays (task types in turn)")
+    bc_seeds: int = setting(4, bounds=AT_LEAST_ONE, help="expert episodes per task")
+    bc_epochs: int = setting(30, bounds=AT_LEAST_ONE)
+    bc_lr: float = setting(1e-3, above=0)
+    finetune_lr: float = setting(1e-4, above=0, help="PPO's constant learning rate after a bc warm start")
+    # Held-out validation for the learning curve.
+    validation_tasks: int = setting(30, bounds=(0, None), help="validation tasks of the learning curve (0: none)")
+    validation_every_min: float = setting(2.0, above=0, help="minutes of training between validations")
     # Run.
     seed: int = setting(0, bounds=(0, None), metavar="N", help="seed of the envs and the network")
     iterations: int | None = setting(None, bounds=AT_LEAST_ONE, metavar="N", help="stop at iteration N (total)")
@@ -154,6 +172,11 @@ class PPOTrainConfig(Settings):
     def learner_count(self) -> int:
         """The learners that split each batch (0 learners: the driver's own learner)."""
         return max(self.num_learners, 1)
+
+    @property
+    def cloning(self) -> bool:
+        """Whether training starts with behaviour cloning (``warm_start``)."""
+        return self.warm_start == "bc" or (self.warm_start == "auto" and self.world_config().processes.active)
 
     def world_config(self) -> WorldConfig:
         """The world the envs run (``world`` applied to the defaults)."""
@@ -207,7 +230,7 @@ def build_ppo_config(cfg: PPOTrainConfig, stage: int = 0, cluster: bool = False)
                      rollout_fragment_length="auto")
         .learners(num_learners=cfg.num_learners, num_gpus_per_learner=cfg.num_gpus_per_learner)
         .rl_module(rl_module_spec=RLModuleSpec(module_class=PlannerModule, model_config=cfg.model_config()))
-        .training(lr=cfg.lr if cfg.lr_end is None else [[0, cfg.lr], [cfg.lr_decay_steps, cfg.lr_end]], gamma=cfg.gamma, lambda_=cfg.lambda_, clip_param=cfg.clip_param,
+        .training(lr=_learning_rate(cfg), gamma=cfg.gamma, lambda_=cfg.lambda_, clip_param=cfg.clip_param,
                   vf_clip_param=cfg.vf_clip_param, vf_loss_coeff=cfg.vf_loss_coeff,
                   entropy_coeff=cfg.entropy_coeff, use_kl_loss=cfg.use_kl_loss, kl_coeff=cfg.kl_coeff,
                   grad_clip=cfg.grad_clip,
@@ -218,6 +241,13 @@ def build_ppo_config(cfg: PPOTrainConfig, stage: int = 0, cluster: bool = False)
         .debugging(seed=cfg.seed, log_level="ERROR")
         .reporting(metrics_num_episodes_for_smoothing=100)
     )
+
+
+def _learning_rate(cfg: PPOTrainConfig) -> float | list[list[float]]:
+    """PPO's learning rate: constant ``finetune_lr`` after cloning, else ``lr`` (decaying to ``lr_end``)."""
+    if cfg.cloning:
+        return cfg.finetune_lr
+    return cfg.lr if cfg.lr_end is None else [[0, cfg.lr], [cfg.lr_decay_steps, cfg.lr_end]]
 
 
 class RayClusterError(ValueError):
@@ -429,6 +459,11 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
         record = record or {"train": cfg.to_dict(), "sessions": []}
         record["train"] = cfg.to_dict()
         record["sessions"].append(session)
+        validation, module = _validation(cfg, record, log)
+        if cfg.cloning and checkpoint is None:
+            record["warm_start"] = _clone(cfg, algo, module, tasks, validation, log)
+            state.train_seconds = record["warm_start"]["seconds"]
+            save_checkpoint(algo, directory, state, cfg.keep_checkpoints)  # iter_000000: the cloned policy
         write_json_atomic(record_path, record)
         run.open_results(session)
 
@@ -441,9 +476,13 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
 
         bound_for(state.stage if cfg.curriculum else -1)
         budget_s = cfg.time_budget_min * 60 if cfg.time_budget_min is not None else None
-        last_saved = algo.iteration
-        while (cfg.iterations is None or algo.iteration < cfg.iterations) and (
-                budget_s is None or state.train_seconds < budget_s):
+        last_saved, last_validated = algo.iteration, state.train_seconds
+
+        def more() -> bool:
+            return (cfg.iterations is None or algo.iteration < cfg.iterations) and (
+                budget_s is None or state.train_seconds < budget_s)
+
+        while more():
             started = time.perf_counter()
             result = algo.train()
             elapsed = time.perf_counter() - started
@@ -452,8 +491,16 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
             state = TrainingState(row["iteration"], row["env_steps"], row["train_seconds"],
                                   result["resilibench"]["stage"] if cfg.curriculum else 0,
                                   cfg.num_learners, cfg.train_batch_size)
+            if validation is not None and (not more() or
+                                           state.train_seconds - last_validated >= cfg.validation_every_min * 60):
+                row["validation_full"] = _validate(algo, module, validation)
+                last_validated = state.train_seconds
             run.write(row)
             log(format_progress(row))
+            if validation is not None and "validation_full" in row:
+                log(f"validation: full success {row['validation_full']:.3f} (bound (iii) {validation.bound:.3f}, "
+                    f"process-aware heuristic {validation.heuristic:.3f}) on {len(validation.tasks)} tasks")
+                _draw_curve(run, record, validation, cfg)
             if algo.iteration - last_saved >= cfg.checkpoint_every:
                 save_checkpoint(algo, directory, state, cfg.keep_checkpoints)
                 last_saved = algo.iteration
@@ -470,6 +517,69 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
 
             ray.shutdown()
     return row
+
+
+def _validation(cfg: PPOTrainConfig, record: dict[str, Any], log: Callable[[str], None]) -> tuple[Any, Any]:
+    """The held-out ``Validation`` of the learning curve and the module it evaluates (None, None without
+    validation tasks); its baselines go into ``record``."""
+    if not cfg.validation_tasks and not cfg.cloning:
+        return None, None
+    from .warm_start import Validation, build_module
+
+    module = build_module(cfg.model_config(), cfg.env_config())
+    if not cfg.validation_tasks:
+        return None, module
+    tasks = load_tasks(cfg.tasks_path, "validation", cfg.task_types)
+    validation = Validation(tasks, cfg.validation_tasks, cfg.world_config().replace(rules={"profile": "test"}))
+    record["validation"] = {"tasks": len(validation.tasks), "bound_iii": validation.bound,
+                            "process_aware": validation.heuristic}
+    log(f"validation tasks: {len(validation.tasks)}, bound (iii) {validation.bound:.3f}, process-aware heuristic "
+        f"{validation.heuristic:.3f}")
+    return validation, module
+
+
+def _clone(cfg: PPOTrainConfig, algo: Any, module: Any, tasks: list[Task], validation: Any,
+           log: Callable[[str], None]) -> dict[str, Any]:
+    """Behaviour cloning of the optimal policy into ``module``, then into the algorithm's learner and env
+    runners; what training.json records of it."""
+    from ...core.tasks.library import interleave_task_types
+    from .warm_start import behaviour_clone, expert_samples
+
+    started = time.perf_counter()
+    samples = expert_samples(interleave_task_types(tasks)[:cfg.bc_tasks], cfg.bc_seeds, cfg.world_config(),
+                             cfg.features, cfg.gamma)
+    agreement = behaviour_clone(module, samples, cfg.bc_epochs, cfg.bc_lr, seed=cfg.seed)
+    seconds = time.perf_counter() - started
+    load_weights(algo, module.get_state())
+    done = {"decisions": len(samples["action"]), "tasks": min(cfg.bc_tasks, len(tasks)), "seeds": cfg.bc_seeds,
+            "agreement": agreement, "seconds": seconds,
+            "validation_full": validation(module) if validation is not None else None}
+    log(f"behaviour cloning: {done['decisions']:,} optimal decisions ({done['tasks']} tasks x {cfg.bc_seeds} seeds), "
+        f"greedy agreement {agreement:.3f}, {seconds / 60:.1f} min"
+        + (f"; validation full success {done['validation_full']:.3f}" if validation is not None else ""))
+    return done
+
+
+def _validate(algo: Any, module: Any, validation: Any) -> float:
+    """The validation full success of the learner's current policy."""
+    module.set_state(_learner_weights(algo))
+    return validation(module)
+
+
+def _draw_curve(run: RunDirectory, record: dict[str, Any], validation: Any, cfg: PPOTrainConfig) -> None:
+    """DIR/learning_curve.png from the progress rows so far (and the cloning's point)."""
+    from .warm_start import plot_learning_curve
+
+    points = [r for r in run.rows() if r.get("validation_full") is not None]
+    cloned = record.get("warm_start")
+    if cloned and cloned.get("validation_full") is not None:
+        points.insert(0, {"train_seconds": cloned["seconds"], "validation_full": cloned["validation_full"]})
+    p = cfg.world_config().processes
+    world = ", ".join(name for name, on in (("per-tool bases", bool(p.tool_base_success)), ("outages", p.outage_start > 0),
+                                            ("rate limits", p.rate_limit_probability > 0),
+                                            ("latency", bool(p.latency_seconds))) if on) or "no failure processes"
+    plot_learning_curve(points, run.path / "learning_curve.png", validation.bound, validation.heuristic,
+                        f"{'BC + PPO' if cfg.cloning else 'PPO'} ({world}; features {cfg.features})")
 
 
 def _progress_row(result: dict[str, Any], before: TrainingState, elapsed: float, bound: float | None,
@@ -502,18 +612,33 @@ def restore_algorithm(algo: Any, checkpoint: Path) -> None:
     ``Algorithm.restore_from_path`` sends the weights to remote env runners asynchronously, and RLlib
     drops that request while the build's own weight sync is still counted in flight: the runners would
     then sample with fresh random weights while the learner trains the restored ones."""
+    algo.restore_from_path(str(checkpoint.resolve()))
+    _push_to_env_runners(algo, _learner_weights(algo))
+
+
+def _learner_weights(algo: Any) -> dict[str, Any]:
+    """The learner's module weights (inference part)."""
     from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 
-    algo.restore_from_path(str(checkpoint.resolve()))
     state = algo.learner_group.get_state(components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}",
                                          inference_only=True)
-    weights = state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
+    return state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
 
+
+def _push_to_env_runners(algo: Any, weights: dict[str, Any]) -> None:
     def load(runner: Any) -> None:
         if getattr(runner, "module", None) is not None:
             runner.module.set_state(weights)
 
     algo.env_runner_group.foreach_env_runner(load, local_env_runner=True)
+
+
+def load_weights(algo: Any, weights: dict[str, Any]) -> None:
+    """Give the learner(s) and every env runner the module weights ``weights`` (a module's ``get_state``)."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    algo.learner_group.foreach_learner(lambda learner: learner.module[DEFAULT_MODULE_ID].set_state(weights))
+    _push_to_env_runners(algo, weights)
 
 
 def save_checkpoint(algo: Any, directory: Path, state: TrainingState, keep: int = 3) -> Path:

@@ -31,7 +31,8 @@ from resilibench.errors import ConfigError, InputError
 from resilibench.rundir import check_directory
 
 # PPOTrainConfig fields that `train ppo` has options for (built from the fields); --set reaches the others.
-TRAIN_OPTIONS = ("task_types", "split", "reward", "curriculum", "encoder", "features", "iterations", "time_budget_min",
+TRAIN_OPTIONS = ("task_types", "split", "reward", "curriculum", "encoder", "features", "warm_start", "iterations",
+                 "time_budget_min",
                  "num_env_runners", "num_envs_per_env_runner", "num_learners", "num_gpus_per_learner", "seed",
                  "checkpoint_every")
 DEFAULT_TIME_BUDGET_MIN = 20.0  # when neither --iterations nor --time-budget is given

@@ -56,12 +56,12 @@ from resilibench.results import read_jsonl  # noqa: E402
 TYPE = "simple_data_transformation"  # small pool, few distinct bound problems: fast bounds
 TINY = {"d_model": 16, "n_heads": 2, "n_layers": 1, "ff_dim": 32, "value_hiddens": (16,),
         "train_batch_size": 256, "minibatch_size": 128, "num_epochs": 1, "num_env_runners": 0,
-        "num_envs_per_env_runner": 4, "task_types": (TYPE,), "checkpoint_every": 1}
+        "num_envs_per_env_runner": 4, "task_types": (TYPE,), "checkpoint_every": 1, "validation_tasks": 0}
 TINY_FLAGS = ["--task-type", TYPE, "--num-env-runners", "0", "--num-envs-per-env-runner", "4",
               "--checkpoint-every", "1", *[x for k in ("d_model", "n_heads", "n_layers", "ff_dim", "train_batch_size",
                                                           "minibatch_size", "num_epochs")
                                           for x in ("--set", f"{k}={TINY[k]}")],
-              "--set", "value_hiddens=[16]"]
+              "--set", "value_hiddens=[16]", "--set", "validation_tasks=0"]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,73 @@
+"""Behaviour cloning from the optimal policy as PPO's warm start: the expert data, a real RLlib run that
+starts from the cloned weights, the learning curve, and `train ppo --warm-start` (default on in worlds with
+failure processes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.rllib")
+torch = pytest.importorskip("torch")
+
+from resilibench.cli import build_parser  # noqa: E402
+from resilibench.cli.train import _train_config  # noqa: E402
+from resilibench.core.config import load_config  # noqa: E402
+from resilibench.core.tasks.library import interleave_task_types  # noqa: E402
+from resilibench.core.world import load_tasks  # noqa: E402
+from resilibench.policies.ppo.evaluation import PPOPlanner  # noqa: E402
+from resilibench.policies.ppo.training import PPOTrainConfig, train  # noqa: E402
+from resilibench.policies.ppo.warm_start import expert_samples  # noqa: E402
+
+OUTAGES = Path(__file__).parents[2] / "examples" / "processes" / "outages.yaml"
+TYPE = "simple_data_transformation"
+
+
+def test_expert_samples_are_the_optimal_policys_legal_decisions():
+    config = load_config(OUTAGES)
+    tasks = load_tasks(None, "train", [TYPE])[:2]
+    samples = expert_samples(tasks, 2, config)
+    n = len(samples["action"])
+    assert n >= 4 and samples["obs"].shape == (n, 265) and samples["mask"].shape == (n, 31)
+    assert all(samples["mask"][i, a] == 1 for i, a in enumerate(samples["action"]))
+    assert samples["ret"].min() >= 0.0 and samples["ret"].max() <= 1.0  # discounted sparse returns
+    assert (samples["action"] == 30).sum() >= 1  # the expert finishes
+
+
+def test_warm_start_flag_and_its_default():
+    def config(*args):
+        return _train_config(build_parser().parse_args(["train", "ppo", "--iterations", "1", *args]))
+
+    assert config("--config", str(OUTAGES)).cloning  # worlds with failure processes: bc by default
+    assert not config("--config", str(OUTAGES), "--warm-start", "none").cloning
+    assert not config().cloning and config("--warm-start", "bc").cloning
+    assert config("--config", str(OUTAGES)).warm_start == "auto"
+
+
+@pytest.mark.slow
+def test_ppo_starts_from_the_cloned_expert(tmp_path):
+    """A real RLlib run (one iteration, a learning rate too small to move the weights much): its greedy
+    policy, restored from the checkpoint, takes the expert's action on most of the expert's states, and
+    the run draws its learning curve."""
+    import ray
+
+    config = load_config(OUTAGES)
+    cfg = PPOTrainConfig(task_types=(TYPE,), world=config.to_dict(), iterations=1, d_model=16, n_heads=2,
+                         ff_dim=32, value_hiddens=(16,), train_batch_size=128, minibatch_size=128, num_epochs=1,
+                         num_env_runners=0, num_envs_per_env_runner=2, bc_tasks=6, bc_seeds=4, bc_epochs=80,
+                         finetune_lr=1e-7, validation_tasks=2)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        train(cfg, tmp_path / "run", log=lambda line: None)
+    finally:
+        ray.shutdown()
+    record = json.loads((tmp_path / "run" / "training.json").read_text())
+    assert record["warm_start"]["agreement"] >= 0.8 and record["warm_start"]["decisions"] > 50
+    assert (tmp_path / "run" / "learning_curve.png").stat().st_size > 1000
+    samples = expert_samples(interleave_task_types(cfg.training_tasks())[:6], 4, config)
+    planner = PPOPlanner(tmp_path / "run")
+    greedy = planner.actions(samples["obs"], samples["mask"])
+    assert np.mean(np.asarray(greedy) == samples["action"]) >= 0.8
