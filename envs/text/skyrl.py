@@ -67,11 +67,12 @@ class ResiliBenchSkyRLEnv(BaseTextEnv):
             observation, reward, terminated, truncated, info = self.env.step(action)
         except Exception as exc:  # the env could not go on: not the agent's failure, not a fault of the world
             metadata = _episode_metadata(self.env.info()) | {"infrastructure_error": f"{type(exc).__name__}: {exc}"}
-            return BaseTextEnvStepOutput(observations=[], reward=0.0, done=True, metadata=metadata)
+            return BaseTextEnvStepOutput(observations=[], reward=0.0, done=True, metadata=metadata,
+                                         postprocessed_action=None)
         done = terminated or truncated
         observations = [{"role": "user", "content": observation}]
         return BaseTextEnvStepOutput(observations=observations, reward=float(reward), done=done,
-                                     metadata=_episode_metadata(info))
+                                     metadata=_episode_metadata(info), postprocessed_action=None)
 
     def get_metrics(self) -> dict[str, Any]:
         info = self.env.info()

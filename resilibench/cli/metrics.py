@@ -258,10 +258,10 @@ def cmd_score(args: argparse.Namespace) -> int:
         for chunk in iter_chunks(pairs, args.batch_size):
             results = scorer.score([(p, r) for _, p, r, _ in chunk], [t for *_, t in chunk])
             rows += [{"id": pair_id, **result} for (pair_id, *_), result in zip(chunk, results, strict=True)]
+            bar.update(len(chunk))
     for row in rows:
         if row["id"] in args.unreadable:
             row["details"]["unreadable"] = args.unreadable[row["id"]]
-            bar.update(len(chunk))
     if args.output:
         write_text_atomic(args.output, "".join(dumps_row(r) + "\n" for r in rows))
     if args.format == "json":

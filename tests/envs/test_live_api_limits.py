@@ -250,7 +250,7 @@ def test_the_openai_backend_caps_and_checks_retry_after(value, monkeypatch):
         backend = backends.OpenAIBackend(f"{server.url}/v1", "m", timeout=5, max_retries=1, backoff=0.05)
         start = time.monotonic()
         assert backend.generate([[{"role": "user", "content": "hi"}]], GenerationConfig()) == ["<answer>ok</answer>"]
-        assert time.monotonic() - start < 1.5
+        assert time.monotonic() - start < 5  # not the 100000 s asked (slack for a loaded machine)
     assert len(server.requests) == 2
 
 
