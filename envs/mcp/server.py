@@ -441,7 +441,8 @@ class ResiliBenchMCP:
                              arguments.get("turn_limit", self.config.rules.turn_limit))
         episode = start_episode(task, seed, config, self.registry)
         try:  # against our tool service this opens the service's episode of the same task and seed
-            executor = None if self.client is None else HttpExecutor(self.client, episode)
+            # A server resumes nothing and its clients may leave episodes unfinished: each call is logged at once.
+            executor = None if self.client is None else HttpExecutor(self.client, episode, whole_episodes=False)
         except InputError as exc:
             return _error(API_ERROR, f"start_task: {exc.message}")
         except httpx.HTTPError as exc:  # the service is unreachable or answered no HTTP

@@ -343,14 +343,17 @@ class HttpExecutor:
     a front end shows instead of the simulated output); ``outcomes`` all of them. Log rows (when the client
     has a log) name the episode ``log_episode`` (default ``<task id>/<seed>/<process id>-<k>``, ``k``
     counting the executors of this process: unique when a run plays one task and seed twice, as two
-    planners do, or when runs append to one log). They reach the log in one write when the episode ends,
-    so a run killed mid-episode leaves none of its rows to be logged again when the run resumes."""
+    planners do, or when runs append to one log). With ``whole_episodes`` (the default) they reach the log
+    in one write when the episode ends, so a run killed mid-episode leaves none of its rows to be logged
+    again when the run resumes; without it (a server, whose clients may leave episodes unfinished and which
+    resumes nothing) each call's row is written at once."""
 
     client: ToolClient
     episode: Episode
     log_episode: str | None = None
     mirror: bool | None = None  # None: when the client is the tool service
     arguments: Mapping[str, Any] | None = None
+    whole_episodes: bool = True  # log rows when the episode ends (False: each call's row at once)
     service_episode: str | None = field(default=None, init=False)
     last_outcome: HttpOutcome | None = field(default=None, init=False)
     outcomes: list[HttpOutcome] = field(default_factory=list, init=False)
@@ -359,7 +362,7 @@ class HttpExecutor:
     def __post_init__(self) -> None:
         if self.mirror is None:
             self.mirror = self.client.is_service
-        if self.client.log is not None:
+        if self.client.log is not None and self.whole_episodes:
             self.episode.end_listeners.append(self._write_log)
         if self.log_episode is None:
             self.log_episode = f"{self.episode.task.instance_id}/{self.episode.seed}/{LOG_RUN}-{next(_LOGGED)}"
@@ -439,11 +442,13 @@ class HttpExecutor:
                 n_failed, n_history, outcome.success, outcome.error_code, outcome.status,
                 round(outcome.latency_s, 6), outcome.error_class, outcome.retry_after, outcome.attempt,
                 world_duration, outcome.wait_turns))
+            if not self.whole_episodes:
+                self._write_log(episode)
         duration = outcome.latency_s if world_duration is None else world_duration
         return outcome.success, outcome.error_code, duration, outcome.wait_turns
 
     def _write_log(self, episode: Episode) -> None:
-        """Append the ended episode's rows to the client's log."""
+        """Append the rows not yet logged to the client's log."""
         assert self.client.log is not None  # registered only then
         write_rows(self.client.log, self.log_rows)
         self.log_rows.clear()
