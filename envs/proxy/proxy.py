@@ -37,6 +37,7 @@ import os
 import shlex
 import socket
 import time
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
@@ -104,7 +105,7 @@ def _call_key(tool: str, arguments: dict[str, Any]) -> str:
 # --- upstreams ------------------------------------------------------------------------------------------
 
 
-class Upstream:
+class Upstream(ABC):
     """Where calls go: ``tools``, ``server_info`` and ``instructions`` once entered (``async with``), and
     ``call(tool, arguments, session)``, the upstream's ``CallToolResult`` (it may raise what ``mcp_failure``
     reads: the SDK's ``MCPError``, a lost session)."""
@@ -119,8 +120,9 @@ class Upstream:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
+    @abstractmethod
     async def call(self, tool: str, arguments: dict[str, Any], session: Session) -> types.CallToolResult:
-        raise NotImplementedError
+        """The upstream's answer to one call of ``tool`` in a client's ``session``."""
 
 
 class LiveUpstream(Upstream):
