@@ -1,5 +1,6 @@
 """A small MCP server over stdio for the fault proxy's tests: ``echo`` answers its text, ``count`` how many
-calls this process has served, ``pid`` its process id, ``die`` ends the process without an answer (a dying upstream)."""
+calls this process has served, ``pid`` its process id, ``die`` ends the process without an answer (a dying upstream);
+a resource ``notes://today``, a template ``notes://{day}`` and a prompt ``greet``."""
 
 import os
 
@@ -33,6 +34,21 @@ def pid() -> int:
 def die() -> str:
     """End the process without answering."""
     os._exit(7)
+
+
+@server.resource("notes://today", description="Today's note.")
+def today() -> str:
+    return "buy milk"
+
+
+@server.resource("notes://{day}", description="The note of a day.")
+def note(day: str) -> str:
+    return f"the note of {day}"
+
+
+@server.prompt(description="A greeting.")
+def greet(name: str) -> str:
+    return f"Say hello to {name}."
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ keeps the upstream's tool list and answers (JSON lines); ``ReplayUpstream`` answ
 from __future__ import annotations
 
 __all__ = [
-    "DEFAULT_UPSTREAM_TIMEOUT", "DEFAULT_MAX_SESSIONS", "NOT_RECORDED", "UPSTREAM_GONE", "UpstreamError",
+    "DEFAULT_UPSTREAM_TIMEOUT", "DEFAULT_MAX_SESSIONS", "FAULT_META", "NOT_RECORDED", "UPSTREAM_GONE", "UpstreamError",
     "Upstream", "LiveUpstream", "ReplayUpstream", "Session", "FaultProxy", "serve_proxy",
 ]
 
@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -67,11 +67,13 @@ from ..real_api.service import DEFAULT_SLOW_SECONDS
 
 DEFAULT_UPSTREAM_TIMEOUT = 60.0
 DEFAULT_MAX_SESSIONS = 10_000  # sessions kept; beyond, the least recently used one is forgotten
+FAULT_META = "resilibench/fault"  # the ``_meta`` key of a tool error's code, description, session, turn
 NOT_RECORDED = "NOT_RECORDED"  # replay: no answer recorded for the call
 UPSTREAM_GONE = "the upstream MCP server is gone"
 _GRACE_SECONDS = 0.5  # once the upstream has gone, how long the proxy goes on answering before it stops
 _STDIO = "stdio"  # the session key of the stdio client (and of HTTP requests without a session id)
 _SESSION_HEADER = "mcp-session-id"
+_R = TypeVar("_R", bound=types.Result)
 
 # What each fault says, beside its code.
 _SAYS = {
@@ -83,15 +85,26 @@ _SAYS = {
 }
 
 
+# The upstream's resources and prompts, forwarded unchanged when it has them (no fault is drawn for them):
+# (capability, the proxy server's handler, request, result).
+_FORWARDED = (
+    ("resources", "on_list_resources", types.ListResourcesRequest, types.ListResourcesResult),
+    ("resources", "on_list_resource_templates", types.ListResourceTemplatesRequest, types.ListResourceTemplatesResult),
+    ("resources", "on_read_resource", types.ReadResourceRequest, types.ReadResourceResult),
+    ("prompts", "on_list_prompts", types.ListPromptsRequest, types.ListPromptsResult),
+    ("prompts", "on_get_prompt", types.GetPromptRequest, types.GetPromptResult),
+)
+
+
 class UpstreamError(RuntimeError):
     """The upstream MCP server cannot be started or reached, or it went away while serving."""
 
 
 def _error(code: str, description: str, **data: Any) -> types.CallToolResult:
-    """A tool error in the shape of ``serve mcp``'s: text ``Error: CODE: description``, the same structured."""
+    """A tool error: text ``Error: CODE: description`` (``serve mcp``'s), the same in ``_meta[FAULT_META]``
+    (not in the structured content, which clients check against the upstream tool's output schema)."""
     return types.CallToolResult(content=[types.TextContent(type="text", text=f"Error: {code}: {description}")],
-                                structured_content={"error": {"code": code, "description": description}, **data},
-                                is_error=True)
+                                meta={FAULT_META: {"code": code, "description": description, **data}}, is_error=True)
 
 
 def _dump(model: Any) -> dict[str, Any]:
@@ -106,13 +119,15 @@ def _call_key(tool: str, arguments: dict[str, Any]) -> str:
 
 
 class Upstream(ABC):
-    """Where calls go: ``tools``, ``server_info`` and ``instructions`` once entered (``async with``), and
-    ``call(tool, arguments, session)``, the upstream's ``CallToolResult`` (it may raise what ``mcp_failure``
-    reads: the SDK's ``MCPError``, a lost session)."""
+    """Where calls go: ``tools``, ``server_info``, ``instructions`` and ``capabilities`` once entered
+    (``async with``), and ``call(tool, arguments, session)``, the upstream's ``CallToolResult`` (it may raise
+    what ``mcp_failure`` reads: the SDK's ``MCPError``, a lost session). ``forward`` answers the other
+    requests of the capabilities it has (resources, prompts); by default it has tools only."""
 
     tools: list[types.Tool]
     server_info: types.Implementation
     instructions: str | None = None
+    capabilities = types.ServerCapabilities()
 
     async def __aenter__(self) -> Upstream:
         return self
@@ -123,6 +138,10 @@ class Upstream(ABC):
     @abstractmethod
     async def call(self, tool: str, arguments: dict[str, Any], session: Session) -> types.CallToolResult:
         """The upstream's answer to one call of ``tool`` in a client's ``session``."""
+
+    async def forward(self, request: types.Request[Any, Any], result: type[types.Result]) -> types.Result:
+        """The upstream's answer to a request other than a tool call, unchanged (its error raised as is)."""
+        raise MCPError(types.METHOD_NOT_FOUND, f"{type(self).__name__} answers tool calls only, not {request.method}")
 
 
 class LiveUpstream(Upstream):
@@ -156,6 +175,7 @@ class LiveUpstream(Upstream):
                 raise UpstreamError(f"cannot open an MCP session with {self.where}: {_reason(exc)}") from None
             raise
         self.server_info = self._client.server_info or types.Implementation(name="upstream", version="")
+        self.capabilities = self._client.server_capabilities
         session = self._client.session  # the handshake's or the discovery's result says the instructions
         self.instructions = getattr(session.initialize_result or session.discover_result, "instructions", None)
         return self
@@ -174,7 +194,22 @@ class LiveUpstream(Upstream):
             await self._stack.aclose()
 
     async def call(self, tool: str, arguments: dict[str, Any], session: Session) -> types.CallToolResult:
-        return await self._client.call_tool(tool, arguments, read_timeout_seconds=self.timeout)
+        return _unstamped(await self._client.call_tool(tool, arguments, read_timeout_seconds=self.timeout))
+
+    async def forward(self, request: types.Request[Any, Any], result: type[types.Result]) -> types.Result:
+        return _unstamped(await self._client.session.send_request(request, result,
+                                                                  request_read_timeout_seconds=self.timeout))
+
+
+def _unstamped(result: _R) -> _R:
+    """``result`` without the ``serverInfo`` stamp the upstream puts on the 2026-07-28 protocol's results: the
+    proxy's server stamps the same server info for clients of that protocol, and a client of an older one
+    gets the result as the upstream would give it, unstamped."""
+    meta = result.meta or {}
+    if types.SERVER_INFO_META_KEY not in meta:
+        return result
+    rest = {key: value for key, value in meta.items() if key != types.SERVER_INFO_META_KEY}
+    return result.model_copy(update={"meta": rest or None})
 
 
 def _reason(exc: BaseException) -> str:
@@ -332,9 +367,19 @@ class FaultProxy:
                                 "instructions": upstream.instructions, "tools": [_dump(t) for t in upstream.tools]},
                                mode="w")
         info = upstream.server_info
-        self.server: Server = Server(info.name, version=info.version, title=info.title,
-                                     instructions=upstream.instructions,
-                                     on_list_tools=self._list_tools, on_call_tool=self._call_tool)
+        forwarded = {handler: self._forwarder(request, result) for capability, handler, request, result in _FORWARDED
+                     if getattr(upstream.capabilities, capability) is not None}
+        self.server: Server = Server(info.name, version=info.version, title=info.title, description=info.description,
+                                     website_url=info.website_url, icons=info.icons, instructions=upstream.instructions,
+                                     on_list_tools=self._list_tools, on_call_tool=self._call_tool, **forwarded)
+
+    def _forwarder(self, request: type[types.Request[Any, Any]], result: type[types.Result]) -> Callable[..., Any]:
+        """A handler passing the client's ``request`` to the upstream and its answer back, both unchanged."""
+
+        async def forward(ctx: Any, params: Any) -> types.Result:
+            return await self.upstream.forward(request(params=params), result)
+
+        return forward
 
     def handshake_only(self) -> None:
         """Answer ``server/discover`` with the handshake-era versions only, so that a client negotiating

@@ -20,7 +20,7 @@ from mcp.server.mcpserver import MCPServer
 from helpers import make_task
 from resilibench.core.config import WorldConfig
 from resilibench.core.simulator import Episode, env_episode
-from resilibench.envs.proxy.proxy import FaultProxy, LiveUpstream, ReplayUpstream
+from resilibench.envs.proxy.proxy import FAULT_META, FaultProxy, LiveUpstream, ReplayUpstream
 from resilibench.envs.real_api.call_log import read_rows
 from resilibench.envs.real_api.failure_fit import fit_failures
 
@@ -54,7 +54,12 @@ def echo_server(name: str = "echo") -> MCPServer:
 
 
 def code(result) -> str | None:
-    return result.structured_content["error"]["code"] if result.is_error else None
+    return fault(result)["code"] if result.is_error else None
+
+
+def fault(result) -> dict:
+    """A tool error's details, kept in ``_meta`` (the structured content is the upstream tool's schema's)."""
+    return result.meta[FAULT_META]
 
 
 async def play(proxy: FaultProxy, calls: list[tuple[str, dict]]) -> list:
@@ -79,7 +84,7 @@ def test_a_session_draws_what_the_simulator_draws_for_a_tool_without_dependencie
             if record.error_code in PROCESS_CODES or record.success:
                 assert code(result) == record.error_code
             if record.error_code == "RATE_LIMIT_ERROR":
-                assert result.structured_content["retry_after"] == record.retry_after
+                assert fault(result)["retry_after"] == record.retry_after
             if record.success:
                 assert result.structured_content == {"result": "x"}  # the upstream's own answer
                 break
@@ -97,6 +102,7 @@ def test_every_fault_kind_reaches_the_client_as_a_tool_error_saying_what_happene
         text = result.content[0].text
         if result.is_error:
             assert text.startswith(f"Error: {code(result)}: get_current_time: ")
+            assert result.structured_content is None  # no content the tool's output schema would refuse
         else:
             assert result.structured_content["timezone"] == "UTC"
     rate = next(r for r in results if code(r) == "RATE_LIMIT_ERROR")
