@@ -470,8 +470,9 @@ class FaultProxy:
         if code == hf.RATE_LIMIT_ERROR:
             wait = outcome.retry_after or 0
             data["retry_after"] = wait
-            return _error(code, f"{tool}: {says}: its next {wait} call(s) in this session are refused too; "
-                          f"retry after {wait} more call(s)", **data)
+            then = (f"its next {wait} call(s) in this session are refused too; retry after {wait} more call(s)"
+                    if wait else "the limit lifts after this call; retry now")
+            return _error(code, f"{tool}: {says}: {then}", **data)
         if code == hf.SERVICE_UNAVAILABLE:
             return _error(code, f"{tool}: {says} (an outage): the call was not served", **data)
         says = next((e["description"] for e in self.registry[tool].errors if e["code"] == code), code)

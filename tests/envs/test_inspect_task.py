@@ -4,13 +4,26 @@ holds the episodes for Inspect's viewer; infrastructure errors are unscored, apa
 
 from __future__ import annotations
 
+import io
+import json
 import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 inspect_ai = pytest.importorskip("inspect_ai", reason="pip install 'resilibench[frameworks]' (inspect-ai)")
 
-from inspect_ai.log import list_eval_logs, read_eval_log  # noqa: E402
+from inspect_ai.log import EvalLog  # noqa: E402
 from inspect_ai.model import ModelOutput, ModelUsage, get_model  # noqa: E402
 
 from resilibench.agents.scripted import OptimalTextAgent  # noqa: E402
@@ -63,9 +76,64 @@ def test_a_scripted_model_meets_the_text_env_and_the_log_holds_the_episodes(tmp_
         assert calls == [r["tool"] for r in expected["trace"]]  # the episode, message by message, in the log
         faults |= set(score.metadata["faults"])
     assert faults
-    # What Inspect's log viewer lists and opens: the log file in the directory, read back whole.
-    (info,) = list_eval_logs(str(tmp_path))
-    assert len(read_eval_log(info).samples) == 6
+    with inspect_view(tmp_path) as viewer:
+        check_the_viewer_serves(viewer, log)
+
+
+@contextmanager
+def inspect_view(log_dir: Path) -> Iterator[str]:
+    """Inspect's log viewer (`inspect view`) on ``log_dir``, on a free local port: its address once it answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "inspect_ai", "view", "start", "--log-dir", str(log_dir),
+                               "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, server.stderr and server.stderr.read()
+            try:
+                urllib.request.urlopen(f"{url}/api/log-files", timeout=5)
+                break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.2)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.read()
+
+
+def check_the_viewer_serves(viewer: str, log: EvalLog) -> None:
+    """What the viewer's page asks its server for: the listing of the log directory, then the log, as JSON
+    (``/api/logs``) and as the ``.eval`` file's bytes (``/api/log-bytes``, unzipped in the browser), hold our
+    episodes: each sample's score, level and tool calls as the eval returned them."""
+    assert b"<html" in get(f"{viewer}/").lower()  # the viewer's page itself
+    (listed,) = json.loads(get(f"{viewer}/api/log-files"))["files"]
+    assert listed["task"] == "resilibench" and listed["name"].endswith(Path(log.location).name)
+    quoted = urllib.parse.quote(listed["name"], safe="")
+    served = json.loads(get(f"{viewer}/api/logs/{quoted}"))
+    assert served["status"] == "success" and served["results"]["scores"][0]["name"] == "episode_level"
+
+    def episodes(samples: list) -> dict:
+        """(id, epoch): the score's value and level, the assistant's tool calls, the faults met."""
+        return {(s["id"], s["epoch"]): (s["scores"]["episode_level"]["value"], s["scores"]["episode_level"]["answer"],
+                                        [c["function"] for m in s["messages"] if m["role"] == "assistant"
+                                         for c in m.get("tool_calls") or ()],
+                                        s["scores"]["episode_level"]["metadata"]["faults"]) for s in samples}
+
+    expected = episodes([s.model_dump(mode="json") for s in log.samples or ()])
+    assert len(expected) == 6 and episodes(served["samples"]) == expected
+    size = int(get(f"{viewer}/api/log-size/{quoted}"))
+    with zipfile.ZipFile(io.BytesIO(get(f"{viewer}/api/log-bytes/{quoted}?start=0&end={size - 1}"))) as archive:
+        samples = [json.loads(archive.read(n)) for n in archive.namelist() if n.startswith("samples/")]
+    assert episodes(samples) == expected
 
 
 @pytest.mark.slow
