@@ -16,9 +16,9 @@ from typing import Any
 
 import anyio
 import pytest
+from echo_mcp_server import server as echo_server
 from mcp import Client
 
-from echo_mcp_server import server as echo_server
 from resilibench.core.config import load_config
 from resilibench.envs.proxy.proxy import FAULT_META, FaultProxy, LiveUpstream
 
