@@ -87,7 +87,7 @@ _SAYS = {
 
 # The upstream's resources and prompts, forwarded unchanged when it has them (no fault is drawn for them):
 # (capability, the proxy server's handler, request, result).
-_FORWARDED = (
+_FORWARDED: tuple[tuple[str, str, Callable[..., types.Request[Any, Any]], type[types.Result]], ...] = (
     ("resources", "on_list_resources", types.ListResourcesRequest, types.ListResourcesResult),
     ("resources", "on_list_resource_templates", types.ListResourceTemplatesRequest, types.ListResourceTemplatesResult),
     ("resources", "on_read_resource", types.ReadResourceRequest, types.ReadResourceResult),
@@ -104,7 +104,7 @@ def _error(code: str, description: str, **data: Any) -> types.CallToolResult:
     """A tool error: text ``Error: CODE: description`` (``serve mcp``'s), the same in ``_meta[FAULT_META]``
     (not in the structured content, which clients check against the upstream tool's output schema)."""
     return types.CallToolResult(content=[types.TextContent(type="text", text=f"Error: {code}: {description}")],
-                                meta={FAULT_META: {"code": code, "description": description, **data}}, is_error=True)
+                                _meta={FAULT_META: {"code": code, "description": description, **data}}, is_error=True)
 
 
 def _dump(model: Any) -> dict[str, Any]:
@@ -367,13 +367,15 @@ class FaultProxy:
                                 "instructions": upstream.instructions, "tools": [_dump(t) for t in upstream.tools]},
                                mode="w")
         info = upstream.server_info
-        forwarded = {handler: self._forwarder(request, result) for capability, handler, request, result in _FORWARDED
-                     if getattr(upstream.capabilities, capability) is not None}
+        forwarded: dict[str, Any] = {handler: self._forwarder(request, result)
+                                     for capability, handler, request, result in _FORWARDED
+                                     if getattr(upstream.capabilities, capability) is not None}
         self.server: Server = Server(info.name, version=info.version, title=info.title, description=info.description,
                                      website_url=info.website_url, icons=info.icons, instructions=upstream.instructions,
                                      on_list_tools=self._list_tools, on_call_tool=self._call_tool, **forwarded)
 
-    def _forwarder(self, request: type[types.Request[Any, Any]], result: type[types.Result]) -> Callable[..., Any]:
+    def _forwarder(self, request: Callable[..., types.Request[Any, Any]],
+                   result: type[types.Result]) -> Callable[..., Any]:
         """A handler passing the client's ``request`` to the upstream and its answer back, both unchanged."""
 
         async def forward(ctx: Any, params: Any) -> types.Result:
