@@ -1,8 +1,8 @@
 """The MCP fault proxy: any MCP server's tools, failing as the world's tools fail (docs/envs/proxy.md).
 
 ``FaultProxy`` stands between MCP clients and an upstream MCP server (a command over stdio, a streamable-HTTP
-URL, or a recording of one). It lists the upstream's tools unchanged and forwards each call after drawing
-its outcome by the world's own rules: ``core.processes.sample_outcome`` (rate limits, outages, latency and
+URL, or a recording of one). It lists the upstream's tools unchanged, forwards its resources and prompts
+untouched (no fault), and forwards each tool call after drawing its outcome by the world's own rules: ``core.processes.sample_outcome`` (rate limits, outages, latency and
 timeouts, the success formula) with the simulator's stream wiring (``core.simulator.call_uniforms``),
 exactly as the simulator draws a call of a tool without dependencies. The mapping of an upstream tool:
 
@@ -13,7 +13,8 @@ exactly as the simulator draws a call of a tool without dependencies. The mappin
   (one per call), draws and process state per tool. Session k (numbered from 0 in the order of their first
   call) plays seed ``env_episode(seed, k, 1)[1]``, the k-th episode of an env seeded ``seed``: the same
   seed and the same calls (and upstream answers) give the same faults;
-* a failed call is an MCP tool error ``Error: CODE: what happened`` shown by the fault table's kind
+* a failed call is an MCP tool error ``Error: CODE: what happened`` (the same in ``_meta[FAULT_META]``, no
+  structured content: clients check that against the tool's output schema) shown by the fault table's kind
   (``http_faults.fault_of``): a TIMEOUT forwards the call and withholds the answer ``slow_seconds``, a
   SCHEMA_MISMATCH forwards it and returns its answer cut short, every other failure never reaches the
   upstream (a rate-limit refusal says how many calls it lasts). A success is the upstream's own answer,

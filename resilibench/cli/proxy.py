@@ -103,6 +103,7 @@ def add_commands(commands: Any) -> None:
         "mcp": ("an MCP server's tools with the world's failure processes injected per tool and client session",
                 _mcp_arguments,
                 "Start an upstream MCP server (-- COMMAND, over stdio; or --upstream-url; or --replay a recording) "
-                "and serve its tools unchanged, each call drawn by the world's failure processes: a success is the "
-                "upstream's own answer, a failure a tool error saying what happened; see docs/envs/proxy.md."),
+                "and serve its tools, resources and prompts unchanged, each tool call drawn by the world's failure "
+                "processes: a success is the upstream's own answer, a failure a tool error saying what happened; "
+                "see docs/envs/proxy.md."),
     })
