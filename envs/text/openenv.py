@@ -72,7 +72,7 @@ class ResiliBenchOpenEnv(Environment[ResiliBenchAction, ResiliBenchObservation, 
         self._state = ResiliBenchState()
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
-              **_: Any) -> ResiliBenchObservation:
+              **_options: Any) -> ResiliBenchObservation:
         """Open the text env's episode of ``task_id`` and ``seed`` (default 0)."""
         if not isinstance(task_id, str):
             raise ValueError(f"reset needs the episode's task: task_id must be a string, got {task_id!r}")

@@ -88,7 +88,7 @@ class ResiliBenchVerifiersEnv(vf.MultiTurnEnv):
 
     async def env_response(self, messages: vf.Messages, state: vf.State, **kwargs: Any) -> vf.Messages:
         env: ResiliBenchTextEnv = state[ENV_KEY]
-        message = messages[-1]["content"] if isinstance(messages, list) else messages
+        message = messages[-1].get("content") if isinstance(messages, list) else messages
         try:
             observation, _, terminated, truncated, info = env.step(message)
         except Exception as exc:  # the env could not go on: not the model's failure, not a fault of the world

@@ -11,13 +11,13 @@ import pytest
 
 vf = pytest.importorskip("verifiers", reason="pip install 'resilibench[frameworks]' (verifiers)")
 
+from chat_server import ChatServer, completion  # noqa: E402
 from openai import AsyncOpenAI  # noqa: E402
 
 from resilibench.agents.scripted import OptimalTextAgent  # noqa: E402
 from resilibench.core.world import load_tasks  # noqa: E402
 from resilibench.envs.text.env import ResiliBenchTextEnv  # noqa: E402
 from resilibench.envs.text.verifiers_env import ENV_KEY, RECORD_KEY, ResiliBenchVerifiersEnv  # noqa: E402
-from chat_server import ChatServer, completion  # noqa: E402
 
 TASKS = load_tasks(split="test")[:4]
 
