@@ -4,33 +4,38 @@ seed, sessions side by side stay apart, and infrastructure errors are recorded a
 
 from __future__ import annotations
 
+import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("openenv", reason="pip install 'resilibench[frameworks]' (openenv)")
+from resilibench.agents.scripted import OptimalTextAgent
+from resilibench.core.world import load_tasks
+from resilibench.envs.real_api.service import running_service
+from resilibench.envs.text.env import ResiliBenchTextEnv
 
-from resilibench.agents.scripted import OptimalTextAgent  # noqa: E402
-from resilibench.core.world import load_tasks  # noqa: E402
-from resilibench.envs.real_api.service import running_service  # noqa: E402
-from resilibench.envs.text.env import ResiliBenchTextEnv  # noqa: E402
-from resilibench.envs.text.openenv import (  # noqa: E402
-    ResiliBenchAction,
-    ResiliBenchEnvClient,
-    create_openenv_app,
-)
+if importlib.util.find_spec("openenv") is None:
+    pytest.skip("pip install 'resilibench[frameworks]' (openenv)", allow_module_level=True)
+pytestmark = pytest.mark.slow  # openenv is imported by the tests, not at collection (the fast lane skips them)
 
 TASKS = load_tasks(split="test")[:4]
 
 
 @pytest.fixture(scope="module")
-def server_url():
-    with running_service(SimpleNamespace(app=create_openenv_app(tasks=TASKS))) as url:  # type: ignore[arg-type]
+def oe():
+    from resilibench.envs.text import openenv
+
+    return openenv
+
+
+@pytest.fixture(scope="module")
+def server_url(oe):
+    with running_service(SimpleNamespace(app=oe.create_openenv_app(tasks=TASKS))) as url:  # type: ignore[arg-type]
         yield url
 
 
-def play(client, task_id, seed):
+def play(oe, client, task_id, seed):
     """The optimal agent's episode through the server, beside the text env played with the same messages:
     each observation is the text env's answer; returns the last result and the text env's info."""
     reference = ResiliBenchTextEnv(split=None, tasks=TASKS)
@@ -41,7 +46,7 @@ def play(client, task_id, seed):
     while not result.done:
         message = OptimalTextAgent.message(reference.episode)
         observation, *_, info = reference.step(message)
-        result = client.step(ResiliBenchAction(message=message))
+        result = client.step(oe.ResiliBenchAction(message=message))
         assert [m["content"] for m in result.observation.messages] == [observation]
         rewards.append(result.reward)
     state = client.state()
@@ -59,13 +64,12 @@ def text_env_outcome(task_id, seed):
     return info
 
 
-@pytest.mark.slow
-def test_a_scripted_agent_meets_the_text_env_seed_for_seed(server_url):
+def test_a_scripted_agent_meets_the_text_env_seed_for_seed(oe, server_url):
     faults = set()
     for task in TASKS:
         for seed in (0, 1, 2):
-            with ResiliBenchEnvClient(base_url=server_url).sync() as client:
-                result, _ = play(client, task.instance_id, seed)
+            with oe.ResiliBenchEnvClient(base_url=server_url).sync() as client:
+                result, _ = play(oe, client, task.instance_id, seed)
             expected = text_env_outcome(task.instance_id, seed)
             record = result.observation.metadata
             assert record["trace"] == expected["trace"] and record["level"] == expected["level"]
@@ -76,27 +80,25 @@ def test_a_scripted_agent_meets_the_text_env_seed_for_seed(server_url):
     assert faults  # the episodes met injected failures, not only successes
 
 
-@pytest.mark.slow
-def test_sessions_side_by_side_stay_apart(server_url):
+def test_sessions_side_by_side_stay_apart(oe, server_url):
     episodes = [(t.instance_id, s) for t in TASKS for s in (3, 4)]
     with ThreadPoolExecutor(len(episodes)) as pool:
-        results = list(pool.map(lambda e: play_session(server_url, *e), episodes))
+        results = list(pool.map(lambda e: play_session(oe, server_url, *e), episodes))
     for (result, info), (task_id, _) in zip(results, episodes, strict=True):
         assert result.observation.metadata["task_id"] == task_id
         assert result.observation.metadata["trace"] == info["trace"]
 
 
-def play_session(url, task_id, seed):
-    with ResiliBenchEnvClient(base_url=url).sync() as client:
-        return play(client, task_id, seed)
+def play_session(oe, url, task_id, seed):
+    with oe.ResiliBenchEnvClient(base_url=url).sync() as client:
+        return play(oe, client, task_id, seed)
 
 
-@pytest.mark.slow
-def test_infrastructure_errors_end_the_episode_apart_from_faults(server_url):
-    with ResiliBenchEnvClient(base_url=server_url).sync() as client:
-        played, _ = play(client, TASKS[1].instance_id, 1)
+def test_infrastructure_errors_end_the_episode_apart_from_faults(oe, server_url):
+    with oe.ResiliBenchEnvClient(base_url=server_url).sync() as client:
+        played, _ = play(oe, client, TASKS[1].instance_id, 1)
         # a step after the end: the env cannot go on, an infrastructure error and not a fault of the world
-        result = client.step(ResiliBenchAction(message="<tool_call>utility_logger</tool_call>"))
+        result = client.step(oe.ResiliBenchAction(message="<tool_call>utility_logger</tool_call>"))
         assert result.done and result.reward == 0.0 and result.observation.messages == []
         record = result.observation.metadata
         assert "RuntimeError" in record["infrastructure_error"]
