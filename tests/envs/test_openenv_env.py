@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from helpers import optimal_text_outcome
 from resilibench.agents.scripted import OptimalTextAgent
 from resilibench.core.world import load_tasks
 from resilibench.envs.real_api.service import running_service
@@ -55,22 +56,13 @@ def play(oe, client, task_id, seed):
     return result, info
 
 
-def text_env_outcome(task_id, seed):
-    env = ResiliBenchTextEnv(split=None, tasks=TASKS)
-    env.reset(seed=seed, options={"task_id": task_id})
-    agent, info = OptimalTextAgent(), env.info()
-    while info["level"] is None:
-        _, _, _, _, info = env.step(agent.respond([(env.messages, env)])[0])
-    return info
-
-
 def test_a_scripted_agent_meets_the_text_env_seed_for_seed(oe, server_url):
     faults = set()
     for task in TASKS:
         for seed in (0, 1, 2):
             with oe.ResiliBenchEnvClient(base_url=server_url).sync() as client:
                 result, _ = play(oe, client, task.instance_id, seed)
-            expected = text_env_outcome(task.instance_id, seed)
+            expected = optimal_text_outcome(task.instance_id, seed, tasks=TASKS)
             record = result.observation.metadata
             assert record["trace"] == expected["trace"] and record["level"] == expected["level"]
             assert result.reward == float(expected["level"] == "full_success")

@@ -11,6 +11,7 @@ import importlib.util
 import pytest
 from chat_server import ChatServer, completion
 
+from helpers import optimal_text_outcome
 from resilibench.agents.scripted import OptimalTextAgent
 from resilibench.core.world import load_tasks
 from resilibench.envs.text.env import ResiliBenchTextEnv
@@ -59,15 +60,6 @@ def rollouts(env, model, rows):
             yield row, asyncio.run(env.run_rollout(row, client, "scripted", {}, state_columns=["resilibench"]))
 
 
-def text_env_outcome(task_id, seed):
-    env = ResiliBenchTextEnv(split=None, tasks=TASKS)
-    env.reset(seed=seed, options={"task_id": task_id})
-    agent, info = OptimalTextAgent(), env.info()
-    while info["level"] is None:
-        _, _, _, _, info = env.step(agent.respond([(env.messages, env)])[0])
-    return info
-
-
 def test_a_scripted_model_meets_the_text_env_seed_for_seed(vfenv):
     import verifiers as vf
 
@@ -77,7 +69,7 @@ def test_a_scripted_model_meets_the_text_env_seed_for_seed(vfenv):
     faults, model = set(), ScriptedModel()
     for row, output in rollouts(env, model, rows):
         task_id, seed = row["info"]["task_id"], row["info"]["seed"]
-        expected = text_env_outcome(task_id, seed)
+        expected = optimal_text_outcome(task_id, seed, tasks=TASKS)
         record = output[vfenv.RECORD_KEY]
         assert record["trace"] == expected["trace"] and record["level"] == expected["level"]
         assert output["reward"] == float(expected["level"] == "full_success") and output["error"] is None
