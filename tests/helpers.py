@@ -132,3 +132,17 @@ def valid_arguments(tool_name: str) -> dict[str, Any]:
             for p in tool.parameters if p.required}
     assert tool.check_arguments(args) is None
     return args
+
+
+def optimal_text_outcome(task_id: str, seed: int, **env_options: Any) -> dict[str, Any]:
+    """The text env's final info for the optimal agent's episode of ``task_id`` and ``seed`` (what every
+    framework's adapter must reproduce seed for seed); ``env_options``: the text env's keyword arguments."""
+    from resilibench.agents.scripted import OptimalTextAgent
+    from resilibench.envs.text.env import ResiliBenchTextEnv
+
+    env = ResiliBenchTextEnv(**{"split": None, **env_options})
+    env.reset(seed=seed, options={"task_id": task_id})
+    agent, info = OptimalTextAgent(), env.info()
+    while info["level"] is None:
+        _, _, _, _, info = env.step(agent.respond([(env.messages, env)])[0])
+    return info

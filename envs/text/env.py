@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = [
     "CHARSET", "RESET_OPTIONS", "PROMPT_FIELDS", "TEXT_RULES", "TRUNCATION_MARK", "TAIL_CHARS",
     "MAX_REQUESTS", "MAX_QUERY_CHARS", "REMINDER", "TOOLS_REMINDER", "flaw_seed", "ResiliBenchTextEnv",
-    "read_tool_calls",
+    "read_tool_calls", "episode_record",
 ]
 
 import dataclasses
@@ -547,6 +547,14 @@ def read_tool_calls(message: Any, config: Any = None, id_prefix: str = "call", m
     if kept:
         assistant["tool_calls"] = kept
     return parsed, assistant, ids
+
+
+def episode_record(info: Mapping[str, Any]) -> dict[str, Any]:
+    """What a framework's adapter records of a step (from ``info``): the episode's task, turn, level, end
+    reason and trace, and ``faults``, the failures the world injected (the trace's error codes)."""
+    return {"task_id": info["task_id"], "turn": info["turn"], "level": info["level"],
+            "end_reason": info["end_reason"], "trace": info["trace"],
+            "faults": [r["error_code"] for r in info["trace"] if not r["success"]]}
 
 
 def _check_option(name: str, value: Any, cls: type) -> None:

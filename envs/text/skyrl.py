@@ -27,16 +27,9 @@ from typing import Any
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 from ...core.tasks.library import Task
-from .env import ResiliBenchTextEnv
+from .env import ResiliBenchTextEnv, episode_record
 
 ENV_ID = "resilibench"
-
-
-def _episode_metadata(info: Mapping[str, Any]) -> dict[str, Any]:
-    """What SkyRL records of a step: the episode's state and the world's injected faults."""
-    return {"task_id": info["task_id"], "turn": info["turn"], "level": info["level"],
-            "end_reason": info["end_reason"], "trace": info["trace"],
-            "faults": [r["error_code"] for r in info["trace"] if not r["success"]]}
 
 
 class ResiliBenchSkyRLEnv(BaseTextEnv):
@@ -59,20 +52,20 @@ class ResiliBenchSkyRLEnv(BaseTextEnv):
     def init(self, prompt: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The episode's first messages (the task prompt of the world, whatever the row's ``prompt``)."""
         _, info = self.env.reset(seed=self.seed, options={"task_id": self.task_id})
-        return [dict(m) for m in self.env.messages], _episode_metadata(info)
+        return [dict(m) for m in self.env.messages], episode_record(info)
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         self.turns += 1
         try:
             observation, reward, terminated, truncated, info = self.env.step(action)
         except Exception as exc:  # the env could not go on: not the agent's failure, not a fault of the world
-            metadata = _episode_metadata(self.env.info()) | {"infrastructure_error": f"{type(exc).__name__}: {exc}"}
+            metadata = episode_record(self.env.info()) | {"infrastructure_error": f"{type(exc).__name__}: {exc}"}
             return BaseTextEnvStepOutput(observations=[], reward=0.0, done=True, metadata=metadata,
                                          postprocessed_action=None)
         done = terminated or truncated
         observations = [{"role": "user", "content": observation}]
         return BaseTextEnvStepOutput(observations=observations, reward=float(reward), done=done,
-                                     metadata=_episode_metadata(info), postprocessed_action=None)
+                                     metadata=episode_record(info), postprocessed_action=None)
 
     def get_metrics(self) -> dict[str, Any]:
         info = self.env.info()
