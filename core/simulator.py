@@ -471,7 +471,7 @@ class Episode:
         input, strict dependencies) still answers without calling it."""
         if self.end_reason is not None:
             self._require_running()
-        tool_id = tool if tool.__class__ is int else self.registry.id_of(tool) if isinstance(tool, str) else int(tool)
+        tool_id = tool if type(tool) is int else self.registry.id_of(tool) if isinstance(tool, str) else int(tool)
         if not 0 <= tool_id < self._n_tools:
             raise ValueError(f"tool id must be in [0, {self._n_tools}), got {tool_id}")
         turn = self.turns_used + 1  # _use_turn, inlined
