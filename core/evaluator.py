@@ -14,7 +14,6 @@ __all__ = [
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from .config import EvaluatorConfig
@@ -143,15 +142,16 @@ def evaluate(
     required, position, outputs, _ = task_tables(task, registry)
     first_successes: list[int] = []
     succeeded: set[int] = set()
+    id_of = registry.id_of
     for record in trace:
-        if not record.success:
-            continue
-        tool = registry.id_of(record.tool)
-        if tool not in succeeded:
-            succeeded.add(tool)
-            if tool in position:
-                first_successes.append(position[tool])
-    sequence_correct = bool(first_successes) and all(a < b for a, b in pairwise(first_successes))
+        if record.success:
+            tool = id_of(record.tool)
+            if tool not in succeeded:
+                succeeded.add(tool)
+                if tool in position:
+                    first_successes.append(position[tool])
+    # Strictly increasing positions (a tool appears once and distinct tools have distinct positions).
+    sequence_correct = bool(first_successes) and first_successes == sorted(first_successes)
     output_generated = any(t in succeeded for t in outputs) if outputs else True
     try:
         min_coverage = config.min_coverage[task.task_type]

@@ -196,6 +196,23 @@ def call_uniforms(key: int, keys: dict[str, int], turn: int, draw: int,
     return uniform
 
 
+_PROTOTYPES: dict[tuple[type, int, int], tuple] = {}  # (class, id(config), id(registry)) -> (config, registry, dict)
+_PROTOTYPES_MAX = 256
+
+
+def _prototype(cls: type[Episode], task: Task, config: WorldConfig, registry: ToolRegistry) -> dict:
+    """The attributes of a fresh ``cls`` episode made by the constructor (with ``task`` and seed 0), once
+    per (class, config, registry) objects: ``Episode.start`` copies them and replaces what depends on the
+    task and the seed."""
+    key = (cls, id(config), id(registry))
+    entry = _PROTOTYPES.get(key)
+    if entry is None or entry[0] is not config or entry[1] is not registry:
+        if len(_PROTOTYPES) >= _PROTOTYPES_MAX:
+            _PROTOTYPES.clear()
+        entry = _PROTOTYPES[key] = (config, registry, vars(cls(task, config, registry, 0)))
+    return entry[2]
+
+
 def task_seed(task_id: str, seed: int) -> int:
     """The env seed of a run's episode of (task, run seed), ``bits(seed, crc32(task_id))``: every planner
     meets the same stream on the same task and seed, and different tasks get independent streams."""
@@ -210,7 +227,9 @@ def run_episode_seed(task_id: str, seed: int) -> int:
 
 
 class CallRecord(NamedTuple):
-    """One tool call in a trace (immutable; cheap to build on the hot path)."""
+    """One tool call in a trace (immutable; cheap to build on the hot path: ``Episode.call`` builds its
+    records with ``_new_record(CallRecord, all nine fields)``, which skips the keyword handling of
+    ``CallRecord(...)``)."""
 
     tool: str
     success: bool
@@ -237,6 +256,9 @@ class CallRecord(NamedTuple):
         if duration is not None:
             data["duration"], data["retry_after"] = duration, retry_after
         return data
+
+
+_new_record = tuple.__new__
 
 
 @dataclass
@@ -269,27 +291,44 @@ class Episode:
     def __post_init__(self) -> None:
         names, dependency_ids, error_codes, mask = registry_tables(self.registry)
         n = len(names)
-        self.action_mask = mask.copy()
-        self.calls = [0] * n
-        self.status = [NOT_ATTEMPTED] * n
-        self.succeeded = [False] * n
-        self.required, self.required_position, _, self.max_calls = task_tables(self.task, self.registry)
         # Hot-path constants (the config is frozen; the registry is read-only).
         rules = self.config.rules
         self._names, self._dependency_ids, self._error_codes, self._n_tools = names, dependency_ids, error_codes, n
+        self._fresh_mask = mask
         self._rules, self._turn_limit = rules, rules.turn_limit
+        # No failure termination is possible while consecutive failures are below both limits (a same-tool
+        # streak never exceeds the consecutive failures).
+        self._end_check_from = min(rules.max_consecutive_failures, rules.max_same_tool_failures)
         self._strict, self._training = rules.strict_dependencies, rules.profile == "training"
         self._probabilities = probability_memo(self.config.failure)
-        self._key = rs.key(self.seed)
-        self._stream: np.ndarray | None = None  # set once ``stream`` is read or replaced
         self._calls_end = self._turn_limit  # the turn after which no call is possible (earlier out of time)
         self._bases: tuple[float, ...] | None = None  # per-tool base success (processes.tool_base_success)
         processes = self.config.processes
         self._processes = processes if processes.active else None
         self._no_time = None if self._processes is None else 0.0  # the duration of a call answered at once
+        if self._processes is not None and processes.tool_base_success:
+            self._bases = tool_bases(processes, self.config.failure, self.registry)
+        self._memo = self._probabilities if self._bases is None and not self._training else None
+        self._set_task()
+        self._begin()
+
+    def _set_task(self) -> None:
+        """The task's tables (shared per task object, read-only)."""
+        self.required, self.required_position, _, self.max_calls = task_tables(self.task, self.registry)
+
+    def _begin(self) -> None:
+        """The state an episode starts from that depends on its seed or changes during the episode: every
+        mutable object is new here (``start`` copies the rest from a prototype)."""
+        n = self._n_tools
+        self.action_mask = self._fresh_mask.copy()
+        self.calls = [0] * n
+        self.status = [NOT_ATTEMPTED] * n
+        self.succeeded = [False] * n
+        self.trace = []
+        self.end_listeners = []
+        self._key = rs.key(self.seed)
+        self._stream: np.ndarray | None = None  # set once ``stream`` is read or replaced
         if self._processes is not None:
-            if processes.tool_base_success:
-                self._bases = tool_bases(processes, self.config.failure, self.registry)
             self._down: list[bool | None] = [None] * n  # outages: whether each tool's last call found it down
             self._blocked_until = [0] * n  # rate limits: the last turn in which each tool's calls are refused
             self._stage_keys = stage_keys(self._key)
@@ -304,9 +343,21 @@ class Episode:
         success_rate: float = 0.0,
     ) -> Episode:
         """Begin an episode; its whole random stream comes from ``seed`` (an int, taken modulo 2**64;
-        None: OS entropy)."""
+        None: OS entropy).
+
+        The same episode as ``Episode(task, config, registry, seed, success_rate)``, built faster: what
+        depends only on (config, registry) is copied from a prototype episode that the constructor made
+        once, then the task's tables and a fresh ``_begin`` state are set."""
         seed = secrets.randbits(64) if seed is None else int(seed) & rs.M64
-        return cls(task, config or WorldConfig(), registry or default_registry(), seed, success_rate)
+        config = config or WorldConfig()
+        registry = registry or default_registry()
+        episode = cls.__new__(cls)
+        fields = _prototype(cls, task, config, registry).copy()
+        fields["task"], fields["seed"], fields["success_rate"] = task, seed, success_rate
+        episode.__dict__ = fields
+        episode._set_task()
+        episode._begin()
+        return episode
 
     @property
     def stream(self) -> np.ndarray:
@@ -420,7 +471,7 @@ class Episode:
         input, strict dependencies) still answers without calling it."""
         if self.end_reason is not None:
             self._require_running()
-        tool_id = self.registry.id_of(tool) if isinstance(tool, str) else int(tool)
+        tool_id = tool if type(tool) is int else self.registry.id_of(tool) if isinstance(tool, str) else int(tool)
         if not 0 <= tool_id < self._n_tools:
             raise ValueError(f"tool id must be in [0, {self._n_tools}), got {tool_id}")
         turn = self.turns_used + 1  # _use_turn, inlined
@@ -432,7 +483,7 @@ class Episode:
         name = self._names[tool_id]
         succeeded = self.succeeded
         if succeeded[tool_id]:  # already done: the earlier result, no draw, no failure
-            record = CallRecord(name, True, None, turn, None, (), True, self._no_time)
+            record = _new_record(CallRecord, (name, True, None, turn, None, (), True, self._no_time, None))
             self.trace.append(record)
             return record
         calls = self.calls
@@ -444,7 +495,7 @@ class Episode:
             return self._record_failure(tool_id, CallRecord(name, False, INVALID_INPUT, turn, None, (), False,
                                                             self._no_time))
         deps = self._dependency_ids[tool_id]
-        unmet_names = tuple(self._names[d] for d in deps if not succeeded[d]) if deps else ()
+        unmet_names = tuple([self._names[d] for d in deps if not succeeded[d]]) if deps else ()
         if unmet_names and self._strict:
             calls[tool_id] += 1
             record = CallRecord(name, False, DEPENDENCY_ERROR, turn, None, unmet_names, False, self._no_time)
@@ -464,21 +515,24 @@ class Episode:
             return self._record_failure(tool_id, record, dependency_problem=bool(unmet_names))
         if self._processes is not None:
             return self._call_with_processes(tool_id, turn, unmet_names)
-        p = self.probability(tool_id)
+        memo = self._memo  # the memo of ``probability`` (None where it has no memo)
+        p = None if memo is None else memo.get(self.covariates(tool_id) if deps else (0, 0, self.n_failures))
+        if p is None:
+            p = self.probability(tool_id)
         draw = self.draws_used
         stream = self._stream
         u_success = rs.uniform(self._key, 2 * draw) if stream is None else stream.item(draw, 0)
         self.draws_used = draw + 1
         calls[tool_id] += 1
         if u_success < p:
-            record = CallRecord(name, True, None, turn, p, unmet_names)
+            record = _new_record(CallRecord, (name, True, None, turn, p, unmet_names, False, None, None))
             self.trace.append(record)
             self._record_success(tool_id)
             return record
         codes = self._error_codes[tool_id]
         u_code = rs.uniform(self._key, 2 * draw + 1) if stream is None else stream.item(draw, 1)
         code = codes[min(int(u_code * len(codes)), len(codes) - 1)]
-        record = CallRecord(name, False, code, turn, p, unmet_names)
+        record = _new_record(CallRecord, (name, False, code, turn, p, unmet_names, False, None, None))
         return self._record_failure(tool_id, record, dependency_problem=bool(unmet_names))
 
     def finish(self) -> Evaluation:
@@ -559,9 +613,10 @@ class Episode:
         self.consecutive_failures += 1
         self.same_tool_streak = self.same_tool_streak + 1 if tool == self.last_tool else 1
         self.last_tool = tool
-        reason = END_REASONS[termination_code(self.consecutive_failures, self.same_tool_streak, self._rules)]
-        if reason is not None:
-            self._end(reason)
+        if self.consecutive_failures >= self._end_check_from:
+            reason = END_REASONS[termination_code(self.consecutive_failures, self.same_tool_streak, self._rules)]
+            if reason is not None:
+                self._end(reason)
         return record
 
     def _end(self, reason: str) -> Evaluation:

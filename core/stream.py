@@ -51,8 +51,11 @@ def bits(k: int, i: int) -> int:
 
 
 def uniform(k: int, i: int) -> float:
-    """Draw ``i`` of the seed whose key is ``k`` as a double in [0, 1)."""
-    return (bits(k, i) >> 11) * UNIT
+    """Draw ``i`` of the seed whose key is ``k`` as a double in [0, 1): ``(bits(k, i) >> 11) * UNIT``."""
+    z = ((k + (i + 1) * GAMMA) & M64)  # bits, inlined: every drawing call of an episode reads one or two
+    z = ((z ^ (z >> 30)) * _MUL1) & M64
+    z = ((z ^ (z >> 27)) * _MUL2) & M64
+    return ((z ^ (z >> 31)) >> 11) * UNIT
 
 
 SUBKEY_MUL = 0xD1B54A32D192ED03

@@ -141,7 +141,8 @@ class Workflow:
             else:
                 seen.add(edge)
                 kept.append(edge)
-        graph = nx.DiGraph(kept)
+        graph = nx.DiGraph()  # not nx.DiGraph(kept): that conversion imports pandas and scipy to rule them out
+        graph.add_edges_from(kept)
         component = {v: i for i, c in enumerate(nx.strongly_connected_components(graph)) for v in c}
         back = [(a, b) for a, b in kept if component[a] == component[b] and a > b]
         dropped = set(back)

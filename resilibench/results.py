@@ -108,8 +108,16 @@ def run_metadata(config: dict[str, Any], seeds: Sequence[int] | None, extra: dic
 # --- JSON ---------------------------------------------------------------------------------------------
 
 
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def to_jsonable(value: Any) -> Any:
     """Plain JSON data: numpy scalars and arrays become Python values, tuples lists, NaN/inf None."""
+    kind = type(value)  # the exact plain types first (the bulk of a row), then containers, subclasses, the rest
+    if kind in _PLAIN:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else None
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):

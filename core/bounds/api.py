@@ -85,8 +85,15 @@ def varied_tasks(count: int, seed: int = 0, max_tools: int = 6, registry: ToolRe
 def reference_workflow(task: Task, config: WorldConfig | None = None) -> Workflow:
     """The optimal policy's workflow: its happy-path tool sequence with dependency edges (a tool after
     each tool it depends on) and the required order (each required tool after the previous one)."""
-    bound = exact_bound(task, config)
-    return path_workflow(task, bound.happy_path(), bound.registry)
+    problem = task_problem(task, config or WorldConfig())
+    return path_workflow(task, _shared_happy_path(problem), _shared_bound(problem).registry)
+
+
+@cache
+def _shared_happy_path(problem: Problem) -> tuple[int, ...]:
+    """``happy_path`` of the shared bound of ``problem`` (``exact_bound``), once per problem: every prompt
+    that shows the optimal plan reads it."""
+    return tuple(_shared_bound(problem).happy_path())
 
 
 def path_workflow(task: Task, tools: Sequence[int], registry: ToolRegistry) -> Workflow:

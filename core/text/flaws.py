@@ -176,7 +176,8 @@ def _insert(workflow: Workflow, index: int, node: Node, break_flow: bool = False
     edges = {(a + (a >= index), b + (b >= index)) for a, b in workflow.edges}
     if break_flow:
         edges.discard((index - 1, index + 1))
-    graph = nx.DiGraph(edges)
+    graph = nx.DiGraph()  # not nx.DiGraph(edges): that conversion imports pandas and scipy to rule them out
+    graph.add_edges_from(edges)
     links = ([(index - 1, index)] if index > 0 else []) + ([(index, index + 1)] if index < n else [])
     for a, b in links:  # a plan numbered against its edges could make a link close a cycle: skip it then
         if not (graph.has_node(a) and graph.has_node(b) and nx.has_path(graph, b, a)):

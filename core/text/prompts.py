@@ -74,6 +74,22 @@ def with_arguments(task: Task, workflow: Workflow, registry: ToolRegistry | None
     return Workflow(tuple(nodes), workflow.edges)
 
 
+_PLANS_WITH_ARGUMENTS: dict[tuple, tuple] = {}  # (id(task), id(registry), workflow) -> (task, registry, plan)
+_PLANS_WITH_ARGUMENTS_MAX = 4096
+
+
+def _plan_with_arguments(task: Task, workflow: Workflow, registry: ToolRegistry) -> Workflow:
+    """``with_arguments``, memoised: it is a pure function of the task, the workflow's value (a Workflow is
+    immutable and hashable) and the registry, and every reset of a prompt with a plan asks for it."""
+    key = (id(task), id(registry), workflow)
+    entry = _PLANS_WITH_ARGUMENTS.get(key)
+    if entry is None or entry[0] is not task or entry[1] is not registry:
+        if len(_PLANS_WITH_ARGUMENTS) >= _PLANS_WITH_ARGUMENTS_MAX:
+            _PLANS_WITH_ARGUMENTS.clear()
+        entry = _PLANS_WITH_ARGUMENTS[key] = (task, registry, with_arguments(task, workflow, registry))
+    return entry[2]
+
+
 # --- rendering and parsing plans ------------------------------------------------------------------------------
 
 
@@ -355,7 +371,8 @@ def build_prompt(task: Task, settings: PromptSettings | None = None, *, seed: in
         wording = "tools" if settings.protocol == "tools" else settings.wording
         parts.append(_COT.format(format=_COT_FORMAT[wording]))
     elif variant in ("optimal", "flawed"):
-        source = with_arguments(task, workflow if workflow is not None else reference_workflow(task, config), registry)
+        source = _plan_with_arguments(task, workflow if workflow is not None else reference_workflow(task, config),
+                                      registry)
         plan = source
         if variant == "flawed":
             assert settings.flaw_type is not None  # PromptSettings requires one with variant 'flawed'

@@ -201,7 +201,8 @@ class ResiliBenchEnv(gym.Env):
             raise RuntimeError("call reset() before step()")
         if episode.end_reason is not None:
             raise RuntimeError("episode has ended; call reset()")
-        action = discrete_action(action, self.n_tools + 1, hint=self._action_hint)
+        if action.__class__ is not int or not 0 <= action <= self.finish_action:  # else it is valid as it is
+            action = discrete_action(action, self.n_tools + 1, hint=self._action_hint)
         reward, truncated = 0.0, False
         if action == self.finish_action:
             episode.finish()

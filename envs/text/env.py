@@ -10,6 +10,7 @@ __all__ = [
 
 import dataclasses
 import json
+import re
 import string
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -59,6 +60,7 @@ from ..real_api.live_apis import RealApi, task_workflow
 # ellipsis, bullet and arrow; any other character of a prompt becomes "?". ``step`` accepts any string.
 CHARSET = (frozenset(string.printable) | frozenset(map(chr, range(0xA0, 0x100)))
            | frozenset("\u2013\u2014\u2018\u2019\u201c\u201d\u2026\u2022\u2192"))
+_OUTSIDE_CHARSET = re.compile(f"[^{re.escape(''.join(sorted(CHARSET)))}]")  # one such character, found in C
 RESET_OPTIONS = ("task_id", "prompt", "flaw_type", "severity", "plan_style", "workflow", "shown_prompt")
 PROMPT_FIELDS = {"prompt": "variant"}  # reset options named otherwise in PromptSettings
 TEXT_RULES = {"strict_dependencies": True}  # the text protocol's episode rules, unless ``rules`` changes them
@@ -469,8 +471,8 @@ class ResiliBenchTextEnv(gym.Env):
 
     def _fit(self, text: str) -> str:
         """``text`` within the observation space: at most ``max_length`` characters of the charset."""
-        if not CHARSET.issuperset(text):
-            text = "".join(c if c in CHARSET else "?" for c in text)
+        if _OUTSIDE_CHARSET.search(text):
+            text = _OUTSIDE_CHARSET.sub("?", text)
         if len(text) > self.max_length:  # cut in the middle: the end holds progress and turns left
             tail = min(TAIL_CHARS, self.max_length // 4)
             head = self.max_length - len(TRUNCATION_MARK.format(n=len(text))) - tail

@@ -148,3 +148,24 @@ def test_a_flawed_plan_claims_the_confidence_of_an_optimal_one_under_any_rules()
     cautious = WorldConfig().replace(failure={"base_success": 0.65})
     assert "Confidence: 0.65" in build_prompt(TASK, PromptSettings(variant="optimal", plan_style="mcp_task"),
                                               config=cautious).text
+
+
+def test_optimal_plans_are_computed_once_and_stay_what_they_were():
+    """Every reset shows the task's optimal plan with arguments: the happy path is kept per bound problem
+    and the plan with arguments per (task, workflow, registry). The kept values are the computed ones, a
+    config of equal rules (each env has its own config object) finds them, and another plan or world
+    does not get them."""
+    from resilibench.core.bounds import exact_bound, path_workflow
+
+    config, twin = WorldConfig(), WorldConfig()
+    expected = path_workflow(TASK, exact_bound(TASK, config).happy_path(), REGISTRY)
+    assert reference_workflow(TASK, config) == expected == reference_workflow(TASK, twin)
+    first = build_prompt(TASK, PromptSettings(variant="optimal"), config=config)
+    again = build_prompt(TASK, PromptSettings(variant="optimal"), config=twin)
+    assert first.plan is again.plan and first.plan == with_arguments(TASK, expected, REGISTRY)
+    shorter = Workflow(expected.nodes[:1])
+    assert build_prompt(TASK, PromptSettings(variant="optimal"), workflow=shorter).plan == with_arguments(
+        TASK, shorter, REGISTRY)
+    lenient = WorldConfig().replace(rules={"turn_limit": 4})
+    assert reference_workflow(TASK, lenient) == path_workflow(TASK, exact_bound(TASK, lenient).happy_path(),
+                                                              REGISTRY)

@@ -220,3 +220,34 @@ def test_spend_turn_uses_a_turn_without_a_draw():
     episode.spend_turn()
     assert episode.turns_used == 1 and episode.draws_used == 0 and episode.trace == []
     assert episode.call("file_operations_reader").success and episode.draws_used == 1
+
+
+@pytest.mark.parametrize("config", [
+    WorldConfig(),
+    WorldConfig().replace(rules={"profile": "training", "strict_dependencies": True}),
+    WorldConfig().replace(processes={"outage_start": 0.1, "rate_limit_probability": 0.2,
+                                     "tool_base_success": {READER: 0.5}}),
+], ids=["default", "training_strict", "processes"])
+def test_start_is_the_constructor_and_shares_no_mutable_state(config):
+    """``Episode.start`` copies a prototype episode: it must equal the constructor's episode attribute for
+    attribute, and two started episodes (or one and the prototype) must share no list or array, so playing
+    one leaves the others as they were."""
+    first, second = make_task(), make_task(required=[PARSER, TRANSFORMER])
+
+    def state(episode: Episode) -> dict:
+        return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in vars(episode).items()}
+
+    Episode.start(first, 1, config, REG)  # the prototype is made with another task and seed
+    started, built = Episode.start(second, 7, config, REG, success_rate=0.25), Episode(second, config, REG, 7, 0.25)
+    assert state(started) == state(built)
+    again = Episode.start(second, 7, config, REG, success_rate=0.25)
+    for name, value in vars(started).items():
+        shared = ("required_position", "_probabilities", "_memo", "_fresh_mask")  # read-only tables and the memo
+        if isinstance(value, list | dict | np.ndarray) and name not in shared:
+            assert value is not vars(again)[name], name
+    for tool in (READER, PARSER, TRANSFORMER, PARSER):
+        started.call(tool)
+    assert state(again) == state(built)  # untouched by the calls
+    for tool in (READER, PARSER, TRANSFORMER, PARSER):
+        built.call(tool)
+    assert state(started) == state(built)

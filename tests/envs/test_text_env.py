@@ -18,6 +18,7 @@ from resilibench.core.registry import DEPENDENCY_ERROR, INVALID_INPUT, default_r
 from resilibench.core.simulator import RETRY_LIMIT_ERROR, env_episode
 from resilibench.core.text.prompts import (
     PLAN_HEADING,
+    Prompt,
     PromptSettings,
     build_prompt,
     parse_plan,
@@ -581,3 +582,15 @@ def test_arguments_that_json_cannot_carry_are_the_calls_problem():
                "tool_calls": [{"function": {"name": "file_operations_reader", "arguments": {"source": {1, 2}}}}]}
     obs, *_, info = env.step(message)
     assert info["turn"] == 1 and "JSON values only" in json.dumps(env.messages[-1])
+
+
+def test_characters_outside_the_charset_become_question_marks():
+    """The prompt shown fits the observation space: every character outside ``CHARSET`` (a CJK letter, an
+    emoji, a control character) becomes "?", and every character in it stays as it is."""
+    env = ResiliBenchTextEnv(split="test", search=SearchSettings(method="lexical"))
+    task = env.tasks[0]
+    kept = "".join(sorted(CHARSET))
+    text = f"plan \u4e2d\u6587 {kept} \U0001f600\x00 end\u2192"
+    shown = Prompt(text, "baseline", None, None, "numbered")
+    prompt, _ = env.reset(seed=0, options={"task_id": task.instance_id, "shown_prompt": shown})
+    assert prompt == f"plan ?? {kept} ?? end\u2192" and env.observation_space.contains(prompt)
