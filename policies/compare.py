@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..core.bounds import exact_policy_success, optimal_success
+from ..core.bounds import exact_policy_success, monte_carlo_success, optimal_success
 from ..core.config import WorldConfig
 from ..core.planner import Planner
 from ..core.tasks.library import Task
@@ -30,16 +30,20 @@ def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
 
 
 def exact_rows(planners: Mapping[str, Callable[[], Planner]], tasks: Sequence[Task], config: WorldConfig,
-               on_task: Callable[[dict[str, Any]], object] | None = None, bound: bool = True) -> list[dict[str, Any]]:
+               on_task: Callable[[dict[str, Any]], object] | None = None, bound: bool = True,
+               episodes: int = 0) -> list[dict[str, Any]]:
     """One row per task: bound (iii) (unless ``bound`` is False) and each planner's exact full-success
-    probability (a fresh planner per task from its factory). ``on_task`` sees each row as it is made."""
+    probability (a fresh planner per task from its factory), or with ``episodes`` its Monte Carlo estimate
+    (the full-success rate over that many episodes, on the streams of run seeds 0..episodes-1, the same
+    for every planner: differences are paired). ``on_task`` sees each row as it is made."""
     rows = []
     for task in tasks:
         row: dict[str, Any] = {"task_id": task.instance_id, "task_type": task.task_type}
         if bound:
             row["bound_iii"] = optimal_success(task, config)
         for name, make in planners.items():
-            row[name] = exact_policy_success(make(), task, config)
+            row[name] = (monte_carlo_success(make(), [task], config, episodes)[0] if episodes
+                         else exact_policy_success(make(), task, config))
         rows.append(row)
         if on_task is not None:
             on_task(row)

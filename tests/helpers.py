@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from resilibench.core.bounds import exact_bound, optimal_success, play_episode
+from resilibench.core.bounds import call_branches, episode_state, exact_bound, optimal_success, play_episode
+from resilibench.core.bounds.base import required_in_order
 from resilibench.core.config import WorldConfig
 from resilibench.core.registry import default_registry
 from resilibench.core.simulator import Episode
@@ -68,6 +69,33 @@ def exact_play_success(play: Callable[[Episode], object], task: Task, config: Wo
         return weight if episode.evaluation.level == "full_success" else 0.0
 
     return explore([])
+
+
+def depth_first_success(planner, task: Task, config: WorldConfig) -> float:
+    """A planner's exact full-success probability in a world with failure processes, by a depth-first
+    enumeration of every call's branches with a memo per episode state (one ``act`` per state): the
+    reference that ``exact_policy_success``'s frontier-at-a-time enumeration must match bit for bit."""
+    planner.reset(task, np.random.default_rng(0))
+    root = Episode.start(task, 0, config)
+    root.stream = np.zeros_like(root.stream)
+    finish, memo = len(root.registry), {}
+
+    def expand(episode: Episode) -> float:
+        if episode.done:
+            return float(episode.evaluation.level == "full_success")
+        if not required_in_order(episode):
+            return 0.0
+        key = episode_state(episode)
+        if key not in memo:
+            action = planner.act(episode, None)
+            if action == finish or episode.turns_left == 0:
+                episode.finish() if action == finish else episode.end_out_of_turns()
+                memo[key] = expand(episode)
+            else:
+                memo[key] = sum(q * expand(b) for q, b in call_branches(episode, action) if q > 0.0)
+        return memo[key]
+
+    return expand(root)
 
 
 class ScriptedBackend:

@@ -93,28 +93,20 @@ def exact_policy_success(planner: Planner, task: Task, config: WorldConfig | Non
     """The exact full-success probability of a deterministic planner on ``task``, by enumerating every
     branch of every call (``call_branches``; at most 2**turn_limit leaves in a v1 world). Under failure
     processes the states met are memoised, so the planner must act on the episode's state alone (the
-    optimal and heuristic planners do). Used to check bound (iii)."""
+    optimal and heuristic planners do), and they are met a level (calls made) at a time: a planner with an
+    ``act_batch(episodes)`` method (a learned policy: one batched network call) decides a level at once.
+    Used to check bound (iii)."""
     config = config or WorldConfig()
     planner.reset(task, np.random.default_rng(0))
     root = Episode.start(task, 0, config)
     root.stream = np.zeros_like(root.stream)
+    if root.processes_on:
+        return _state_graph_success(planner, root)
     finish = len(root.registry)
-    memo: dict[tuple, float] | None = {} if root.processes_on else None
 
     def expand(episode: Episode) -> float:
         if episode.done:
-            assert episode.evaluation is not None  # an ended episode is graded
-            return float(episode.evaluation.level == "full_success")
-        if memo is None:
-            return step(episode)
-        if not required_in_order(episode):
-            return 0.0  # a required tool succeeded out of order: full success is no longer possible
-        key = episode_state(episode)
-        if key not in memo:
-            memo[key] = step(episode)
-        return memo[key]
-
-    def step(episode: Episode) -> float:
+            return _graded_full(episode)
         action = planner.act(episode, None)
         if action == finish:
             episode.finish()
@@ -125,6 +117,65 @@ def exact_policy_success(planner: Planner, task: Task, config: WorldConfig | Non
         return sum(q * expand(branch) for q, branch in call_branches(episode, action) if q > 0.0)
 
     return expand(root)
+
+
+def _graded_full(episode: Episode) -> float:
+    """1.0 when an ended (so graded) episode reached full success, else 0.0."""
+    assert episode.evaluation is not None  # an ended episode is graded
+    return float(episode.evaluation.level == "full_success")
+
+
+Node = tuple | float  # a running episode's memo key (``episode_state``), or the value of a decided one
+
+
+def _node(episode: Episode) -> Node:
+    """An ended episode's value, 0.0 once a required tool succeeded out of order (full success is no
+    longer possible), else its state key."""
+    if episode.done:
+        return _graded_full(episode)
+    return episode_state(episode) if required_in_order(episode) else 0.0
+
+
+def _state_graph_success(planner: Planner, root: Episode) -> float:
+    """``exact_policy_success`` under failure processes: the distinct states reachable under the planner,
+    a frontier at a time (the planner's ``act_batch`` decides a frontier at once when it has one), then the
+    value of each state, the probability-weighted sum over its branches in call order (the same sums, in
+    the same order, as a depth-first enumeration with a memo)."""
+    finish = len(root.registry)
+    act_batch = getattr(planner, "act_batch", None)
+    children: dict[tuple, list[tuple[float, Node]]] = {}
+    start = _node(root)
+    frontier = {start: root} if isinstance(start, tuple) else {}
+    while frontier:
+        episodes = list(frontier.values())
+        actions = act_batch(episodes) if act_batch else [planner.act(e, None) for e in episodes]
+        following: dict[tuple, Episode] = {}
+        for (key, episode), action in zip(frontier.items(), actions, strict=True):
+            if action == finish:
+                episode.finish()
+            elif episode.turns_left == 0:
+                episode.end_out_of_turns()
+            if episode.done:
+                children[key] = [(1.0, _node(episode))]
+                continue
+            children[key] = out = []
+            for q, branch in call_branches(episode, action):
+                if q > 0.0:
+                    node = _node(branch)
+                    out.append((q, node))
+                    if isinstance(node, tuple) and node not in children and node not in frontier:
+                        following.setdefault(node, branch)
+        frontier = following
+    values: dict[tuple, float] = {}
+
+    def value(node: Node) -> float:
+        if not isinstance(node, tuple):
+            return node
+        if node not in values:
+            values[node] = sum(q * value(child) for q, child in children[node])
+        return values[node]
+
+    return value(start)
 
 
 def play_episode(planner: Planner, task: Task, seed: int, config: WorldConfig | None = None) -> Episode:
@@ -144,17 +195,11 @@ def play_episode(planner: Planner, task: Task, seed: int, config: WorldConfig | 
     return episode
 
 
-def _full_success(episode: Episode) -> bool:
-    """Whether a played (so ended and graded) episode reached full success."""
-    assert episode.evaluation is not None  # play_episode plays to the end
-    return episode.evaluation.level == "full_success"
-
-
 def monte_carlo_success(planner: Planner, tasks: Sequence[Task], config: WorldConfig | None = None,
                         episodes: int = 1000) -> tuple[float, tuple[float, float]]:
     """(full-success rate, its 95% Wilson interval) of ``planner`` over ``episodes`` episodes of each task,
     on the streams of run seeds 0..episodes-1 (``play_episode``): the estimate to report where an exact
     value is too costly to compute."""
-    wins = sum(_full_success(play_episode(planner, task, seed, config)) for task in tasks for seed in range(episodes))
+    wins = int(sum(_graded_full(play_episode(planner, task, seed, config)) for task in tasks for seed in range(episodes)))
     n = episodes * len(tasks)
     return (wins / n if n else float("nan")), wilson_interval(wins, n)

@@ -28,13 +28,14 @@ from ...core.config import WorldConfig
 from ...core.simulator import Episode
 from ...core.tasks.library import Task
 from ...core.workflow import Workflow
-from ...envs.planner.observation import ObservationLayout
+from ...envs.planner.observation import ObservationLayout, initial_observation
 from . import CHECKPOINTS, latest_checkpoint, quiet_logs, require_rl
 from .wrappers import episode_observation
 
 if TYPE_CHECKING:
     from .module import PlannerModule
 
+MEMO_LIMIT = 1_000_000  # decisions a PPOPlanner memoises
 MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 CHECKPOINT_MARKER = "rllib_checkpoint.json"
 
@@ -81,7 +82,9 @@ class PPOPlanner:
     It reads only the observation and the legal actions; decisions are memoised per (observation, mask),
     as the policy is deterministic. The observation is recomputed from the episode when none is given or
     when the policy was trained on other observation features than the env's "full" ones (the module's
-    ``model_config["features"]``)."""
+    ``model_config["features"]``). ``act_batch`` decides many episodes with one network call (the exact
+    enumeration's frontiers); the network runs on one torch thread (small batches: more threads only
+    contend)."""
 
     name = "ppo"
 
@@ -92,30 +95,55 @@ class PPOPlanner:
         self.layout = getattr(self.module, "layout", None) or ObservationLayout(self.n_actions - 1)
         self.features = (getattr(self.module, "model_config", None) or {}).get("features", "full")
         self._memo: dict[bytes, int] = {}
+        self._start: tuple[Task, np.ndarray] | None = None  # a task's first observation, reused
 
     def reset(self, task: Task, rng: np.random.Generator) -> None:
         """Nothing to prepare: the policy sees the task through the observation."""
 
     def act(self, episode: Episode, observation: np.ndarray | None) -> int:
-        obs = observation
-        if obs is None or self.features != "full":
-            obs = episode_observation(episode, self.layout, self.features)
-        mask = episode.action_mask
-        key = obs.tobytes() + mask.tobytes()
-        action = self._memo.get(key)
-        if action is None:
-            action = self.actions(obs[None], mask[None])[0]
-            if len(self._memo) < 1_000_000:
-                self._memo[key] = action
-        return action
+        return self._decide([episode], [observation])[0]
+
+    def act_batch(self, episodes: Sequence[Episode]) -> list[int]:
+        """The actions of several running episodes (observations from the episodes), one network call
+        for those not memoised."""
+        return self._decide(episodes, [None] * len(episodes))
+
+    def _decide(self, episodes: Sequence[Episode], observations: Sequence[np.ndarray | None]) -> list[int]:
+        keys, pending = [], {}
+        for episode, obs in zip(episodes, observations, strict=True):
+            if obs is None or self.features != "full":
+                obs = self._observation(episode)
+            mask = episode.action_mask
+            key = obs.tobytes() + mask.tobytes()
+            keys.append(key)
+            if key not in self._memo and key not in pending:
+                pending[key] = (obs, mask)
+        decided: dict[bytes, int] = {}
+        if pending:
+            obs_batch, mask_batch = zip(*pending.values(), strict=True)
+            decided = dict(zip(pending, self.actions(np.stack(obs_batch), np.stack(mask_batch)), strict=True))
+            if len(self._memo) < MEMO_LIMIT:
+                self._memo.update(decided)
+        return [decided[key] if key in decided else self._memo[key] for key in keys]
+
+    def _observation(self, episode: Episode) -> np.ndarray:
+        if self._start is None or self._start[0] is not episode.task:
+            self._start = (episode.task, initial_observation(episode.task, episode.registry, self.layout,
+                                                             self.features))
+        return episode_observation(episode, self.layout, self.features, start=self._start[1])
 
     def actions(self, observations: np.ndarray, masks: np.ndarray) -> list[int]:
         """Greedy actions for a batch of flat observations and action masks."""
         import torch
 
-        with torch.no_grad():
-            out = self.module.greedy_actions(torch.as_tensor(observations, dtype=torch.float32),
-                                             torch.as_tensor(masks, dtype=torch.float32))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.no_grad():
+                out = self.module.greedy_actions(torch.as_tensor(observations, dtype=torch.float32),
+                                                 torch.as_tensor(masks, dtype=torch.float32))
+        finally:
+            torch.set_num_threads(threads)
         return [int(a) for a in out]
 
 

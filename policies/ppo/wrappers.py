@@ -43,11 +43,12 @@ ACTION_MASK = "action_mask"
 
 
 def episode_observation(episode: Episode, layout: ObservationLayout | None = None,
-                        features: str = "full") -> np.ndarray:
+                        features: str = "full", start: np.ndarray | None = None) -> np.ndarray:
     """The ``ResiliBench-v1`` observation of ``episode`` in its current state (while it is running), with
-    the ``features`` of ``resilibench.envs.planner.observation``."""
+    the ``features`` of ``resilibench.envs.planner.observation``; ``start``: the task's
+    ``initial_observation`` with the same layout and features, when the caller keeps it (copied)."""
     layout = layout or ObservationLayout(len(episode.registry), episode.processes_on)
-    obs = initial_observation(episode.task, episode.registry, layout, features)
+    obs = initial_observation(episode.task, episode.registry, layout, features) if start is None else start.copy()
     status = np.asarray(episode.status)
     tool_blocks = obs[layout.status:layout.required].reshape(-1, N_STATUS)
     tool_blocks[:] = 0.0
