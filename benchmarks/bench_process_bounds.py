@@ -8,8 +8,8 @@ peak resident memory of the child (``ru_maxrss``) and what the DP added to it be
 and the ratio of CPU seconds to the anchor's. ``--repeats`` interleaves the worlds (anchor, worlds, anchor,
 ...) and reports medians.
 
-``--before REV`` also runs each world on the bound of git revision REV (its ``resilibench/`` and ``core/``
-extracted to a temporary folder that the child imports first), interleaved with the current one, and prints
+``--before REV`` also runs each world on the bound of git revision REV (extracted to a temporary folder
+that the child imports first), interleaved with the current one, and prints
 the current/before ratios of CPU time and peak memory and whether the values agree bit for bit. ``--cold``
 gives each child an empty numba cache (the compiled DP's compile time is then in its CPU time); the first
 task's CPU seconds are printed apart either way.
@@ -46,6 +46,7 @@ def child(world: str, every: int) -> None:
     """Solve one world's selected test tasks and print one JSON line of measurements."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
+    import resilibench.core.bounds as bounds
     from resilibench.core.bounds import exact_bound, optimal_success
     from resilibench.core.world import get_world
 
@@ -60,7 +61,7 @@ def child(world: str, every: int) -> None:
     values += [optimal_success(t, config) for t in tasks[1:]]
     seconds = time.process_time() - start
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"world": world, "tasks": len(tasks), "cpu_s": seconds, "first_s": first, "states": exact_bound(
+    print(json.dumps({"world": world, "source": str(Path(bounds.__file__).parent), "tasks": len(tasks), "cpu_s": seconds, "first_s": first, "states": exact_bound(
         tasks[0], config).states_explored, "peak_rss_mb": rss / 1024, "dp_rss_mb": (rss - rss_before) / 1024,
         "mean": sum(values) / len(values), "values": {t.instance_id: repr(v) for t, v in zip(tasks, values,
                                                                                               strict=True)}}))
@@ -80,12 +81,10 @@ def measure(world: str, every: int, before: Path | None = None, cold: bool = Fal
 
 
 def extract(revision: str, folder: Path) -> Path:
-    """The package of git ``revision`` (its foundation ``resilibench/`` with ``core/`` inside), in ``folder``."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "resilibench", "core"], check=True,
-                             capture_output=True).stdout
+    """The checkout of git ``revision`` in ``folder`` (importable as it is: the package maps its folders)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision], check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(folder, filter="data")
-    (folder / "core").rename(folder / "resilibench" / "core")
     return folder
 
 
@@ -125,6 +124,8 @@ def main() -> None:
         m = median[name]
         print(f"{name:<19} {m['cpu_s']:8.2f} {m['first_s']:8.2f} {m['cpu_s'] / anchor_s:9.2f} {rs[0]['states']:10,} "
               f"{m['peak_rss_mb']:12.0f} {m['dp_rss_mb']:10.0f} {rs[0]['mean']:11.6f}")
+    for name, rs in runs.items():
+        print(f"{name}: bound from {rs[0]['source']}")
     for world in args.worlds if before is not None else ():
         now, then = median[world], median[f"{world}@before"]
         same = runs[world][0]["values"] == runs[f"{world}@before"][0]["values"]

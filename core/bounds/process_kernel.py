@@ -1,7 +1,7 @@
 """The compiled part of ``processes.ProcessSubproblems``: its keys, transitions and DP (docs/core/bounds.md,
 "How the process DP stores its states").
 
-A key is two int64 (``KEY``): shape id, id of the fresh spare bases left and id of the time used; N_h,
+A key is a tuple of two int64: shape id, id of the fresh spare bases left and id of the time used; N_h,
 consecutive failures, streak tool + 1, streak length, turns used, number of local tools and the id of the
 *vector* of the local tools, one byte per tool (``calls * n_states + process state id``) eight to a word in
 three words, interned (``Vectors``): far fewer vectors than states. The kernels only combine what
@@ -21,12 +21,11 @@ import numpy as np
 from numba import types
 from numba.typed import Dict, List
 
-KEY = types.UniTuple(types.int64, 2)
 ORDER_KEY = types.UniTuple(types.int64, 3)
 MAX_LOCAL = 24  # local tools a key holds (a vector of three words of eight bytes)
 MAX_SPARES = 24  # failed spares a reordering request holds (two words of twelve 5-bit indices)
 MAX_BRANCHES = 1024  # branches of one state
-MAX_BASES = 64  # distinct tool bases
+MAX_BASES = 32  # distinct tool bases (a registry of 30 tools and the default base)
 OK, NEED_AFTER, NEED_SPARE, NEED_ORDER, NEED_OUTCOMES, NEED_VECTORS, NEED_ROOM = 0, 1, 2, 3, 4, 5, 6
 # ints of Tables: turn limit, max consecutive failures, max same-tool failures, call cap, strict dependencies,
 # number of process states, whether there is a time budget
@@ -165,7 +164,7 @@ def _rehash(keys, values, new_keys, new_values) -> None:
 
 
 class Vectors(NamedTuple):
-    """The interned vectors of local tools (``KEY``): their words by id, and an open-addressing table from
+    """The interned vectors of local tools (module docstring): their words by id, and an open-addressing table from
     the words to the id, grown (``grown``) when a kernel asks for room (NEED_VECTORS: three quarters full)."""
 
     words: np.ndarray  # [id, 3]
@@ -242,7 +241,7 @@ def _body(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns, fi
     """The canonical key of a state but its time id into ``scratch[5]`` (``ProcessSubproblems`` docstring);
     codes and states are changed in place. Returns OK, -1 when the state is lost, or a NEED_ request."""
     ints, out = t.ints, scratch[5]
-    n_required, n_spares = t.shape_ints[sid, 0], t.shape_ints[sid, 2]
+    n_required, n_spares = np.int64(t.shape_ints[sid, 0]), np.int64(t.shape_ints[sid, 2])
     spare = ints[TURN_LIMIT] - turns - n_required
     if spare < 0 or t.ends[consecutive, streak]:
         return -1
@@ -348,16 +347,16 @@ def expand(t, u, key, req, scratch, acts, qs, oks, keys, lost):
     out = scratch[5]
     sid, fid, tid, n_h, consecutive, last, streak, turns, n = _unpack(t, u, key, codes, states)
     time = u.times[tid]
-    n_required = t.shape_ints[sid, 0]
+    n_required = np.int64(t.shape_ints[sid, 0])
     for j in range(n):
         later[j] = t.aged[states[j]]
     turns += 1
     strict, cap, count = t.ints[STRICT], t.ints[CAP], 0
     for k in range(t.shape_actions[sid, -1]):
-        i = t.shape_actions[sid, k]
+        i = np.int64(t.shape_actions[sid, k])
         if codes[i] >= cap:
             continue
-        deps, n_deps, n_failed = t.shape_deps[sid, i], 0, 0
+        deps, n_deps, n_failed = np.int64(t.shape_deps[sid, i]), 0, 0
         for d in range(n):
             if (deps >> d) & 1:
                 n_deps += 1
@@ -375,7 +374,7 @@ def expand(t, u, key, req, scratch, acts, qs, oks, keys, lost):
                   acts, qs, oks, keys, lost, count)
             count += 1
             continue
-        bid = t.shape_base[sid, i]
+        bid = np.int64(t.shape_base[sid, i])
         code = _outcome_code(states[i], bid, n_uncalled, n_failed, n_h)
         if code in u.outcome_index:
             index = u.outcome_index[code]
@@ -398,7 +397,7 @@ def expand(t, u, key, req, scratch, acts, qs, oks, keys, lost):
                 status = _body(t, u, sid, work_codes, work_states, n, n_h + 1, consecutive + 1, i, same, turns, fid,
                                req, scratch)
             else:
-                new_sid = t.after[sid, i]
+                new_sid = np.int64(t.after[sid, i])
                 if new_sid < 0:
                     req[0], req[1], req[2] = NEED_AFTER, sid, i
                     return NEED_AFTER, 0
@@ -428,7 +427,7 @@ def expand(t, u, key, req, scratch, acts, qs, oks, keys, lost):
             if ok:
                 status = _body(t, u, sid, work_codes, work_states, n, n_h, 0, -1, 0, turns, rest, req, scratch)
             elif t.keeps[bid, state, second + 1]:
-                spare_sid = t.with_spare[sid, bid]
+                spare_sid = np.int64(t.with_spare[sid, bid])
                 if spare_sid < 0:
                     req[0], req[1], req[2] = NEED_SPARE, sid, bid
                     return NEED_SPARE, 0
@@ -452,7 +451,7 @@ def make_key(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns,
     status = _body(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns, fid, req, scratch)
     tid = -1
     if status == OK:
-        tid = _time_id(t, u, t.shape_ints[sid, 0], turns, time)
+        tid = _time_id(t, u, np.int64(t.shape_ints[sid, 0]), turns, time)
         if tid < 0:
             status = -1
     out = scratch[5]

@@ -32,7 +32,6 @@ from ..registry import ToolRegistry
 from ..simulator import Episode, success_probability
 from .base import FILLER, ExactBound, Key, Problem, State, Subproblems
 from .process_kernel import (
-    KEY,
     MAX_BASES,
     MAX_BRANCHES,
     MAX_LOCAL,
@@ -41,8 +40,8 @@ from .process_kernel import (
     NEED_ORDER,
     NEED_OUTCOMES,
     NEED_ROOM,
-    NEED_VECTORS,
     NEED_SPARE,
+    NEED_VECTORS,
     OK,
     Frames,
     Lookups,
@@ -120,10 +119,10 @@ class ProcessSubproblems(Subproblems):
         self._fresh: list[tuple[float, ...]] = []  # fresh id -> bases of the fresh spares left, best first
         self._fresh_ids: dict[tuple[float, ...], int] = {}
         self._grown: dict[str, np.ndarray] = {  # tables that grow: rows written so far in _rows
-            "shape_ints": np.zeros((0, 3), np.int64), "shape_deps": np.zeros((0, MAX_LOCAL), np.int64),
-            "shape_base": np.zeros((0, MAX_LOCAL), np.int64),
-            "shape_actions": np.zeros((0, MAX_LOCAL + 2), np.int64),
-            "after": np.zeros((0, MAX_LOCAL), np.int64), "with_spare": np.zeros((0, MAX_BASES), np.int64),
+            "shape_ints": np.zeros((0, 3), np.int32), "shape_deps": np.zeros((0, MAX_LOCAL), np.int32),
+            "shape_base": np.zeros((0, MAX_LOCAL), np.int8),
+            "shape_actions": np.zeros((0, MAX_LOCAL + 2), np.int8),
+            "after": np.zeros((0, MAX_LOCAL), np.int32), "with_spare": np.zeros((0, MAX_BASES), np.int32),
             "fresh": np.zeros((0, 4), np.int64), "fresh_cut": np.zeros((0, rules.turn_limit + 1), np.int64),
             "outcome_span": np.zeros((0, 2), np.int64), "outcome_q": np.zeros(0), "outcome_ok": np.zeros(0, bool),
             "outcome_duration": np.zeros(0), "outcome_state": np.zeros(0, np.int64)}
@@ -184,7 +183,7 @@ class ProcessSubproblems(Subproblems):
         """A new row of grown table ``name`` (filled with ``fill``), its index."""
         row, table = self._rows[name], self._grown[name]
         if row == len(table):
-            self._grown[name] = table = np.concatenate([table, np.full((max(64, row),) + table.shape[1:], fill,
+            self._grown[name] = table = np.concatenate([table, np.full((max(64, row // 2),) + table.shape[1:], fill,
                                                                        table.dtype)])
         self._rows[name] = row + 1
         self._table = None
