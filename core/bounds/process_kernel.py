@@ -76,7 +76,7 @@ class Frames(NamedTuple):
     key: np.ndarray  # [frame, 2]
     expanded: np.ndarray  # [frame]: whether its branches are listed
     cursor: np.ndarray  # [frame]: first branch whose value is not known yet
-    count: np.ndarray  # [frame]: number of branches
+    size: np.ndarray  # [frame]: number of branches
     action: np.ndarray  # [frame, branch]
     q: np.ndarray  # [frame, branch] probability
     ok: np.ndarray  # [frame, branch] success
@@ -117,7 +117,7 @@ class Memo(NamedTuple):
 
     keys: np.ndarray  # [slot, 2]
     values: np.ndarray  # [slot]
-    count: np.ndarray  # [0]: keys held
+    held: np.ndarray  # [0]: keys held
 
     @classmethod
     def empty(cls, slots: int = 1 << 16) -> Memo:
@@ -128,12 +128,12 @@ class Memo(NamedTuple):
         """The same keys and values in twice the slots."""
         memo = Memo.empty(2 * len(self.values))
         _rehash(self.keys, self.values, memo.keys, memo.values)
-        memo.count[0] = self.count[0]
+        memo.held[0] = self.held[0]
         return memo
 
 
 @numba.njit(cache=True)
-def _slot(keys, key) -> int:
+def _slot(keys, key):
     """The slot of ``key`` (a tuple of words >= 0) in an open-addressing table's keys (linear probing): where
     it is, or the empty slot (word 0 = -1) where it goes."""
     h = np.uint64(0)
@@ -170,7 +170,7 @@ class Vectors(NamedTuple):
     words: np.ndarray  # [id, 3]
     keys: np.ndarray  # [slot, 3]
     ids: np.ndarray  # [slot]
-    count: np.ndarray  # [0]: vectors held
+    held: np.ndarray  # [0]: vectors held
 
     @classmethod
     def empty(cls, slots: int = 1 << 12) -> Vectors:
@@ -180,7 +180,7 @@ class Vectors(NamedTuple):
     def grown(self) -> Vectors:
         """The same vectors in twice the slots."""
         vectors = Vectors.empty(2 * len(self.ids))
-        n = vectors.count[0] = self.count[0]
+        n = vectors.held[0] = self.held[0]
         vectors.words[:n] = self.words[:n]
         _reindex(vectors.words, n, vectors.keys, vectors.ids)
         return vectors
@@ -194,7 +194,7 @@ def _reindex(words, n, keys, ids) -> None:
         keys[j], ids[j] = words[v], v
 
 
-def outcome_code(state: int, base: int, uncalled: int, failed: int, n_h: int) -> int:
+def outcome_code(state: Any, base: Any, uncalled: Any, failed: Any, n_h: Any) -> Any:
     """The key of an outcome list in ``Tables.outcome_index``."""
     return state + 64 * (base + 64 * (uncalled + 64 * (failed + 64 * n_h)))
 
@@ -302,12 +302,12 @@ def _body(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns, fi
     if vectors.keys[slot, 0] != -1:
         vid = vectors.ids[slot]
     else:
-        vid = vectors.count[0]
+        vid = vectors.held[0]
         if 4 * vid >= 3 * len(vectors.ids):
             req[0] = NEED_VECTORS
             return NEED_VECTORS
         vectors.keys[slot], vectors.words[vid], vectors.ids[slot] = words[:3], words[:3], vid
-        vectors.count[0] = vid + 1
+        vectors.held[0] = vid + 1
     out[0] = sid + (t.fresh_cut[fid, spare] << 31)
     out[1] = n_h + (consecutive << 6) + ((last + 1) << 12) + (streak << 18) + (turns << 24) + (n << 30) + (vid << 36)
     return OK
@@ -474,7 +474,7 @@ def solve(t, u, memo, frames, key, req, scratch):
         frames.key[0, :] = key
         frames.expanded[0] = False
     while depth[0] >= 0:
-        if 4 * memo.count[0] >= 3 * len(memo_values):
+        if 4 * memo.held[0] >= 3 * len(memo_values):
             return NEED_ROOM, 0.0
         d = depth[0]
         row = frames.key[d]
@@ -488,8 +488,8 @@ def solve(t, u, memo, frames, key, req, scratch):
                                        frames.after[d], frames.lost[d])
                 if status != OK:
                     return status, 0.0
-            frames.expanded[d], frames.cursor[d], frames.count[d] = True, 0, count
-        b, count, values, lost, after = frames.cursor[d], frames.count[d], frames.value[d], frames.lost[d], frames.after[d]
+            frames.expanded[d], frames.cursor[d], frames.size[d] = True, 0, count
+        b, count, values, lost, after = frames.cursor[d], frames.size[d], frames.value[d], frames.lost[d], frames.after[d]
         descend = False
         while b < count:
             if not lost[b]:
@@ -517,7 +517,7 @@ def solve(t, u, memo, frames, key, req, scratch):
                 best = value
         slot = _slot(memo_keys, here)
         memo_keys[slot, 0], memo_keys[slot, 1], memo_values[slot] = here[0], here[1], best
-        memo.count[0] += 1
+        memo.held[0] += 1
         depth[0] = d - 1
     return OK, memo_values[_slot(memo_keys, key)]
 

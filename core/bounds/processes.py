@@ -109,7 +109,7 @@ class ProcessSubproblems(Subproblems):
                 for j, s in enumerate(self.tool_states)]
         ranks = sorted(range(n_states), key=lambda j: self.spare_rank(0.0, 0, self.tool_states[j], False))
         budget = processes.time_budget_seconds
-        self._constants = dict(
+        self._constants: dict[str, Any] = dict(
             ints=np.array([rules.turn_limit, rules.max_consecutive_failures, rules.max_same_tool_failures,
                            max_calls, rules.strict_dependencies, n_states, budget is not None], dtype=np.int64),
             budget=float(budget or 0.0), longest=float(longest), ends=np.array(self._ends, dtype=np.int8),
@@ -129,7 +129,7 @@ class ProcessSubproblems(Subproblems):
         self._rows = dict.fromkeys(self._grown, 0)
         self._keeps = np.zeros((0, n_states, 1), np.int8)
         self._lookups = Lookups(*new_lookups(), Vectors.empty())
-        self.memo = Memo.empty()  # type: ignore[assignment]
+        self._memo = Memo.empty()  # the base class's ``memo`` stays empty: this DP's memo is compiled
         self._table: Tables | None = None
         self._frames = Frames.empty(rules.turn_limit + 2)
         self._req = np.zeros(8, np.int64)
@@ -235,8 +235,8 @@ class ProcessSubproblems(Subproblems):
         """The tables as the kernels read them."""
         self._sync_shapes()
         if self._table is None:
-            self._table = Tables(
-                **self._constants, base_value=np.array(self._bases), keeps=self._keeps, **{name: table[:self._rows[name]] for name, table in self._grown.items()})
+            grown: dict[str, Any] = {name: table[:self._rows[name]] for name, table in self._grown.items()}
+            self._table = Tables(**self._constants, base_value=np.array(self._bases), keeps=self._keeps, **grown)
         return self._table
 
     def _fill(self) -> None:
@@ -311,7 +311,7 @@ class ProcessSubproblems(Subproblems):
             action = FILLER if acts[b] < 0 else int(acts[b])
             if not moves or moves[-1][0] != action:
                 moves.append((action, []))
-            moves[-1][1].append((float(qs[b]), bool(oks[b]), None if lost[b] else tuple(int(w) for w in keys[b])))
+            moves[-1][1].append((float(qs[b]), bool(oks[b]), None if lost[b] else (int(keys[b, 0]), int(keys[b, 1]))))
         return moves
 
     def success_key(self, key: Key, action: int) -> Key | None:
@@ -323,16 +323,16 @@ class ProcessSubproblems(Subproblems):
             return 0.0
         try:
             while True:
-                status, value = self._call(solve, self.memo, self._frames, key, self._req, self._scratch)
+                status, value = self._call(solve, self._memo, self._frames, key, self._req, self._scratch)
                 if status == OK:
                     return value
-                self.memo = self.memo.grown()  # NEED_ROOM
+                self._memo = self._memo.grown()  # NEED_ROOM
         except BaseException:
             self._frames.depth[0] = -1  # the next key starts afresh
             raise
 
     def states(self) -> int:
-        return int(self.memo.count[0])
+        return int(self._memo.held[0])
 
     def action_values(self, key: Key) -> Iterator[tuple[int, float]]:
         value = self.value
