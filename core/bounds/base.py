@@ -219,6 +219,10 @@ class Subproblems(ABC):
                     best, best_action = v, action
         return best, best_action
 
+    def states(self) -> int:
+        """The number of states solved so far."""
+        return len(self.memo)
+
     def solve(self, key: Key | None) -> tuple[float, int | None]:
         """(optimal probability of full success, optimal action; None = FINISH) from ``key`` (None = lost).
         The memo keeps values only: the action is found again from the (memoised) values after it."""
@@ -320,7 +324,7 @@ class ExactBound(ABC, Generic[DP]):
     @property
     def states_explored(self) -> int:
         """DP states solved so far, shared by every problem with this call cap, rules and failure model."""
-        return len(self.dp.memo)
+        return self.dp.states()
 
     def happy_path(self) -> list[int]:
         """Tools the optimal policy calls when every call succeeds (global ids; of a call's successful

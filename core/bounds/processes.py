@@ -18,10 +18,9 @@ uses that one then.
 from __future__ import annotations
 
 import dataclasses
-import struct
 from collections.abc import Iterator, Sequence
 from functools import cache, cached_property
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -32,12 +31,35 @@ from ..processes import FRESH, ToolState, call_outcomes, down_probability, tool_
 from ..registry import ToolRegistry
 from ..simulator import Episode, success_probability
 from .base import FILLER, ExactBound, Key, Problem, State, Subproblems
+from .process_kernel import (
+    MAX_BASES,
+    MAX_BRANCHES,
+    MAX_LOCAL,
+    MAX_SPARES,
+    NEED_AFTER,
+    NEED_ORDER,
+    NEED_OUTCOMES,
+    NEED_ROOM,
+    NEED_SPARE,
+    NEED_VECTORS,
+    OK,
+    Frames,
+    Lookups,
+    Memo,
+    Tables,
+    Vectors,
+    call,
+    expand,
+    make_key,
+    new_lookups,
+    outcome_code,
+    put,
+    solve,
+)
 
-# A state packed in bytes (``ProcessSubproblems.layout``: about 30 bytes, its hash kept by the object): shape
-# id, id of the bases of the fresh spare tools left (best first), id of the time used, N_h, consecutive failures,
-# local index of the tool of the current failure streak (-1: none), streak length, turns used, then the call
-# count of each local tool, then the id of each local tool's process state (``ProcessSubproblems.tool_states``).
-ProcessKey = bytes
+# A state as two int64 (``process_kernel``: shape, fresh spares and time ids; counters and the id of the call
+# counts and process states of the local tools).
+ProcessKey = tuple[int, int]
 # (probability, success, key after) of each outcome of an action
 Branches = list[tuple[float, bool, "ProcessKey | None"]]
 
@@ -61,33 +83,59 @@ class ProcessSubproblems(Subproblems):
     failed spares): the local tools are the required tools not yet succeeded in order, the helpers not yet
     succeeded, then the spare tools whose filler call failed and that are kept (``keeps_spare``). The
     actions are the next required tool, the helpers, the kept spares and the best fresh spare;
-    ``all_actions`` adds the later required tools (whose success loses the episode)."""
+    ``all_actions`` adds the later required tools (whose success loses the episode).
+
+    Keys, transitions and the DP are compiled (``process_kernel``); this class tabulates for them what the
+    rules say (shapes, outcomes of a call, fresh spares, which failed spare is kept), filling an entry when a
+    kernel asks for it. A key is canonical: counters that cannot reach a limit are forgotten (as
+    ``PlainSubproblems.key``), only the fresh spares a remaining turn can use are kept, failed spares are
+    listed in ``spare_rank`` order, and the time used only once it may matter."""
 
     def __init__(self, max_calls: int, rules: EpisodeRules, failure: FailureModel, processes: FailureProcesses,
                  all_actions: bool):
         super().__init__(max_calls, rules, failure, all_actions)
         self.processes = processes
-        self.budget = processes.time_budget_seconds
         # The longest a call can take (its time counts against the budget).
-        self.longest = max(o.duration for _, o in call_outcomes(processes, FRESH, 0.5, ("",)))
-        # Every process state a tool can be in, by id (FRESH is 0), and the id one turn later.
+        longest = max(o.duration for _, o in call_outcomes(processes, FRESH, 0.5, ("",)))
+        # Every process state a tool can be in, by id (FRESH is 0).
         self.tool_states = tuple(ToolState(down, blocked) for down in (None, False, True)
                                  for blocked in range(processes.rate_limit_wait + 1))
         self._state_ids = {state: j for j, state in enumerate(self.tool_states)}
-        self._aged = tuple(self._state_ids[ToolState(s.down, s.blocked - 1)] if s.blocked else j
-                           for j, s in enumerate(self.tool_states))
-        # Bases of fresh spares left, by id: the tuple, the id without its first, the id cut to n (-1: not yet).
-        self._fresh: list[tuple[float, ...]] = []
+        n_states = len(self.tool_states)
+        if (max_calls + 1) * n_states > 128:
+            raise ValueError(f"bound (iii): a call cap of {max_calls} with rate_limit_wait="
+                             f"{processes.rate_limit_wait} does not fit the DP's key (one byte per tool)")
+        aged = [self._state_ids[ToolState(s.down, s.blocked - 1)] if s.blocked else j
+                for j, s in enumerate(self.tool_states)]
+        ranks = sorted(range(n_states), key=lambda j: self.spare_rank(0.0, 0, self.tool_states[j], False))
+        budget = processes.time_budget_seconds
+        self._constants: dict[str, Any] = dict(
+            ints=np.array([rules.turn_limit, rules.max_consecutive_failures, rules.max_same_tool_failures,
+                           max_calls, rules.strict_dependencies, n_states, budget is not None], dtype=np.int64),
+            budget=float(budget or 0.0), longest=float(longest), ends=np.array(self._ends, dtype=np.int8),
+            aged=np.array(aged, dtype=np.int64), state_rank=np.argsort(np.array(ranks)).astype(np.int64))
+        self._bases: list[float] = []  # base id -> base
+        self._base_ids: dict[float, int] = {}
+        self._fresh: list[tuple[float, ...]] = []  # fresh id -> bases of the fresh spares left, best first
         self._fresh_ids: dict[tuple[float, ...], int] = {}
-        self._fresh_rest: list[int] = []
-        self._fresh_cut: list[list[int]] = []
-        self._times: list[float] = [0.0]  # time used, by id, and its bytes in a key
-        self._time_ids: dict[float, int] = {0.0: 0}
-        self._time_tails: list[bytes] = [bytes(2)]
-        self._layouts: list[struct.Struct] = []  # by number of local tools
-        self._branches: dict[tuple, tuple[int, list[tuple[float, bool, float, int, int]]]] = {}
-        self._orders: dict[tuple, tuple[int, ...] | None] = {}  # failed spares' (bases, calls, states, last) -> order
-        self._reordered: dict[tuple[int, tuple[int, ...]], int] = {}  # (shape id, order) -> shape id
+        self._grown: dict[str, np.ndarray] = {  # tables that grow: rows written so far in _rows
+            "shape_ints": np.zeros((0, 3), np.int32), "shape_deps": np.zeros((0, MAX_LOCAL), np.int32),
+            "shape_base": np.zeros((0, MAX_LOCAL), np.int8),
+            "shape_actions": np.zeros((0, MAX_LOCAL + 2), np.int8),
+            "after": np.zeros((0, MAX_LOCAL), np.int32), "with_spare": np.zeros((0, MAX_BASES), np.int32),
+            "fresh": np.zeros((0, 4), np.int64), "fresh_cut": np.zeros((0, rules.turn_limit + 1), np.int64),
+            "outcome_span": np.zeros((0, 2), np.int64), "outcome_q": np.zeros(0), "outcome_ok": np.zeros(0, bool),
+            "outcome_duration": np.zeros(0), "outcome_state": np.zeros(0, np.int64)}
+        self._rows = dict.fromkeys(self._grown, 0)
+        self._keeps = np.zeros((0, n_states, 1), np.int8)
+        self._lookups = Lookups(*new_lookups(), Vectors.empty())
+        self._memo = Memo.empty()  # the base class's ``memo`` stays empty: this DP's memo is compiled
+        self._table: Tables | None = None
+        self._frames = Frames.empty(rules.turn_limit + 2)
+        self._req = np.zeros(8, np.int64)
+        self._scratch = np.zeros((10, MAX_LOCAL + 1), np.int64)
+        self._branches = (np.zeros(MAX_BRANCHES, np.int64), np.zeros(MAX_BRANCHES), np.zeros(MAX_BRANCHES, bool),
+                          np.zeros((MAX_BRANCHES, 2), np.int64), np.zeros(MAX_BRANCHES, bool))
 
     # --- shapes ----------------------------------------------------------------------------------------
 
@@ -96,6 +144,9 @@ class ProcessSubproblems(Subproblems):
         """(shape id, local indices kept) of a tool list whose last ``n_spares`` tools are failed spares.
         Unlike ``PlainSubproblems.shape``, a helper that no required tool needs any more stays: a failed
         call may have left it better than a fresh spare as a filler (found up by an outage process)."""
+        if len(deps) > MAX_LOCAL or n_spares > MAX_SPARES:
+            raise ValueError(f"bound (iii): {len(deps)} local tools ({n_spares} failed spares); the DP's key "
+                             f"holds {MAX_LOCAL} ({MAX_SPARES})")
         canonical = (n_required, tuple(deps), tuple(bases), n_spares)
         return self._register(canonical), tuple(range(len(deps)))
 
@@ -121,194 +172,167 @@ class ProcessSubproblems(Subproblems):
         return processes.outage_start > 0.0 and (
             down_probability(processes, state.down) < down_probability(processes, FRESH.down))
 
-    # --- transitions -----------------------------------------------------------------------------------
-
-    def fresh_id(self, fresh: tuple[float, ...]) -> int:
-        """The id of a tuple of fresh spare bases (best first)."""
-        fid = self._fresh_ids.get(fresh)
-        if fid is None:
-            fid = self._fresh_ids[fresh] = len(self._fresh)
-            self._fresh.append(fresh)
-            self._fresh_rest.append(-1)
-            self._fresh_cut.append([-1] * (self.rules.turn_limit + 1))
-        return fid
-
-    def _cut(self, fid: int, n: int) -> int:
-        """The id of the first ``n`` bases of fresh tuple ``fid``."""
-        cut = self._fresh_cut[fid][n]
-        if cut < 0:
-            fresh = self._fresh[fid]
-            cut = self._fresh_cut[fid][n] = fid if len(fresh) <= n else self.fresh_id(fresh[:n])
-        return cut
-
-    def _rest(self, fid: int) -> int:
-        """The id of fresh tuple ``fid`` without its first (best) base."""
-        rest = self._fresh_rest[fid]
-        if rest < 0:
-            rest = self._fresh_rest[fid] = self.fresh_id(self._fresh[fid][1:])
-        return rest
-
-    def outcomes(self, state: int, base: float, n_uncalled: int, n_failed: int, n_h: int
-                 ) -> tuple[int, list[tuple[float, bool, float, int, int]]]:
-        """(number of groups, [(probability, success, duration, state id after, group)]) of the outcomes of a
-        call of a tool in state id ``state`` (failures of the success formula merged: the error code does not
-        matter to the bound). Outcomes of one group differ only in their duration."""
-        memo_key = (state, base, n_uncalled, n_failed, n_h)
-        entry = self._branches.get(memo_key)
-        if entry is None:
-            p = success_probability(base, n_uncalled, n_failed, n_h, self.failure)
-            merged: dict[tuple[bool, float, int], float] = {}
-            for q, outcome in call_outcomes(self.processes, self.tool_states[state], p, ("",)):
-                what = (outcome.success, outcome.duration, self._state_ids[outcome.state])
-                merged[what] = merged.get(what, 0.0) + q
-            groups: dict[tuple[bool, int], int] = {}
-            entry = self._branches[memo_key] = (len({(ok, after) for ok, _, after in merged}), [
-                (q, ok, duration, after, groups.setdefault((ok, after), len(groups)))
-                for (ok, duration, after), q in merged.items()])
-        return entry
-
-    def layout(self, n: int) -> struct.Struct:
-        """The packing of a key with ``n`` local tools, all but the time id (``ProcessKey``)."""
-        while len(self._layouts) <= n:
-            self._layouts.append(struct.Struct(f"<IIBBbBB{2 * len(self._layouts)}B"))
-        return self._layouts[n]
-
-    def shape_of(self, key: Key) -> int:
-        return int.from_bytes(key[:4], "little")
-
-    def key(self, sid: int, codes: tuple[int, ...], states: tuple[ToolState, ...], n_h: int, consecutive: int,
-            last: int, streak: int, turns: int, time: float, fresh: tuple[float, ...]) -> ProcessKey | None:
-        """The canonical key of a state given with process states and fresh bases as they are."""
-        body = self._body(sid, codes, tuple(self._state_ids[s] for s in states), n_h, consecutive, last, streak,
-                          turns, self.fresh_id(fresh))
-        return None if body is None else self._timed(body, self.shapes[sid][0], turns, time)
-
-    def _body(self, sid: int, codes: tuple[int, ...], states: tuple[int, ...], n_h: int, consecutive: int,
-              last: int, streak: int, turns: int, fid: int) -> bytes | None:
-        """The canonical key of a state but its time (``_timed`` adds it), None when it is lost: as
-        ``PlainSubproblems.key`` (counters that cannot reach a limit are forgotten); only the fresh spares a
-        remaining turn can use are kept."""
-        n_required, _, _, n_spares = self.shapes[sid]
-        spare = self.rules.turn_limit - turns - n_required
-        counters = self._canonical_counters(spare, codes, consecutive, last, streak)
-        if counters is None:
-            return None
-        codes, consecutive, last, streak = counters
-        if n_spares > 1:
-            sid, order = self._spare_order(sid, codes, states, last)
-            if order is not None:
-                codes, states = tuple([codes[j] for j in order]), tuple([states[j] for j in order])
-                last = order.index(last) if last >= 0 else last
-        return self.layout(len(codes)).pack(sid, self._cut(fid, spare), n_h, consecutive, last, streak, turns,
-                                            *codes, *states)
-
-    def _timed(self, body: bytes, n_required: int, turns: int, time: float) -> ProcessKey | None:
-        """The key of ``body`` (``_body``) at time used ``time``, None when it is lost: once the time budget is
-        used up before the last required tool succeeded."""
-        budget = self.budget
-        if budget is None or time + self.longest * (self.rules.turn_limit - turns - 1) < budget:
-            return body + self._time_tails[0]  # every call left fits in the budget, whatever the time used
-        if n_required and time >= budget:
-            return None
-        tid = self._time_ids.get(time)
-        if tid is None:
-            tid = self._time_ids[time] = len(self._times)
-            self._times.append(time)
-            self._time_tails.append(tid.to_bytes(2, "little"))
-        return body + self._time_tails[tid]
-
     @staticmethod
     def spare_rank(base: float, calls: int, state: ToolState, last: bool) -> tuple:
         """The order of failed spares in a key (interchangeable tools listed one way)."""
         return base, calls, state.down is None, bool(state.down), state.blocked, last
 
-    def _spare_order(self, sid: int, codes: tuple[int, ...], states: tuple[int, ...], last: int
-                     ) -> tuple[int, tuple[int, ...] | None]:
-        """(shape id, order of the local tools; None: as they are) with the failed spares in ``spare_rank``
-        order."""
-        n_required, deps, bases, n_spares = self.shapes[sid]
-        first = len(deps) - n_spares
-        spares = (bases[first:], codes[first:], states[first:], last - first)
-        if spares not in self._orders:
-            order = sorted(range(n_spares), key=lambda j: self.spare_rank(
-                bases[first + j], codes[first + j], self.tool_states[states[first + j]], j == last - first))
-            self._orders[spares] = None if order == list(range(n_spares)) else tuple(order)
-        order = self._orders[spares]
-        if order is None:
-            return sid, None
-        new_sid = self._reordered.get((sid, order))
-        if new_sid is None:
-            new_sid = self._reordered[(sid, order)] = self.shape(
-                n_required, deps, bases[:first] + tuple(bases[first + j] for j in order), n_spares)[0]
-        return new_sid, tuple(range(first)) + tuple(first + j for j in order)
+    # --- tables ----------------------------------------------------------------------------------------
+
+    def _row(self, name: str, fill: int = -1) -> int:
+        """A new row of grown table ``name`` (filled with ``fill``), its index."""
+        row, table = self._rows[name], self._grown[name]
+        if row == len(table):
+            self._grown[name] = table = np.concatenate([table, np.full((max(64, row // 2),) + table.shape[1:], fill,
+                                                                       table.dtype)])
+        self._rows[name] = row + 1
+        self._table = None
+        return row
+
+    def base_id(self, base: float) -> int:
+        """The id of a base (the table of kept spares grows with the bases)."""
+        bid = self._base_ids.get(base)
+        if bid is None:
+            if len(self._bases) == MAX_BASES:
+                raise ValueError(f"bound (iii): more than {MAX_BASES} distinct tool bases")
+            bid = self._base_ids[base] = len(self._bases)
+            self._bases.append(base)
+            n = len(self._bases)
+            self._keeps = np.array([[[self.keeps_spare(b, s, None if nb < 0 else self._bases[nb])
+                                      for nb in range(-1, n)] for s in self.tool_states] for b in self._bases],
+                                   dtype=np.int8)
+            self._table = None
+        return bid
+
+    def fresh_id(self, fresh: tuple[float, ...]) -> int:
+        """The id of a tuple of fresh spare bases (best first), with the ids of its cuts and rest."""
+        fid = self._fresh_ids.get(fresh)
+        if fid is None:
+            fid = self._fresh_ids[fresh] = self._row("fresh")
+            self._row("fresh_cut")
+            self._fresh.append(fresh)
+            ids = [self.base_id(b) for b in fresh[:2]] + [-1, -1]
+            rest = self.fresh_id(fresh[1:]) if fresh else fid
+            cuts = [fid if len(fresh) <= n else self.fresh_id(fresh[:n]) for n in range(self.rules.turn_limit + 1)]
+            self._grown["fresh"][fid] = (len(fresh), ids[0], ids[1], rest)
+            self._grown["fresh_cut"][fid] = cuts
+        return fid
+
+    def _sync_shapes(self) -> None:
+        """Writes the shapes registered since the last call into the tables."""
+        for sid in range(self._rows["shape_ints"], len(self.shapes)):
+            n_required, deps, bases, n_spares = self.shapes[sid]
+            for name in ("shape_ints", "shape_deps", "shape_base", "shape_actions", "after", "with_spare"):
+                self._row(name)
+            self._grown["shape_ints"][sid] = (n_required, len(deps), n_spares)
+            self._grown["shape_deps"][sid, :len(deps)] = [sum(1 << d for d in ds) for ds in deps]
+            self._grown["shape_base"][sid, :len(deps)] = [self.base_id(b) for b in bases]
+            actions = self._actions[sid]
+            self._grown["shape_actions"][sid, :len(actions)] = actions
+            self._grown["shape_actions"][sid, -1] = len(actions)
+
+    def _tables(self) -> Tables:
+        """The tables as the kernels read them."""
+        self._sync_shapes()
+        if self._table is None:
+            grown: dict[str, Any] = {name: table[:self._rows[name]] for name, table in self._grown.items()}
+            self._table = Tables(**self._constants, base_value=np.array(self._bases), keeps=self._keeps, **grown)
+        return self._table
+
+    def _fill(self) -> None:
+        """Tabulates what a kernel asked for (``process_kernel.NEED_*``)."""
+        kind, a, b, c, d, e = (int(x) for x in self._req[:6])
+        if kind == NEED_AFTER:
+            self._tables()  # the row of shape a exists
+            self._grown["after"][a, b] = self.after_success(a, b)[0]
+        elif kind == NEED_SPARE:
+            self._tables()
+            self._grown["with_spare"][a, b] = self.with_spare(a, self._bases[b])
+        elif kind == NEED_ORDER:
+            n_required, deps, bases, n_spares = self.shapes[a]
+            order = [((b if j < 12 else c) >> (5 * (j % 12))) & 31 for j in range(n_spares)]
+            first = len(deps) - n_spares
+            put(self._lookups.reordered, (a, b, c), self.shape(
+                n_required, deps, bases[:first] + tuple(bases[first + j] for j in order), n_spares)[0])
+        elif kind == NEED_VECTORS:
+            self._lookups = self._lookups._replace(vectors=self._lookups.vectors.grown())
+        elif kind == NEED_OUTCOMES:
+            self._add_outcomes(a, b, c, d, e)
+        self._table = None
+
+    def _add_outcomes(self, state: int, bid: int, n_uncalled: int, n_failed: int, n_h: int) -> None:
+        """Tabulates the outcomes of a call of a tool in state id ``state`` (failures of the success formula
+        merged: the error code does not matter to the bound)."""
+        p = success_probability(self._bases[bid], n_uncalled, n_failed, n_h, self.failure)
+        merged: dict[tuple[bool, float, int], float] = {}
+        for q, outcome in call_outcomes(self.processes, self.tool_states[state], p, ("",)):
+            what = (outcome.success, outcome.duration, self._state_ids[outcome.state])
+            merged[what] = merged.get(what, 0.0) + q
+        index = self._row("outcome_span")
+        self._grown["outcome_span"][index] = (self._rows["outcome_q"], len(merged))
+        for (ok, duration, after), q in merged.items():
+            row = self._row("outcome_q")
+            for name in ("outcome_ok", "outcome_duration", "outcome_state"):
+                self._row(name)
+            self._grown["outcome_q"][row], self._grown["outcome_ok"][row] = q, ok
+            self._grown["outcome_duration"][row], self._grown["outcome_state"][row] = duration, after
+        put(self._lookups.outcome_index, outcome_code(state, bid, n_uncalled, n_failed, n_h), index)
+
+    def _call(self, kernel: Any, *args: Any) -> Any:
+        """A kernel's result, filling the tables it asks for until it has what it needs."""
+        while True:
+            result = call(kernel, self._tables(), self._lookups, *args)
+            status = result if isinstance(result, int) else result[0]
+            if status in (OK, -1, NEED_ROOM):
+                return result  # done, lost, or the memo is full (``value`` grows it)
+            self._fill()
+
+    # --- keys, transitions and values ------------------------------------------------------------------
+
+    def shape_of(self, key: Key) -> int:
+        return key[0] & 0x7FFFFFFF
+
+    def key(self, sid: int, codes: tuple[int, ...], states: tuple[ToolState, ...], n_h: int, consecutive: int,
+            last: int, streak: int, turns: int, time: float, fresh: tuple[float, ...]) -> ProcessKey | None:
+        """The canonical key of a state given with process states and fresh bases as they are (None: lost)."""
+        n, fid = len(codes), self.fresh_id(fresh)
+        status, key = self._call(make_key, sid, np.array(codes + (0,), np.int64),
+                                 np.array([self._state_ids[s] for s in states] + [0], np.int64), n, n_h,
+                                 consecutive, last, streak, turns, float(time), fid, self._req, self._scratch)
+        return None if status < 0 else key
 
     def transitions(self, key: Key) -> list[tuple[int, Branches]]:
         """(action, its branches) of every action of a state in tie-break order: local tools under the call
-        cap, then FILLER (the best fresh spare). The outcomes of a call that differ only in their duration
-        share the rest of their key (``_body``)."""
-        packed = cast(ProcessKey, key)
-        n = (len(packed) - 2 - self.layout(0).size) // 2
-        sid, fid, n_h, consecutive, last, streak, turns, *rest = self.layout(n).unpack(packed[:-2])
-        codes, states = tuple(rest[:n]), tuple(rest[n:])
-        time = self._times[int.from_bytes(packed[-2:], "little")]
-        n_required, _, bases, _ = self.shapes[sid]
-        strict, body_of, timed, outcomes = self.rules.strict_dependencies, self._body, self._timed, self.outcomes
-        aged = self._aged
-        later = tuple([aged[s] for s in states])  # every tool's state at the next turn, unless called now
-        turns += 1
-        moves = []
-        for i, n_uncalled, n_failed in self._callable_tools(sid, codes):
-            failed_codes = codes[:i] + (codes[i] + 1,) + codes[i + 1:]
-            same = streak + 1 if last == i else 1
-            if strict and (n_uncalled or n_failed):  # dependency error: no draw, no process stage
-                body = body_of(sid, failed_codes, later, n_h + 1, consecutive + 1, i, same, turns, fid)
-                moves.append((i, [(1.0, False, body and timed(body, n_required, turns, time))]))
-                continue
-            branches: Branches = []
-            groups, found = outcomes(states[i], bases[i], n_uncalled, n_failed, n_h)
-            bodies: list = [False] * groups
-            for q, success, duration, state, group in found:
-                if success and 0 < i < n_required:
-                    branches.append((q, True, None))  # a later required tool succeeding first breaks the sequence
-                    continue
-                body = bodies[group]
-                if body is False:
-                    if not success:
-                        body = body_of(sid, failed_codes, later[:i] + (state,) + later[i + 1:], n_h + 1,
-                                       consecutive + 1, i, same, turns, fid)
-                    else:
-                        new_sid, keep = self.after_success(sid, i)
-                        body = body_of(new_sid, tuple([codes[j] for j in keep]), tuple([later[j] for j in keep]),
-                                       n_h, 0, -1, 0, turns, fid)
-                    bodies[group] = body
-                branches.append((q, success, body and timed(body, n_required - (success and i < n_required), turns,
-                                                            time + duration)))
-            moves.append((i, branches))
-        fresh = self._fresh[fid]
-        if fresh:
-            base, rest_id = fresh[0], self._rest(fid)
-            next_base = fresh[1] if len(fresh) > 1 else None
-            branches = []
-            groups, found = outcomes(0, base, 0, 0, n_h)
-            bodies = [False] * groups
-            for q, success, duration, state, group in found:
-                body = bodies[group]
-                if body is False:
-                    if success:
-                        body = body_of(sid, codes, later, n_h, 0, -1, 0, turns, rest_id)
-                    elif self.keeps_spare(base, self.tool_states[state], next_base):
-                        body = body_of(self.with_spare(sid, base), codes + (1,), later + (state,), n_h + 1,
-                                       consecutive + 1, len(codes), 1, turns, rest_id)
-                    else:
-                        body = body_of(sid, codes, later, n_h + 1, consecutive + 1, -1, 1, turns, rest_id)
-                    bodies[group] = body
-                branches.append((q, success, body and timed(body, n_required, turns, time + duration)))
-            moves.append((FILLER, branches))
+        cap, then FILLER (the best fresh spare)."""
+        acts, qs, oks, keys, lost = self._branches
+        _, count = self._call(expand, key, self._req, self._scratch, *self._branches)
+        moves: list[tuple[int, Branches]] = []
+        for b in range(count):
+            action = FILLER if acts[b] < 0 else int(acts[b])
+            if not moves or moves[-1][0] != action:
+                moves.append((action, []))
+            moves[-1][1].append((float(qs[b]), bool(oks[b]), None if lost[b] else (int(keys[b, 0]), int(keys[b, 1]))))
         return moves
 
     def success_key(self, key: Key, action: int) -> Key | None:
         branches = dict(self.transitions(key))[action]
         return max((b for b in branches if b[1]), key=lambda b: b[0])[2]
+
+    def value(self, key: Key | None) -> float:
+        if key is None:
+            return 0.0
+        try:
+            while True:
+                status, value = self._call(solve, self._memo, self._frames, key, self._req, self._scratch)
+                if status == OK:
+                    return value
+                self._memo = self._memo.grown()  # NEED_ROOM
+        except BaseException:
+            self._frames.depth[0] = -1  # the next key starts afresh
+            raise
+
+    def states(self) -> int:
+        return int(self._memo.held[0])
 
     def action_values(self, key: Key) -> Iterator[tuple[int, float]]:
         value = self.value
