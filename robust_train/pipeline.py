@@ -29,7 +29,7 @@ __all__ = [
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -212,11 +212,10 @@ class DemoSettings(Settings):
         return asdict(self)
 
 
-def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[tuple[ClusterRecord, ...],
-                                                                     tuple[ClusterRecord, ...],
-                                                                     tuple[ClusterRecord, ...]]:
+def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[tuple[ClusterRecord, ...], ...]:
     """The demo's cluster datasets (built once, offline): train clusters for SFT and ScPO, test clusters
-    for the table, and original-only records of more train tasks for the base generator."""
+    for the table, original-only records of more train tasks for the base generator, and those tasks
+    again with one perturbed variant each (the type cycling through the five) for SFT's rehearsal."""
     from ..core.tasks.library import interleave_task_types
     from ..core.tasks.wording import apply_wording
     from ..core.world import load_tasks
@@ -229,16 +228,19 @@ def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[tuple[Clust
                               source={"path": "default (v1)", "sha256": None, "count": None,
                                       "wording": settings.wording}).records
 
+    rehearsal = tuple(replace(record, variants=(record.variants[0], record.variants[1 + i % len(PERTURBATION_TYPES)]))
+                      for i, record in enumerate(dataset("rehearsal", "train", settings.pretrain_tasks,
+                                                         PERTURBATION_TYPES)))
     return (dataset("train", "train", settings.train_clusters, PERTURBATION_TYPES),
             dataset("test", "test", settings.test_clusters, PERTURBATION_TYPES),
-            dataset("pretrain", "train", settings.pretrain_tasks, ()))
+            dataset("pretrain", "train", settings.pretrain_tasks, ()), rehearsal)
 
 
 def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *, progress: bool = True,
              log: Callable[[str], None] = print) -> dict[str, RobustnessTable]:
     """Base generator from scratch -> instruction-augmented SFT -> ScPO, with the robustness table on the
     test clusters after each stage, beside the three baselines ("names", "lookup", "bow", trained on the
-    same train clusters; ``robust_train.evaluation``) and the 95% intervals over clusters of the mean
+    SFT stage's instructions: the train clusters and the rehearsal; ``robust_train.evaluation``) and the 95% intervals over clusters of the mean
     execution score under noise (``demo_summary``). Every stage resumes from ``output_dir``."""
     from .instructions import PERTURBATION_TYPES
 
@@ -255,7 +257,7 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
         log(f"[{(time.monotonic() - started) / 60:5.1f} min] {name}")
 
     stage(f"cluster datasets ({settings.wording} wording)")
-    train, test, pretrain = demo_clusters(output_dir, settings)
+    train, test, pretrain, rehearsal = demo_clusters(output_dir, settings)
     stage("generator from scratch")
     scratch = build_generator(output_dir / "scratch", train + pretrain, fmt, hidden_size=settings.hidden_size,
                               num_layers=settings.num_layers, seed=settings.seed)
@@ -264,8 +266,9 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
                    progress=progress)
     tables: dict[str, RobustnessTable] = {}
     models = {"base": base}
-    stage(f"SFT: {len(train)} clusters x {len(train[0].variants)} instructions")
-    models["sft"] = run_sft(base, train, output_dir / "sft", settings.sft, fmt, progress=progress)
+    stage(f"SFT: {len(train)} clusters x {len(train[0].variants)} instructions, with the base's "
+          f"{len(rehearsal)} tasks rehearsed (the original and one perturbed variant each)")
+    models["sft"] = run_sft(base, train + rehearsal, output_dir / "sft", settings.sft, fmt, progress=progress)
     stage(f"ScPO: {settings.scpo.iterations} iteration(s) on {len(train)} clusters")
     run_scpo(models["sft"], train, output_dir / "scpo", settings.scpo, fmt, progress=progress, log=log)
     state = json.loads((output_dir / "scpo" / "state.json").read_text())
@@ -276,7 +279,7 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
         tables[name] = evaluate_generator(model, test, output_dir / "eval" / name, fmt,
                                           max_new_tokens=settings.max_new_tokens, progress=progress)
     stage("baselines")
-    tables = {**baseline_tables(train + pretrain, test, seed=settings.seed), **tables}
+    tables = {**baseline_tables(train + rehearsal, test, seed=settings.seed), **tables}
     stage("done")
     kinds = ("original", *PERTURBATION_TYPES)
     summary = demo_summary(tables, list(models)[-1])

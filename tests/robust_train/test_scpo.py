@@ -220,6 +220,17 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
     assert report["tables"]["sft"] == tables["sft"].to_dict() and report["settings"]["answer"] == "names"
     assert report["summary"]["final"] == "scpo1" and set(report["summary"]["noise_exec"]) == set(tables)
     assert "mean exec under noise (95% interval over clusters)" in table_text
+    # SFT rehearses the base's tasks beside the train clusters: each task's original and one perturbed
+    # variant, the type cycling through the five.
+    from resilibench.robust_train.clusters import clusters_digest
+    from resilibench.robust_train.instructions import PERTURBATION_TYPES
+    from resilibench.robust_train.pipeline import demo_clusters
+
+    train, _, pretrain, rehearsal = demo_clusters(tmp_path, settings)
+    assert [r.cluster_id for r in rehearsal] == [r.cluster_id for r in pretrain]
+    assert [[v.perturbation for v in r.variants] for r in rehearsal] == [["original", kind] for kind in PERTURBATION_TYPES]
+    sft_inputs = json.loads((tmp_path / "sft" / "stage.json").read_text())["config"]
+    assert sft_inputs["clusters_sha256"] == clusters_digest(train + rehearsal) != clusters_digest(train)
     logs.clear()
     assert run_demo(tmp_path, settings, progress=False, log=logs.append) == tables
     assert not any(line.startswith("iteration") for line in logs)  # nothing was sampled again
