@@ -32,6 +32,10 @@ __all__ = [
     "varied_tasks",
 ]
 
+from typing import TYPE_CHECKING
+
+from resilibench.lazy import lazy_exports
+
 from .api import (
     bound_of,
     clairvoyant_success,
@@ -52,5 +56,10 @@ from .policy_success import (
     monte_carlo_success,
     play_episode,
 )
-from .processes import ProcessBound, process_problem
+
+if TYPE_CHECKING:
+    from .processes import ProcessBound, process_problem
+
+# The process DP compiles with numba (which imports scipy): imported on first use.
+__getattr__, __dir__ = lazy_exports(__name__, {".processes": ("ProcessBound", "process_problem")})
 

@@ -19,12 +19,16 @@ from ..tasks.library import Task, dependency_sort
 from ..workflow import Node, Workflow
 from .base import ExactBound, Problem
 from .plain import PlainBound
-from .processes import ProcessBound, process_problem
 
 
 def bound_of(problem: Problem, registry: ToolRegistry | None = None) -> ExactBound:
-    """Bound (iii) of a problem: a ``ProcessBound`` when failure processes are on, else a ``PlainBound``."""
-    return (ProcessBound if problem.processes else PlainBound)(problem, registry)
+    """Bound (iii) of a problem: a ``ProcessBound`` when failure processes are on, else a ``PlainBound``.
+    The process DP's module (numba, which imports scipy) is imported only when a world has processes."""
+    if problem.processes:
+        from .processes import ProcessBound
+
+        return ProcessBound(problem, registry)
+    return PlainBound(problem, registry)
 
 
 @cache
@@ -38,6 +42,8 @@ def task_problem(task: Task, config: WorldConfig, registry: ToolRegistry | None 
     model and, when some are on, failure processes."""
     required, max_calls = task.required_ids(registry), 1 + task.max_retries
     if config.processes.active:
+        from .processes import process_problem
+
         return process_problem(required, max_calls, config)
     return Problem(required, max_calls, config.rules, config.failure)
 
