@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short run (noisier figures)")
     parser.add_argument("--num-envs", type=int, nargs="+", default=[64, 1024, 16384],
                         help="batch sizes of part (b) (default 64 1024 16384)")
-    parser.add_argument("--observation-dtype", choices=("float32", "float16"), nargs="+", default=["float32"],
+    parser.add_argument("--observation-dtype", choices=("float32", "float16", "uint8"), nargs="+", default=["float32"],
                         help="our observation dtypes timed in (b) and (c) (default float32)")
     parser.add_argument("--part", choices=("all", "single", "vector"), default="all")
     args = parser.parse_args(argv)

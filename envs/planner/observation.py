@@ -31,7 +31,7 @@ from __future__ import annotations
 __all__ = [
     "N_STATUS", "N_TASK_FEATURES", "OBSERVATION_FEATURES", "DEPENDENCY_TASK_FEATURES", "check_features",
     "ObservationLayout", "task_features", "counter_features", "counter_tables", "initial_observation",
-    "process_features",
+    "process_features", "UINT8_SCALE", "quantize_uint8",
 ]
 
 import numpy as np
@@ -43,6 +43,7 @@ N_STATUS = 4
 N_TASK_FEATURES = 20
 OBSERVATION_FEATURES = ("full", "no_dependency_hints")
 DEPENDENCY_TASK_FEATURES = (15, 19)  # the task features about dependencies (zero without hints)
+UINT8_SCALE = 240  # the compact observation's unit is 1/240: 240 = 2**4 * 3 * 5
 
 
 def check_features(features: str) -> str:
@@ -146,3 +147,11 @@ def process_features(episode, layout: ObservationLayout, obs: np.ndarray) -> Non
         obs[layout.down + tool] = 1.0 if state.down else 0.0
     budget, left = processes.time_budget_seconds, episode.time_left
     obs[layout.time_left] = 1.0 if budget is None else left / budget
+
+
+def quantize_uint8(obs) -> np.ndarray:
+    """The compact observation: each entry (in [0, 1]) in units of 1/``UINT8_SCALE``, rounded to the nearest
+    (uint8, 0..240; ``obs / 240`` recovers it). Exact for 0, 1 and every fraction whose denominator divides
+    240 (halves to sixths, eighths, tenths, twelfths, ...; the step fraction for turn limits dividing 240);
+    others (sevenths: tasks with seven required tools) are off by at most 1/480."""
+    return np.rint(np.asarray(obs, dtype=np.float32).astype(np.float64) * UINT8_SCALE).astype(np.uint8)

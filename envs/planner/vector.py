@@ -40,10 +40,12 @@ from ...core.tasks.library import SPLITS, Task
 from ...core.world import DEFAULT_WORLD, World
 from .observation import (
     N_STATUS,
+    UINT8_SCALE,
     ObservationLayout,
     check_features,
     counter_tables,
     initial_observation,
+    quantize_uint8,
 )
 
 
@@ -209,7 +211,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self.layout = ObservationLayout(n)
         self.single_action_space = spaces.Discrete(n + 1)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self.single_observation_space = spaces.Box(0.0, 1.0, (self.layout.size,), self.observation_dtype.type)
+        high = UINT8_SCALE if self.observation_dtype == np.uint8 else 1.0
+        self.single_observation_space = spaces.Box(0, high, (self.layout.size,), self.observation_dtype.type)
         self._observation_space: spaces.Space | None = None
 
         self._turn_limit = episode_rules.turn_limit
@@ -257,16 +260,12 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self._finished_mask = np.zeros(n + 1, dtype=np.int8)
         self._finished_mask[n] = 1
         self._build_task_tables(self.known_tasks)
-        # The stream. Per sub-env: the key of its env seed; its next episodes (numbers ``_queue_start`` +
-        # column) computed ahead in one batch, as (task row, key of the episode seed), read at ``_cursor``;
-        # the key of the running episode. ``_draw_offset[d]`` turns an episode key into the input of draw
-        # 2d (the d-th success draw).
+        # The stream. Per sub-env: the key of its env seed, the number of its next episode and the key of the
+        # running episode; an episode start computes its task and key from the first two (as ``EnvEpisodes``).
+        # ``_draw_offset[d]`` turns an episode key into the input of draw 2d (the d-th success draw).
         self._env_key = np.zeros(N, dtype=np.uint64)
         self._seeded = np.zeros(N, dtype=bool)
-        self._queue_start = np.zeros(N, dtype=np.int64)
-        self._cursor = np.zeros(N, dtype=np.int64)
-        self._queue_task = np.zeros((N, _QUEUE), dtype=np.int32)
-        self._queue_key = np.zeros((N, _QUEUE), dtype=np.uint64)
+        self._episode = np.zeros(N, dtype=np.uint64)
         self._episode_key = np.zeros(N, dtype=np.uint64)
         self._draw_offset = rs.offsets(2 * np.arange(T + 1))
 
@@ -274,11 +273,15 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self._obs_buf = np.zeros((N, self.layout.size), dtype=self.observation_dtype)
         self._mask_buf = np.zeros((N, n + 1), dtype=np.int8)
         self._tc = np.zeros((N, self._cols), dtype=np.uint8)
-        # Integer state, one row per sub-env (an episode start copies the task's row of ``_ints_start``);
-        # the last columns come from the task tables.
-        self._ints = np.zeros((N, _N_INTS), dtype=np.int32)
+        # Integer state, one narrow row per sub-env (counters below the turn limit, flags; an episode start
+        # copies ``_ints_init``), the bit set of required positions done, and the task row, through which the
+        # step reads the task's fields (``_task_fields``).
+        self._ints = np.zeros((N, _N_INTS), dtype=np.int16)
+        self._done_bits = np.zeros(N, dtype=np.int32)
+        self._ints_init = np.zeros(_N_INTS, dtype=np.int16)
+        self._ints_init[_LAST_TOOL] = -1
         self._task = np.zeros(N, dtype=np.int64)
-        self._start = np.full(N, _GO_ON, dtype=np.int64)  # what ``reset`` starts per row
+        self._start = np.full(N, _GO_ON, dtype=np.int32)  # what ``reset`` starts per row
         self._reward = np.zeros(N, dtype=np.float64)
         self._level = np.full(N, -1, dtype=np.int8)
         self._end_code = np.zeros(N, dtype=np.int8)
@@ -305,8 +308,10 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         self._observation_space = space
 
     def _observation_values(self, values) -> np.ndarray:
-        """``values`` as the observation stores them: float32 (the single env's values), then the dtype."""
-        return np.asarray(values, dtype=np.float64).astype(np.float32).astype(self.observation_dtype)
+        """``values`` as the observation stores them: float32 (the single env's values), then the dtype
+        (uint8: ``quantize_uint8``)."""
+        values = np.asarray(values, dtype=np.float64).astype(np.float32)
+        return quantize_uint8(values) if self.observation_dtype == np.uint8 else values.astype(self.observation_dtype)
 
     # --- construction ----------------------------------------------------------------------------------
 
@@ -323,7 +328,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         out_mask = np.zeros((k, n), dtype=bool)
         # Observation offset of "next required = j" (-1, i.e. no write, without the next-required one-hot).
         next_obs = np.full((k, width), -1, dtype=np.int64)
-        fields = np.zeros((_N_INTS, k), dtype=np.int32)  # the integer state at the start of an episode
+        fields = np.zeros((k, _N_TASK_FIELDS), dtype=np.int64)  # what the step reads of the task
         classes: dict[tuple[int, float], int] = {}  # (number of required tools, min coverage) -> grade class
         self._min_cov = np.zeros(k, dtype=np.float64)
         init_obs = np.zeros((k, lay.size), dtype=np.float32)
@@ -334,26 +339,25 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
                 next_obs[i, : len(req)] = lay.next_required + np.asarray(req, dtype=np.int64)
             outputs = output_tool_ids(req, reg)
             out_mask[i, list(outputs)] = True
-            fields[_OUTPUT_DONE, i] = not outputs  # a task without outputs counts as having produced them
+            fields[i, _NO_OUTPUTS] = not outputs  # a task without outputs counts as having produced them
             max_calls = 1 + task.max_retries
             if not 1 <= max_calls <= _CALLS:
                 raise ValueError(f"task {task.instance_id!r}: the batched env needs 0 <= max_retries <= {_CALLS - 1}, "
                                  f"got {task.max_retries}; use vectorization_mode='sync'")
-            fields[_MAX_CALLS, i], fields[_N_REQ, i] = max_calls, len(req)
-            fields[_TASK_TOOLS, i], fields[_TASK_REQ, i] = i * n, i * width
+            fields[i, _MAX_CALLS], fields[i, _N_REQ] = max_calls, len(req)
+            fields[i, _TASK_TOOLS], fields[i, _TASK_REQ] = i * n, i * width
             if task.task_type not in coverage:
                 raise ValueError(f"no min_coverage for task type {task.task_type!r}; configured: {sorted(coverage)}")
             self._min_cov[i] = coverage[task.task_type]
             grade_class = classes.setdefault((len(req), self._min_cov[i]), len(classes))
-            fields[_GRADE_BASE, i] = grade_class * width * 16
+            fields[i, _GRADE_BASE] = grade_class * width * 16
             init_obs[i] = initial_observation(task, reg, lay, self.features)
         self._pos_bit, self._out_mask, self._next_obs = pos_bit.reshape(-1), out_mask.reshape(-1), next_obs.reshape(-1)
-        fields[_LAST_TOOL] = -1
-        self._ints_start = np.ascontiguousarray(fields.T)
+        self._task_fields = fields
         # First observations, sparse: the entries every task shares (a row the step keeps in cache), then per
         # task the entries that differ from it, ``_init_at[_init_ptr[i]:_init_ptr[i + 1]]`` (a full row per
         # task, read at random, cost an episode start more than the rest of its episode).
-        init_obs = init_obs.astype(self.observation_dtype)
+        init_obs = self._observation_values(init_obs)
         shared = (init_obs == init_obs[:1]).all(axis=0)
         template = np.where(shared, init_obs[0], 0).astype(self.observation_dtype)
         rows, at = np.nonzero(init_obs != template)
@@ -364,7 +368,8 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         # Progress (covered / number required) of every pair, as the observation stores it: index
         # n_required * width + covered.
         n_req, covered = np.meshgrid(np.arange(width), np.arange(width), indexing="ij")
-        self._progress = _cells(self._observation_values(covered / np.maximum(n_req, 1)).reshape(-1))
+        progress = np.where(covered <= n_req, covered / np.maximum(n_req, 1), 0.0)  # covered <= n_req: the rest unused
+        self._progress = _cells(self._observation_values(progress).reshape(-1))
         self._width = width
         # The evaluator's ``grade`` over every (class, covered, order broken, output, completion, failure
         # termination) an episode can end in: index = base + covered * 16 + broken * 8 + output * 4
@@ -389,8 +394,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         row = self._task_row_of.get(id(task))
         if row is None or self.known_tasks[row] is not task:
             self.known_tasks.append(task)
-            self._build_task_tables(self.known_tasks)
-            self._ints[:, _TASK_FIELDS] = self._ints_start[self._task][:, _TASK_FIELDS]  # a new layout
+            self._build_task_tables(self.known_tasks)  # the rows' state refers to tasks by row: unchanged
             row = len(self.known_tasks) - 1
         return row
 
@@ -411,30 +415,29 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             if not reset_mask.any():
                 raise ValueError("options['reset_mask'] must contain at least one True value")
             rows = np.flatnonzero(reset_mask)
-        if seed is None:
-            seeds: list[int | None] = [None] * N
-        elif isinstance(seed, int | np.integer) and not isinstance(seed, bool):
-            seeds = [int(seed) + i for i in range(N)]
+        if _is_seed(seed):
+            seeds: list[int | None] | None = None  # seed + i: computed on arrays, no list of N ints
+        elif seed is None:
+            seeds = [None] * N
         elif isinstance(seed, Sequence | np.ndarray) and not isinstance(seed, str):
             seeds = list(seed)
             if len(seeds) != N:
                 raise ValueError(f"a list of seeds must have num_envs={N} entries, got {len(seeds)}")
+            for s in seeds:
+                if s is not None and not _is_seed(s):
+                    raise ValueError(f"seeds must be non-negative integers or None, got {s!r}")
         else:
             raise ValueError(f"seed must be a non-negative integer, a list of num_envs={N} of them (or None) "
                              f"or None, got {seed!r}")
-        for s in seeds:
-            if s is not None and not (isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0):
-                raise ValueError(f"seeds must be non-negative integers or None, got {s!r}")
         pinned = self._pinned_rows(task_id, rows)
-        self._seed_rows(rows, [seeds[i] for i in rows.tolist()])
-        if self._cursor.max() >= _QUEUE:
-            self._refill()
+        self._seed_rows(rows, seed if seeds is None else seeds)
         self._start[:] = _GO_ON
-        self._start[rows] = [pinned.get(r, _DRAWN) for r in rows.tolist()]
+        self._start[rows] = _DRAWN
+        for r, task_row in pinned.items():
+            self._start[r] = task_row
         self._advance(self._start, False)
         self._started = True
-        out = self._out
-        return out["obs"], self._info()
+        return self._out["obs"], self._info()
 
     def step(self, actions):
         if not self._started:
@@ -443,12 +446,9 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         a = np.asarray(actions)
         if a.shape != (N,) or a.dtype.kind not in "iu":
             raise ValueError(f"actions must be an integer array of shape ({N},), got {a.dtype} {a.shape}")
-        status = self._advance(a, True)
-        if status >= 0:
+        if self._advance(a, True) != _OK:
             bad = a[(a < 0) | (a > n)] if a.dtype.kind == "i" else a[a > n]
             raise ValueError(f"actions must be in [0, {n}] (FINISH = {n}), got {bad[:5]}")
-        if status == _REFILL:
-            self._refill()
         out = self._out
         info = self._info()
         info["level"], info["_level"] = out["level"], out["ended"]
@@ -459,18 +459,18 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         """One call of the compiled step (``_advance_rows``): with ``act``, every row acts on its action or, if
         its episode ended at the last step, starts the next one; without, rows start what ``actions`` (a task
         row, ``_DRAWN`` or ``_GO_ON``) says. Returns the index of the first bad action (nothing changed),
-        ``_REFILL`` when a row used its last episode computed ahead, else ``_OK``."""
+        else ``_OK``."""
         lay = self.layout
         return _advance_rows(
             actions, act,
-            (self._queue_task, self._queue_key, self._cursor, self._episode_key, self._draw_offset, self._ints,
-             self._ints_start, self._task, self._tc, self._tc_init, self._mask_buf, _cells(self._obs_buf),
+            (self._env_key, self._episode, self._episode_key, self._draw_offset, self._ints, self._ints_init,
+             self._done_bits, self._task, self._tc, self._tc_init, self._mask_buf, _cells(self._obs_buf),
              self._init_template, self._init_ptr, self._init_at, self._init_val),
-            (self._status_of, self._kind_table, self._dep_idx, self._p_table, self._unmet_table, self._end_table,
-             *self._counter_tables, self._progress, self._one, self._pos_bit, self._out_mask, self._next_obs,
-             self._next_of_bits, self._grade_table, self._finished_mask),
-            (self.n_tools, self._turn_limit, self._strict, self._width, lay.status, lay.progress, lay.step,
-             lay.failures, lay.consecutive),
+            (self._task_fields, self._status_of, self._kind_table, self._dep_idx, self._p_table, self._unmet_table,
+             self._end_table, *self._counter_tables, self._progress, self._one, self._pos_bit, self._out_mask,
+             self._next_obs, self._next_of_bits, self._grade_table, self._finished_mask),
+            (self.n_tools, self._turn_limit, self._strict, self._width, len(self.tasks), lay.status, lay.progress,
+             lay.step, lay.failures, lay.consecutive),
             (self._reward, self._level, self._end_code, self._terminated, self._truncated, self._ended))
 
     def close_extras(self, **kwargs: Any) -> None:
@@ -497,30 +497,19 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
                 pinned[r] = self._task_row(task_by_id(self.tasks, ids[r], self.world))
         return pinned
 
-    def _seed_rows(self, rows: np.ndarray, seeds: list[int | None]) -> None:
-        """Restart the episode sequence of rows with a seed (as ``EnvEpisodes.next``); rows without one go
-        on, or start from OS entropy when they were never seeded."""
-        fresh = [(r, s) for r, s in zip(rows.tolist(), seeds, strict=True)
-                 if s is not None or not self._seeded[r]]
-        if fresh:
-            r = np.array([x[0] for x in fresh], dtype=np.int64)
-            values = [secrets.randbits(64) if s is None else int(s) & rs.M64 for _, s in fresh]
-            self._env_key[r] = rs.key_array(np.array(values, dtype=np.uint64))
-            self._seeded[r] = True
-            self._queue_start[r], self._cursor[r] = -_QUEUE, _QUEUE  # next: episode 0, after a refill
-
-    def _refill(self) -> None:
-        """Compute the next ``_QUEUE`` episodes of every sub-env from where its sequence stands: episode e
-        of env key k has task row ``below(bits(k, 2e), pool size)`` and episode key ``key(bits(k, 2e + 1))``
-        (in blocks of rows, so that the temporaries stay small)."""
-        for r in range(0, self.num_envs, _REFILL_ROWS):
-            rows = slice(r, r + _REFILL_ROWS)
-            e = (self._queue_start[rows] + self._cursor[rows])[:, None] + np.arange(_QUEUE)
-            env_key = self._env_key[rows, None]
-            self._queue_task[rows] = rs.below_array(rs.bits_array(env_key, rs.offsets(2 * e)), len(self.tasks))
-            self._queue_key[rows] = rs.key_array(rs.bits_array(env_key, rs.offsets(2 * e + 1)))
-        self._queue_start += self._cursor
-        self._cursor[:] = 0
+    def _seed_rows(self, rows: np.ndarray, seed: int | list[int | None]) -> None:
+        """Restart the episode sequence of rows with a seed (as ``EnvEpisodes.next``): ``seed + row`` for one
+        int, else ``seed[row]``; rows without one go on, or start from OS entropy when they were never seeded."""
+        if isinstance(seed, list):
+            rows = np.array([r for r in rows.tolist() if seed[r] is not None or not self._seeded[r]], dtype=np.int64)
+            values = np.array([secrets.randbits(64) if seed[r] is None else int(seed[r]) & rs.M64
+                               for r in rows.tolist()], dtype=np.uint64)
+        else:  # (seed + row) mod 2**64
+            values = rows.astype(np.uint64)
+            values += np.uint64(int(seed) & rs.M64)
+        self._env_key[rows] = rs.key_array(values)
+        self._seeded[rows] = True
+        self._episode[rows] = 0
 
     # --- helpers ---------------------------------------------------------------------------------------
 
@@ -537,18 +526,23 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
 
 # Bits of the per-(sub-env, tool) code.
 _CALLS, _SUCCEEDED, _DEPENDENCY_PROBLEM = 63, 64, 128
-# Rows of the integer state matrix; the task-derived ones come last.
-(_TURNS, _DRAWS, _N_FAILURES, _CONSECUTIVE, _LAST_TOOL, _STREAK, _NEXT_REQ, _COVERED, _DONE_BITS,
- _ORDER_BROKEN, _OUTPUT_DONE, _MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE) = range(16)
-_N_INTS = 16
-_QUEUE = 16  # episodes per sub-env computed ahead in one batch
-_REFILL_ROWS = 4096
+# Columns of the per-row integer state (int16: counts up to the turn limit, flags).
+(_TURNS, _DRAWS, _N_FAILURES, _CONSECUTIVE, _LAST_TOOL, _STREAK, _NEXT_REQ, _COVERED, _ORDER_BROKEN,
+ _OUTPUT_DONE) = range(10)
+_N_INTS = 10
+# Columns of the per-task fields.
+_MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE, _NO_OUTPUTS = range(6)
+_N_TASK_FIELDS = 6
 _DRAWN, _GO_ON = -1, -2  # what ``reset`` starts in a row: the drawn task; no new episode
-_OK, _REFILL = -1, -2  # what ``_advance_rows`` returns besides the index of a bad action
-_TASK_FIELDS = np.array([_MAX_CALLS, _TASK_TOOLS, _TASK_REQ, _N_REQ, _GRADE_BASE])
-OBSERVATION_DTYPES = ("float32", "float16")
-_SHIFT = np.uint64(11)
+_OK = -1  # what ``_advance_rows`` returns besides the index of a bad action
+OBSERVATION_DTYPES = ("float32", "float16", "uint8")
+_SHIFT, _HIGH = np.uint64(11), np.uint64(32)
+_ONE, _TWO, _GAMMA = np.uint64(1), np.uint64(2), np.uint64(rs.GAMMA)
 _mix = numba.njit(rs.mix_array)  # the stream's mix, compiled for one uint64
+
+
+def _is_seed(s) -> bool:
+    return isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0
 
 
 def _cells(a: np.ndarray) -> np.ndarray:
@@ -582,14 +576,14 @@ def _advance_rows(actions, act, state, tables, sizes, out):
     last step starts the next episode of its sequence, and the others act under the tabulated rules of the
     single env (``Episode.call``), drawing from the stream where the single env draws, and fill ``out``.
     Without ``act``, ``actions[i]`` says what row ``i`` starts: a task row, ``_DRAWN`` (the drawn task) or
-    ``_GO_ON`` (nothing). Returns ``_REFILL`` when a row used its last episode computed ahead, else ``_OK``.
-    The loop body calls nothing but the inlined mix: this is the vector env's hot path."""
-    (queue_task, queue_key, cursor, episode_key, draw_offset, ints, ints_start, task_of, tc, tc_init, mask, obs,
+    ``_GO_ON`` (nothing). Returns ``_OK``. The loop body calls nothing but the inlined mix: this is the
+    vector env's hot path."""
+    (env_key, episode, episode_key, draw_offset, ints, ints_init, done_bits, task_of, tc, tc_init, mask, obs,
      init_template, init_ptr, init_at, init_val) = state
-    (status_of, kind_table, dep_idx, p_table, unmet_table, end_table, step_table, failures_table,
+    (task_fields, status_of, kind_table, dep_idx, p_table, unmet_table, end_table, step_table, failures_table,
      consecutive_table, progress_table, one, pos_bit_table, out_mask, next_obs, next_of_bits, grade_table,
      finished_mask) = tables
-    n, T, strict, width, status_at, progress_at, step_at, failures_at, consecutive_at = sizes
+    n, T, strict, width, n_pool, status_at, progress_at, step_at, failures_at, consecutive_at = sizes
     reward, level, end_code, terminated, truncated, ended = out
     n_rows = actions.shape[0]
     if act:
@@ -597,26 +591,27 @@ def _advance_rows(actions, act, state, tables, sizes, out):
             if actions[i] < 0 or actions[i] > n:
                 return i
     one_value = one[0]
-    result = _OK
+    pool = np.uint64(n_pool)
     for i in range(n_rows):
         if act:
             task = _DRAWN if ended[i] else _GO_ON
             reward[i], level[i], end_code[i] = 0.0, -1, 0
             terminated[i] = truncated[i] = False
         else:
-            task = actions[i]
-        if task != _GO_ON:  # a new episode: the next of the row's sequence
-            c = cursor[i]
-            cursor[i] = c + 1
-            if c + 1 >= queue_task.shape[1]:
-                result = _REFILL
-            if task == _DRAWN:
-                task = queue_task[i, c]
-            episode_key[i] = queue_key[i, c]
+            task = np.int64(actions[i])
+        if task != _GO_ON:  # a new episode: number e of the row's sequence, as EnvEpisodes.next
+            e = episode[i]
+            episode[i] = e + _ONE
+            k = env_key[i]
+            if task == _DRAWN:  # below(bits(k, 2e), pool size)
+                task = np.int64(((_mix(k + (_TWO * e + _ONE) * _GAMMA) >> _HIGH) * pool) >> _HIGH)
+            episode_key[i] = _mix(_mix(k + (_TWO * e + _TWO) * _GAMMA) + _GAMMA)  # key(bits(k, 2e + 1))
             task_of[i] = task
             ended[i] = False
             for j in range(ints.shape[1]):  # element loops: faster than slice assignment here
-                ints[i, j] = ints_start[task, j]
+                ints[i, j] = ints_init[j]
+            ints[i, _OUTPUT_DONE] = task_fields[task, _NO_OUTPUTS]
+            done_bits[i] = 0
             for j in range(tc.shape[1]):
                 tc[i, j] = tc_init[j]
             for j in range(mask.shape[1]):
@@ -629,6 +624,7 @@ def _advance_rows(actions, act, state, tables, sizes, out):
         if not act:
             continue
         t = np.int64(actions[i])
+        task = task_of[i]
         finish = t == n
         code = 0
         if finish:
@@ -642,8 +638,9 @@ def _advance_rows(actions, act, state, tables, sizes, out):
             new = before
             if not before & _SUCCEEDED:  # else a replay: costs the turn, changes nothing else
                 calls = before & _CALLS
-                live = calls < ints[i, _MAX_CALLS]  # under the call cap
-                p_index = ints[i, _N_FAILURES]
+                max_calls = task_fields[task, _MAX_CALLS]
+                live = calls < max_calls  # under the call cap
+                p_index = np.int64(ints[i, _N_FAILURES])
                 for j in range(dep_idx.shape[1]):
                     p_index += kind_table[j, tc[i, dep_idx[t, j]]]
                 unmet = unmet_table[p_index]
@@ -656,7 +653,7 @@ def _advance_rows(actions, act, state, tables, sizes, out):
                 problem = failed and live and unmet  # a failure with unmet dependencies (not a capped call)
                 new = calls + live + _SUCCEEDED * success + _DEPENDENCY_PROBLEM * problem
                 tc[i, t] = new
-                if success or calls + live >= ints[i, _MAX_CALLS]:
+                if success or calls + live >= max_calls:
                     mask[i, t] = 0
             block = status_at + N_STATUS * t
             obs[i, block + status_of[before]] = 0
@@ -674,19 +671,19 @@ def _advance_rows(actions, act, state, tables, sizes, out):
                 ints[i, _CONSECUTIVE], ints[i, _STREAK], ints[i, _LAST_TOOL] = consecutive, streak, t
             elif success:
                 ints[i, _CONSECUTIVE], ints[i, _STREAK], ints[i, _LAST_TOOL] = 0, 0, t
-                cell = ints[i, _TASK_TOOLS] + t
+                cell = task_fields[task, _TASK_TOOLS] + t
                 if out_mask[cell]:
                     ints[i, _OUTPUT_DONE] = 1
                 bit = pos_bit_table[cell]
                 if bit:  # first success of a required tool (1 << its position): order, coverage, next, progress
-                    bits = ints[i, _DONE_BITS]
+                    bits = done_bits[i]
                     if bits > bit:  # an earlier success at a later position
                         ints[i, _ORDER_BROKEN] = 1
                     bits |= bit
-                    ints[i, _DONE_BITS] = bits
+                    done_bits[i] = bits
                     covered = ints[i, _COVERED] + 1
                     ints[i, _COVERED] = covered
-                    base = ints[i, _TASK_REQ]
+                    base = task_fields[task, _TASK_REQ]
                     old_offset = next_obs[base + ints[i, _NEXT_REQ]]
                     new_next = next_of_bits[bits]
                     ints[i, _NEXT_REQ] = new_next
@@ -695,12 +692,12 @@ def _advance_rows(actions, act, state, tables, sizes, out):
                         obs[i, old_offset] = 0
                     if new_offset >= 0:
                         obs[i, new_offset] = one_value
-                    obs[i, progress_at] = progress_table[ints[i, _N_REQ] * width + covered]
+                    obs[i, progress_at] = progress_table[task_fields[task, _N_REQ] * width + covered]
             obs[i, step_at] = step_table[turns]
             obs[i, failures_at] = failures_table[ints[i, _N_FAILURES]]
             obs[i, consecutive_at] = consecutive_table[ints[i, _CONSECUTIVE]]
         if code:
-            g = grade_table[ints[i, _GRADE_BASE] + ints[i, _COVERED] * 16 + ints[i, _ORDER_BROKEN] * 8
+            g = grade_table[task_fields[task, _GRADE_BASE] + ints[i, _COVERED] * 16 + ints[i, _ORDER_BROKEN] * 8
                             + ints[i, _OUTPUT_DONE] * 4 + finish * 2 + (code >= CONSECUTIVE_FAILURES_CODE)]
             level[i] = g
             reward[i] = 1.0 if g == FULL else 0.0
@@ -709,4 +706,4 @@ def _advance_rows(actions, act, state, tables, sizes, out):
             terminated[i] = not truncated[i]
             for j in range(mask.shape[1]):
                 mask[i, j] = finished_mask[j]
-    return result
+    return _OK

@@ -17,15 +17,22 @@ from resilibench.core.config import WorldConfig
 from resilibench.core.evaluator import LEVELS
 from resilibench.core.simulator import END_REASONS
 from resilibench.core.world import load_tasks
+from resilibench.envs.planner.observation import UINT8_SCALE, quantize_uint8
 from resilibench.envs.planner.vector import ResiliBenchVectorEnv
 
 FINISH = 30
 
 
-def make_pair(num_envs: int, **kwargs):
-    vec = gym.make_vec("ResiliBench-v1", num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
+def make_pair(num_envs: int, observation_dtype: str = "float32", **kwargs):
+    vec = gym.make_vec("ResiliBench-v1", num_envs=num_envs, vectorization_mode="vector_entry_point",
+                       observation_dtype=observation_dtype, **kwargs)
     ref = gym.make_vec("ResiliBench-v1", num_envs=num_envs, vectorization_mode="sync", **kwargs)
     return vec, ref
+
+
+def as_dtype(obs: np.ndarray, observation_dtype: str) -> np.ndarray:
+    """The single env's float32 observation as the batched env gives it with ``observation_dtype``."""
+    return quantize_uint8(obs) if observation_dtype == "uint8" else obs.astype(observation_dtype)
 
 
 def mixed_actions(rng: np.random.Generator, mask: np.ndarray, obs: np.ndarray | None = None) -> np.ndarray:
@@ -50,10 +57,11 @@ def mixed_actions(rng: np.random.Generator, mask: np.ndarray, obs: np.ndarray | 
     return actions
 
 
-def assert_same_step(vec_out, ref_out, where: str) -> None:
+def assert_same_step(vec_out, ref_out, where: str, observation_dtype: str = "float32") -> None:
     obs, reward, terminated, truncated, info = vec_out
     r_obs, r_reward, r_terminated, r_truncated, r_info = ref_out
-    np.testing.assert_array_equal(obs, r_obs, err_msg=f"observations differ {where}")
+    assert obs.dtype == observation_dtype
+    np.testing.assert_array_equal(obs, as_dtype(r_obs, observation_dtype), err_msg=f"observations differ {where}")
     np.testing.assert_array_equal(reward, r_reward, err_msg=f"rewards differ {where}")
     np.testing.assert_array_equal(terminated, r_terminated, err_msg=f"terminated differs {where}")
     np.testing.assert_array_equal(truncated, r_truncated, err_msg=f"truncated differs {where}")
@@ -68,11 +76,12 @@ def assert_same_step(vec_out, ref_out, where: str) -> None:
     assert (info["level"][~ended] == -1).all() and (info["end_reason"][~ended] == 0).all()
 
 
-def run_equivalence(num_envs: int, n_steps: int, seed: int, policy_seed: int, **kwargs) -> dict:
-    vec, ref = make_pair(num_envs, **kwargs)
+def run_equivalence(num_envs: int, n_steps: int, seed: int, policy_seed: int, observation_dtype: str = "float32",
+                    **kwargs) -> dict:
+    vec, ref = make_pair(num_envs, observation_dtype, **kwargs)
     obs, info = vec.reset(seed=seed)
     r_obs, r_info = ref.reset(seed=seed)
-    np.testing.assert_array_equal(obs, r_obs)
+    np.testing.assert_array_equal(obs, as_dtype(r_obs, observation_dtype))
     np.testing.assert_array_equal(info["action_mask"], r_info["action_mask"])
     task_ids = [vec.unwrapped.known_tasks[i].instance_id for i in info["task_index"]]
     assert task_ids == list(r_info["task_id"])
@@ -80,10 +89,11 @@ def run_equivalence(num_envs: int, n_steps: int, seed: int, policy_seed: int, **
     counts = {"ended": 0, "full": 0, "truncated": 0, "failure_end": 0}
     mask = info["action_mask"]
     for step in range(n_steps):
-        actions = mixed_actions(rng, mask, obs)
+        actions = mixed_actions(rng, mask, r_obs)
         out = vec.step(actions)
         ref_out = ref.step(actions)
-        assert_same_step(out, ref_out, f"at step {step} (num_envs={num_envs}, {kwargs})")
+        assert_same_step(out, ref_out, f"at step {step} (num_envs={num_envs}, {kwargs})", observation_dtype)
+        r_obs = ref_out[0]
         obs, reward, terminated, truncated, info = out
         mask = info["action_mask"]
         counts["ended"] += int((terminated | truncated).sum())
@@ -247,24 +257,28 @@ def test_spaces_and_dtypes():
     assert np.shares_memory(obs, u._obs_buf)
 
 
-def test_float16_observation_is_the_rounded_default():
-    envs = [gym.make_vec("ResiliBench-v1", num_envs=16, vectorization_mode="vector_entry_point",
-                         observation_dtype=dtype) for dtype in ("float32", "float16")]
-    u = envs[1].unwrapped
-    assert u.single_observation_space == gym.spaces.Box(0.0, 1.0, (204,), np.float16)
-    assert u.observation_space.shape == (16, 204) and u.observation_space.dtype == np.float16
-    rng = np.random.default_rng(3)
-    outs = [env.reset(seed=9) for env in envs]
-    for step in range(200):
-        (obs32, info32), (obs16, info16) = ((out[0], out[-1]) for out in outs)
-        assert obs16.dtype == np.float16
-        np.testing.assert_array_equal(obs16, obs32.astype(np.float16), err_msg=f"step {step}")
-        np.testing.assert_array_equal(info16["action_mask"], info32["action_mask"])
-        actions = mixed_actions(rng, info32["action_mask"], obs32)
-        outs = [env.step(actions) for env in envs]
-        np.testing.assert_array_equal(outs[0][1], outs[1][1])
+@pytest.mark.parametrize(("dtype", "high"), [("float16", 1.0), ("uint8", UINT8_SCALE)])
+def test_compact_observation_matches_single_envs(dtype, high):
+    """float16: the single env's observation rounded to half precision; uint8: ``quantize_uint8`` of it.
+    Step for step against N single envs, every task type and strict dependencies included."""
+    env = ResiliBenchVectorEnv(num_envs=16, observation_dtype=dtype)
+    assert env.single_observation_space == gym.spaces.Box(0, high, (204,), np.dtype(dtype).type)
+    assert env.observation_space.shape == (16, 204) and env.observation_space.dtype == np.dtype(dtype)
+    counts = run_equivalence(16, 150, seed=21, policy_seed=4, observation_dtype=dtype,
+                             rules={"strict_dependencies": True})
+    assert counts["ended"] >= 20 and counts["full"] > 0 and counts["failure_end"] > 0
     with pytest.raises(ValueError, match="observation_dtype must be one of"):
         ResiliBenchVectorEnv(num_envs=2, observation_dtype="float64")
+
+
+def test_uint8_quantization():
+    """Binary entries and fractions with a denominator dividing 240 are exact; sevenths are within 1/480."""
+    exact = np.array([0, 1, 1 / 2, 1 / 3, 1 / 6, 3 / 8, 7 / 10, 11 / 12, 4 / 15], dtype=np.float32)
+    np.testing.assert_allclose(quantize_uint8(exact) / UINT8_SCALE, exact, rtol=0, atol=1e-7)
+    sevenths = np.arange(8, dtype=np.float32) / 7
+    q = quantize_uint8(sevenths)
+    assert q.dtype == np.uint8 and q[-1] == UINT8_SCALE and q.tolist() == [0, 34, 69, 103, 137, 171, 206, 240]
+    assert np.abs(q / UINT8_SCALE - sevenths).max() <= 1 / 480
 
 
 def test_deterministic_under_seed():
