@@ -106,7 +106,9 @@ def compare(anchor, ours, repeats: int) -> tuple[float, float, float]:
 def memory_per_env(env_id: str, num_envs: int, **kwargs) -> float:
     """Peak bytes allocated (``tracemalloc``) by make_vec + reset + 50 random steps, over ``num_envs``; the env
     is made once at 8 envs first, so that imports, compilation and the task library are not counted."""
-    gym.make_vec(env_id, num_envs=8, vectorization_mode="vector_entry_point", **kwargs).reset(seed=0)
+    warm = gym.make_vec(env_id, num_envs=8, vectorization_mode="vector_entry_point", **kwargs)
+    warm.reset(seed=0)
+    warm.step(np.zeros(8, dtype=np.int64))  # loads the compiled step too
     actions = None
     tracemalloc.start()
     try:

@@ -310,7 +310,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     def _observation_values(self, values) -> np.ndarray:
         """``values`` as the observation stores them: float32 (the single env's values), then the dtype
         (uint8: ``quantize_uint8``)."""
-        values = np.asarray(values, dtype=np.float64).astype(np.float32)
+        values = np.asarray(values, dtype=np.float32)
         return quantize_uint8(values) if self.observation_dtype == np.uint8 else values.astype(self.observation_dtype)
 
     # --- construction ----------------------------------------------------------------------------------
@@ -324,17 +324,16 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"the batched env supports tasks with at most 20 required tools, got {width - 1}; "
                              "use vectorization_mode='sync'")
         k = len(tasks)
-        pos_bit = np.zeros((k, n), dtype=np.int64)  # 1 << position of each required tool, 0 otherwise
+        position = np.zeros((k, n), dtype=np.int8)  # 1 + position of each required tool, 0 otherwise
         out_mask = np.zeros((k, n), dtype=bool)
         # Observation offset of "next required = j" (-1, i.e. no write, without the next-required one-hot).
-        next_obs = np.full((k, width), -1, dtype=np.int64)
-        fields = np.zeros((k, _N_TASK_FIELDS), dtype=np.int64)  # what the step reads of the task
+        next_obs = np.full((k, width), -1, dtype=np.int16)
+        fields = np.zeros((k, _N_TASK_FIELDS), dtype=np.int32)  # what the step reads of the task
         classes: dict[tuple[int, float], int] = {}  # (number of required tools, min coverage) -> grade class
-        self._min_cov = np.zeros(k, dtype=np.float64)
-        init_obs = np.zeros((k, lay.size), dtype=np.float32)
+        init_obs = np.zeros((k, lay.size), dtype=self.observation_dtype)
         coverage = self.config.evaluator.min_coverage
         for i, (task, req) in enumerate(zip(tasks, required, strict=True)):
-            pos_bit[i, list(req)] = 1 << np.arange(len(req))
+            position[i, list(req)] = np.arange(1, len(req) + 1)
             if self.features == "full":
                 next_obs[i, : len(req)] = lay.next_required + np.asarray(req, dtype=np.int64)
             outputs = output_tool_ids(req, reg)
@@ -348,22 +347,20 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             fields[i, _TASK_TOOLS], fields[i, _TASK_REQ] = i * n, i * width
             if task.task_type not in coverage:
                 raise ValueError(f"no min_coverage for task type {task.task_type!r}; configured: {sorted(coverage)}")
-            self._min_cov[i] = coverage[task.task_type]
-            grade_class = classes.setdefault((len(req), self._min_cov[i]), len(classes))
+            grade_class = classes.setdefault((len(req), coverage[task.task_type]), len(classes))
             fields[i, _GRADE_BASE] = grade_class * width * 16
-            init_obs[i] = initial_observation(task, reg, lay, self.features)
-        self._pos_bit, self._out_mask, self._next_obs = pos_bit.reshape(-1), out_mask.reshape(-1), next_obs.reshape(-1)
+            init_obs[i] = self._observation_values(initial_observation(task, reg, lay, self.features))
+        self._position, self._out_mask, self._next_obs = position.reshape(-1), out_mask.reshape(-1), next_obs.reshape(-1)
         self._task_fields = fields
         # First observations, sparse: the entries every task shares (a row the step keeps in cache), then per
         # task the entries that differ from it, ``_init_at[_init_ptr[i]:_init_ptr[i + 1]]`` (a full row per
         # task, read at random, cost an episode start more than the rest of its episode).
-        init_obs = self._observation_values(init_obs)
         shared = (init_obs == init_obs[:1]).all(axis=0)
         template = np.where(shared, init_obs[0], 0).astype(self.observation_dtype)
         rows, at = np.nonzero(init_obs != template)
         self._init_template = _cells(template)
         self._init_ptr = np.searchsorted(rows, np.arange(k + 1)).astype(np.int32)
-        self._init_at = at.astype(np.int32)
+        self._init_at = at.astype(np.int16)
         self._init_val = _cells(np.ascontiguousarray(init_obs[rows, at]))
         # Progress (covered / number required) of every pair, as the observation stores it: index
         # n_required * width + covered.
@@ -387,10 +384,12 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         # Next required position from the bit set of required positions done: its lowest zero bit.
         bits = np.arange(1 << width, dtype=np.int64)
         self._next_of_bits = _lowest_zero_bit(bits)
-        self._task_row_of = {id(t): i for i, t in enumerate(tasks)}
+        self._task_row_of: dict[int, int] | None = None  # built when a task is pinned
 
     def _task_row(self, task: Task) -> int:
         """Row of ``task`` in the task tables, adding it (after the pool) when it is new."""
+        if self._task_row_of is None:
+            self._task_row_of = {id(t): i for i, t in enumerate(self.known_tasks)}
         row = self._task_row_of.get(id(task))
         if row is None or self.known_tasks[row] is not task:
             self.known_tasks.append(task)
@@ -408,7 +407,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         if options:
             raise ValueError(f"unknown reset option(s) {sorted(options)}; accepted: ['reset_mask', 'task_id']")
         if reset_mask is None:
-            rows = np.arange(N)
+            rows = slice(None)
         else:
             if not isinstance(reset_mask, np.ndarray) or reset_mask.dtype != np.bool_ or reset_mask.shape != (N,):
                 raise ValueError(f"options['reset_mask'] must be a bool numpy array of shape ({N},), got {reset_mask!r}")
@@ -467,7 +466,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
              self._done_bits, self._task, self._tc, self._tc_init, self._mask_buf, _cells(self._obs_buf),
              self._init_template, self._init_ptr, self._init_at, self._init_val),
             (self._task_fields, self._status_of, self._kind_table, self._dep_idx, self._p_table, self._unmet_table,
-             self._end_table, *self._counter_tables, self._progress, self._one, self._pos_bit, self._out_mask,
+             self._end_table, *self._counter_tables, self._progress, self._one, self._position, self._out_mask,
              self._next_obs, self._next_of_bits, self._grade_table, self._finished_mask),
             (self.n_tools, self._turn_limit, self._strict, self._width, len(self.tasks), lay.status, lay.progress,
              lay.step, lay.failures, lay.consecutive),
@@ -481,7 +480,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
         return {"action_mask": out["mask"], "_action_mask": out["everywhere"], "task_index": out["task"],
                 "_task_index": out["everywhere"]}
 
-    def _pinned_rows(self, task_id, rows: np.ndarray) -> dict[int, int]:
+    def _pinned_rows(self, task_id, rows: np.ndarray | slice) -> dict[int, int]:
         """{row: task-table row} for ``options['task_id']`` (one id for all rows, or one per sub-env)."""
         if task_id is None:
             return {}
@@ -492,22 +491,24 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             if len(ids) != self.num_envs:
                 raise ValueError(f"options['task_id'] must be one id or num_envs={self.num_envs} ids/None")
         pinned = {}
-        for r in rows.tolist():
+        for r in np.arange(self.num_envs)[rows].tolist():
             if ids[r] is not None:
                 pinned[r] = self._task_row(task_by_id(self.tasks, ids[r], self.world))
         return pinned
 
-    def _seed_rows(self, rows: np.ndarray, seed: int | list[int | None]) -> None:
+    def _seed_rows(self, rows: np.ndarray | slice, seed: int | list[int | None]) -> None:
         """Restart the episode sequence of rows with a seed (as ``EnvEpisodes.next``): ``seed + row`` for one
         int, else ``seed[row]``; rows without one go on, or start from OS entropy when they were never seeded."""
         if isinstance(seed, list):
-            rows = np.array([r for r in rows.tolist() if seed[r] is not None or not self._seeded[r]], dtype=np.int64)
+            rows = np.array([r for r in np.arange(self.num_envs)[rows].tolist()
+                             if seed[r] is not None or not self._seeded[r]], dtype=np.int64)
             values = np.array([secrets.randbits(64) if seed[r] is None else int(seed[r]) & rs.M64
                                for r in rows.tolist()], dtype=np.uint64)
-        else:  # (seed + row) mod 2**64
-            values = rows.astype(np.uint64)
-            values += np.uint64(int(seed) & rs.M64)
-        self._env_key[rows] = rs.key_array(values)
+            self._env_key[rows] = rs.key_array(values)
+        else:  # key(seed + row) = mix(seed + row + GAMMA), in place: no more temporaries of N values than needed
+            values = np.arange(self.num_envs, dtype=np.uint64)[rows]
+            values += np.uint64((int(seed) + rs.GAMMA) & rs.M64)
+            self._env_key[rows] = rs.mix_array(values)
         self._seeded[rows] = True
         self._episode[rows] = 0
 
@@ -581,7 +582,7 @@ def _advance_rows(actions, act, state, tables, sizes, out):
     (env_key, episode, episode_key, draw_offset, ints, ints_init, done_bits, task_of, tc, tc_init, mask, obs,
      init_template, init_ptr, init_at, init_val) = state
     (task_fields, status_of, kind_table, dep_idx, p_table, unmet_table, end_table, step_table, failures_table,
-     consecutive_table, progress_table, one, pos_bit_table, out_mask, next_obs, next_of_bits, grade_table,
+     consecutive_table, progress_table, one, position_table, out_mask, next_obs, next_of_bits, grade_table,
      finished_mask) = tables
     n, T, strict, width, n_pool, status_at, progress_at, step_at, failures_at, consecutive_at = sizes
     reward, level, end_code, terminated, truncated, ended = out
@@ -674,8 +675,9 @@ def _advance_rows(actions, act, state, tables, sizes, out):
                 cell = task_fields[task, _TASK_TOOLS] + t
                 if out_mask[cell]:
                     ints[i, _OUTPUT_DONE] = 1
-                bit = pos_bit_table[cell]
-                if bit:  # first success of a required tool (1 << its position): order, coverage, next, progress
+                position = position_table[cell]
+                if position:  # first success of a required tool: order, coverage, next, progress
+                    bit = 1 << (position - 1)
                     bits = done_bits[i]
                     if bits > bit:  # an earlier success at a later position
                         ints[i, _ORDER_BROKEN] = 1
