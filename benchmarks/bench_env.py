@@ -10,9 +10,11 @@
     (CartPoleVectorEnv and ResiliBenchVectorEnv), stepped with precomputed random action batches (same
     distributions as above); both autoreset (NEXT_STEP) inside the timed loop. The figure is env-steps/s
     = vector steps x N / seconds (about a million env-steps per repeat). Each env is reset once, so the
-    repeats time the steady state. ``--observation-dtype float16`` times our compact observation too.
-(c) Memory per env at the largest N, two ways, each env first made once at 8 envs so that imports,
-    compiled code and the task library are not counted: the peak of the memory Python allocates
+    repeats time the steady state. ``--observation-dtype float32 float16 uint8`` times the compact
+    observations too (each against the same CartPole loop).
+(c) Memory per env at the largest N, two ways, each env first made (and stepped) once at 8 envs so that
+    imports, compiled code and the task library are not counted (the env's own tables over the task pool
+    are: 3,528 tasks in the train split): the peak of the memory Python allocates
     (``tracemalloc``, numpy arrays included) while ``make_vec`` builds the env, resets it and steps it 50
     times, over N; and the growth of the resident memory (``/proc/self/statm``) of a fresh process from
     before ``make_vec`` to after 200 steps, the env alive, over N.

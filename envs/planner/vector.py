@@ -61,10 +61,11 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     rule functions on arrays of every input an episode can reach, ``success_probability`` and
     ``termination_code`` (``resilibench.core.simulator``), ``grade`` (``resilibench.core.evaluator``) and
     ``counter_tables`` (``resilibench.envs.planner.observation``), and the compiled step (``_advance_rows``) looks
-    the results up. Randomness is the counter-based stream of ``resilibench.core.stream``, computed with
-    numpy on arrays: sub-env ``i`` keeps its env seed's key and draws its episodes' tasks and seeds as
-    ``EnvEpisodes`` does (a few ahead, in one batch), and the compiled step computes a sub-env's success
-    draw from (episode seed, draw index) when it draws; it also checks the actions before changing anything.
+    the results up. Randomness is the counter-based stream of ``resilibench.core.stream``, computed inside
+    the compiled step with the stream's own ``mix``: sub-env ``i`` keeps its env seed's key and episode
+    number, an episode start computes the episode's task and seed as ``EnvEpisodes`` does, and a call that
+    draws computes its draw from (episode seed, draw index); the step also checks the actions before
+    changing anything.
     Throughput: see ``docs/benchmarks.md``.
 
     ```python
@@ -87,7 +88,11 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     ``Box(0, 1, (N, 204), float32)``: row ``i`` is sub-env ``i``'s ``ResiliBench-v1`` observation (layout
     in ``resilibench.envs.planner.observation``). With ``observation_dtype="float16"``, ``Box(0, 1, (N, 204),
     float16)``: the same observation rounded to half precision (``obs.astype(np.float16)``; every entry but
-    the fractions is exact), half the memory and bandwidth, for policies that read half precision. The
+    the fractions is exact), half the memory and bandwidth, for policies that read half precision. With
+    ``observation_dtype="uint8"``, ``Box(0, 240, (N, 204), uint8)``: the observation in units of 1/240
+    (``quantize_uint8`` in ``resilibench.envs.planner.observation``; divide by 240 to read it), a quarter of
+    the bytes; exact for every binary entry and every fraction whose denominator divides 240, within 1/480
+    for the others (the sevenths of tasks with seven required tools): an opt-in quantization. The
     batched ``observation_space`` is built on first use (Gymnasium's ``Box`` holds four arrays of the batch's
     shape: 30 MB at 16,384 envs); ``single_observation_space`` is always there.
 
@@ -134,7 +139,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
       (the default; "training" raises ``ValueError``); ``reward_phase`` is accepted for symmetry and unused. A
       ``config`` with failure processes on raises ``ConfigError`` naming ``processes`` (the single env
       plays them).
-    * ``observation_dtype``: "float32" (the default) or "float16" (see Observation Space).
+    * ``observation_dtype``: "float32" (the default), "float16" or "uint8" (see Observation Space).
     * ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i`` (or per sub-env from a list of N ints/None);
       ``reset(options={"task_id": id or [N ids/None]})`` pins tasks like the single env;
       ``options={"reset_mask": bool array}`` resets only the masked sub-envs.
@@ -144,7 +149,9 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
     * v0: initial release, the rules of ``ResiliBench-v0`` v0.
     * v1: world v1 (its task library and grading, docs/core/worlds.md); the default. Later in v1, with no
       change to any value: the ``observation_dtype="float16"`` option, and the returned arrays became the
-      env's read-only buffers (see What a caller may keep).
+      env's read-only buffers (see What a caller may keep). Later still, with no change to any value of the
+      default: the ``observation_dtype="uint8"`` option (the observation in 240ths, a documented
+      quantization); episodes are drawn at their start inside the compiled step (the same tasks and seeds).
     """
 
     metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
