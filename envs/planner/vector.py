@@ -7,7 +7,7 @@ __all__ = ["ResiliBenchVectorEnv"]
 
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import gymnasium as gym
 import numba
@@ -421,8 +421,9 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             if not reset_mask.any():
                 raise ValueError("options['reset_mask'] must contain at least one True value")
             rows = np.flatnonzero(reset_mask)
+        seeds: int | Sequence[int | None]
         if _is_seed(seed):
-            seeds: list[int | None] | None = None  # seed + i: computed on arrays, no list of N ints
+            seeds = int(seed)  # seed + i: computed on arrays, no list of N ints
         elif seed is None:
             seeds = [None] * N
         elif isinstance(seed, Sequence | np.ndarray) and not isinstance(seed, str):
@@ -436,7 +437,7 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"seed must be a non-negative integer, a list of num_envs={N} of them (or None) "
                              f"or None, got {seed!r}")
         pinned = self._pinned_rows(task_id, rows)
-        self._seed_rows(rows, seed if seeds is None else seeds)
+        self._seed_rows(rows, seeds)
         self._start[:] = _GO_ON
         self._start[rows] = _DRAWN
         for r, task_row in pinned.items():
@@ -503,10 +504,10 @@ class ResiliBenchVectorEnv(gym.vector.VectorEnv):
                 pinned[r] = self._task_row(task_by_id(self.tasks, ids[r], self.world))
         return pinned
 
-    def _seed_rows(self, rows: np.ndarray | slice, seed: int | list[int | None]) -> None:
+    def _seed_rows(self, rows: np.ndarray | slice, seed: int | Sequence[int | None]) -> None:
         """Restart the episode sequence of rows with a seed (as ``EnvEpisodes.next``): ``seed + row`` for one
         int, else ``seed[row]``; rows without one go on, or start from OS entropy when they were never seeded."""
-        if isinstance(seed, list):
+        if not isinstance(seed, int):
             rows = np.array([r for r in np.arange(self.num_envs)[rows].tolist()
                              if seed[r] is not None or not self._seeded[r]], dtype=np.int64)
             values = np.array([secrets.randbits(64) if seed[r] is None else int(seed[r]) & rs.M64
@@ -549,8 +550,9 @@ _ONE, _TWO, _GAMMA = np.uint64(1), np.uint64(2), np.uint64(rs.GAMMA)
 _mix = numba.njit(rs.mix_array)  # the stream's mix, compiled for one uint64
 
 
-def _is_seed(s) -> bool:
-    return isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0
+def _is_seed(s) -> TypeGuard[int | np.integer]:
+    """A seed: a non-negative integer (not a bool)."""
+    return bool(isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0)
 
 
 def _cells(a: np.ndarray) -> np.ndarray:
