@@ -19,7 +19,7 @@ from __future__ import annotations
 __all__ = [
     "FLAW_TYPES", "FLAW_METHODS", "VALIDATION_OPERATIONS", "UNNEEDED_OPERATIONS", "SIMILAR_CANDIDATES",
     "WRONG_TYPE_VALUES", "FORMATS", "FlawNotApplicable", "FlawInjection", "MATCHERS", "tool_similarity",
-    "similar_tools", "applicable_positions", "Applier", "APPLIERS", "inject_flaw",
+    "similar_tools", "applicable_positions", "flaw_applies", "Applier", "APPLIERS", "inject_flaw",
 ]
 
 import hashlib
@@ -285,6 +285,15 @@ def applicable_positions(workflow: Workflow, flaw_type: str, method: str,
     removed, duplicated), the index a new step takes (insertions), or the first step of a drift."""
     _check_method(flaw_type, method)
     return _eligible(workflow, method, registry or default_registry(), matcher)
+
+
+def flaw_applies(workflow: Workflow, flaw_type: str, registry: ToolRegistry | None = None,
+                 matcher: str = "auto") -> bool:
+    """Whether ``inject_flaw`` can inject ``flaw_type`` into ``workflow`` (some method has an eligible
+    position): it depends on the plan only, not on the seed or the severity."""
+    _check_method(flaw_type, None)
+    registry = registry or default_registry()
+    return any(_usable(workflow, m, None, registry, matcher) for m in FLAW_METHODS[flaw_type])
 
 
 # --- the methods ----------------------------------------------------------------------------------------

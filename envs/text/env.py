@@ -22,12 +22,13 @@ from gymnasium import spaces
 from resilibench.settings import settings_argument
 
 from ...core.config import WorldConfig
-from ...core.frontend import choose_task, select_tasks
+from ...core.frontend import choose_task, select_tasks, task_by_id
 from ...core.registry import ToolRegistry, default_registry
 from ...core.rewards import ShapedRewarder
 from ...core.simulator import EnvEpisodes, Episode
 from ...core.tasks.library import SPLITS, Task
-from ...core.text.prompts import Prompt, PromptSettings, build_prompt
+from ...core.text.flaws import flaw_applies
+from ...core.text.prompts import Prompt, PromptSettings, build_prompt, shown_plan
 from ...core.text.toolbox import (
     FUNCTION_SEARCH_HINT,
     INFO_FUNCTION,
@@ -297,6 +298,13 @@ class ResiliBenchTextEnv(gym.Env):
         if self.render_mode == "human":
             print(_blocks(self.messages))
         return observation, self.info()
+
+    def flaw_applies(self, task_id: str, flaw_type: str) -> bool:
+        """Whether a flawed prompt of task ``task_id`` can carry ``flaw_type`` (else ``reset`` raises
+        ``FlawNotApplicable``); it depends on the task's plan only, not on the seed or the severity."""
+        task = task_by_id(self.tasks, task_id, self.world)
+        plan = shown_plan(task, task_workflow(task), self.config, self.registry)
+        return flaw_applies(plan, flaw_type, self.registry, self.prompt_settings.matcher)
 
     def step(self, action):
         episode = self.episode
