@@ -13,6 +13,7 @@ import json
 import re
 import string
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import gymnasium as gym
@@ -85,6 +86,21 @@ TOOLS_REMINDER = (
     "No tool call found in your message. Call tool_search to find tools, tool_info to read a tool's "
     "parameters, or one of the tools to run it (one tool call per message)."
 )
+
+
+def _with_options(settings: PromptSettings, options: dict[str, Any]) -> PromptSettings:
+    """``settings`` with a reset's prompt options, kept per value: an evaluation resets with the same few
+    option sets again and again, and building settings checks every field."""
+    key = tuple((k, type(v), v) for k, v in options.items())  # the type too: 1, 1.0 and True are equal keys
+    try:
+        return _settings_with(settings, key)
+    except TypeError:  # an unhashable value (which the settings' check refuses)
+        return _settings_with.__wrapped__(settings, key)
+
+
+@lru_cache(maxsize=1024)
+def _settings_with(settings: PromptSettings, options: tuple[tuple[str, type, Any], ...]) -> PromptSettings:
+    return dataclasses.replace(settings, **{PROMPT_FIELDS.get(k, k): v for k, _, v in options})
 
 
 def flaw_seed(seed: int) -> int:
@@ -278,8 +294,7 @@ class ResiliBenchTextEnv(gym.Env):
             _check_option("workflow", workflow, Workflow)
             _check_option("shown_prompt", shown, Prompt)
             if options:  # the prompt's settings for this episode ("prompt" is the variant)
-                settings = dataclasses.replace(settings,
-                                               **{PROMPT_FIELDS.get(k, k): v for k, v in options.items()})
+                settings = _with_options(settings, options)
         super().reset(seed=seed)
         task, seed_of_episode = choose_task(self.tasks, self._episodes, seed, {"task_id": task_id}, self.world)
         prompt = shown or build_prompt(
