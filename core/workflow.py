@@ -53,6 +53,11 @@ class Node:
     def arguments(self) -> dict[str, Any]:
         return {name: _json_value(value) for name, value in self.params}
 
+    @property
+    def label(self) -> str:
+        """The text used to compare nodes: the step text, else the tool name."""
+        return self.text or (self.tool or "")
+
 
 _json_scalar = lru_cache(maxsize=4096)(json.loads)
 
@@ -61,11 +66,6 @@ def _json_value(text: str) -> Any:
     """A parameter's value from its JSON text: a scalar's parse is kept (immutable, and read at every
     ``arguments``), a list or an object is parsed afresh so that callers may change it."""
     return json.loads(text) if text[:1] in "[{" else _json_scalar(text)
-
-    @property
-    def label(self) -> str:
-        """The text used to compare nodes: the step text, else the tool name."""
-        return self.text or (self.tool or "")
 
 
 STRING_STEPS = ("tool", "text")  # how a plain JSON string in a workflow's node list is read
