@@ -236,8 +236,8 @@ class ProcessSubproblems(Subproblems):
         were given ids of), made again only when an array was replaced or a base added."""
         self._sync_shapes()
         if self._table is None:
-            self._table = Tables(**self._constants, base_value=np.array(self._bases), keeps=self._keeps,
-                                 **self._grown)
+            grown: dict[str, Any] = self._grown
+            self._table = Tables(**self._constants, base_value=np.array(self._bases), keeps=self._keeps, **grown)
         return self._table
 
     def _fill(self) -> None:
