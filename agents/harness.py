@@ -72,7 +72,7 @@ def eval_jobs(tasks: Sequence[Task], prompts: Sequence[str], seeds: Sequence[int
     plan) is left out for that task: ``config`` and ``rules`` are the text env's world, which decides the
     plan. ValueError for an unknown prompt variant or flaw type, or flawed prompts without
     flaw types."""
-    from ..core.text.flaws import FLAW_TYPES, FlawNotApplicable
+    from ..core.text.flaws import FLAW_TYPES
     from ..core.text.prompts import PROMPT_VARIANTS
     from ..envs.text.env import ResiliBenchTextEnv
 
@@ -93,12 +93,7 @@ def eval_jobs(tasks: Sequence[Task], prompts: Sequence[str], seeds: Sequence[int
                 variants.append((prompt, None))
                 continue
             probe = probe or ResiliBenchTextEnv(split=None, tasks=tasks, config=config, rules=rules)
-            for flaw in flaw_types:
-                try:  # whether a flaw applies depends on the plan only, not on the seed or the severity
-                    probe.reset(seed=0, options={"task_id": task.instance_id, "prompt": prompt, "flaw_type": flaw})
-                except FlawNotApplicable:
-                    continue
-                variants.append((prompt, flaw))
+            variants += [(prompt, flaw) for flaw in flaw_types if probe.flaw_applies(task.instance_id, flaw)]
         jobs += [EvalJob(task, prompt, flaw, seed) for prompt, flaw in variants for seed in seeds]
     return jobs
 

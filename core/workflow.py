@@ -12,11 +12,13 @@ import json
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import networkx as nx
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from .registry import topological_order
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 @dataclass(frozen=True)
@@ -49,12 +51,21 @@ class Node:
 
     @property
     def arguments(self) -> dict[str, Any]:
-        return {name: json.loads(value) for name, value in self.params}
+        return {name: _json_value(value) for name, value in self.params}
 
     @property
     def label(self) -> str:
         """The text used to compare nodes: the step text, else the tool name."""
         return self.text or (self.tool or "")
+
+
+_json_scalar = lru_cache(maxsize=4096)(json.loads)
+
+
+def _json_value(text: str) -> Any:
+    """A parameter's value from its JSON text: a scalar's parse is kept (immutable, and read at every
+    ``arguments``), a list or an object is parsed afresh so that callers may change it."""
+    return json.loads(text) if text[:1] in "[{" else _json_scalar(text)
 
 
 STRING_STEPS = ("tool", "text")  # how a plain JSON string in a workflow's node list is read
@@ -120,6 +131,8 @@ class Workflow:
         if len(set(self.edges)) != len(self.edges):
             raise ValueError("duplicate edges")
         if self.edges and sum(1 for _ in topological_order(n, self.edges)) < n:  # nodes on a cycle are left out
+            import networkx as nx  # imported where used: 0.15 s, and most workflows never need it
+
             raise ValueError(f"workflow has a cycle: {nx.find_cycle(self.to_networkx())}")
 
     # --- constructors --------------------------------------------------------------------------------
@@ -141,6 +154,8 @@ class Workflow:
             else:
                 seen.add(edge)
                 kept.append(edge)
+        import networkx as nx
+
         graph = nx.DiGraph()  # not nx.DiGraph(kept): that conversion imports pandas and scipy to rule them out
         graph.add_edges_from(kept)
         component = {v: i for i, c in enumerate(nx.strongly_connected_components(graph)) for v in c}
@@ -313,6 +328,8 @@ class Workflow:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     def to_networkx(self) -> nx.DiGraph:
+        import networkx as nx
+
         graph = nx.DiGraph()
         for i, n in enumerate(self.nodes):
             graph.add_node(i, tool=n.tool, text=n.text, arguments=n.arguments)

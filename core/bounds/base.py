@@ -114,6 +114,8 @@ class Subproblems(ABC):
         self._callable: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, int, int], ...]] = {}
         # key -> optimal probability of full success; the optimal action is found again when asked (``solve``).
         self.memo: dict[Key, float] = {}
+        # key -> (value, optimal action) of the states ``solve`` was asked about (a policy asks again and again).
+        self.solved: dict[Key, tuple[float, int | None]] = {}
 
     # --- shapes ----------------------------------------------------------------------------------------
 
@@ -225,11 +227,15 @@ class Subproblems(ABC):
 
     def solve(self, key: Key | None) -> tuple[float, int | None]:
         """(optimal probability of full success, optimal action; None = FINISH) from ``key`` (None = lost).
-        The memo keeps values only: the action is found again from the (memoised) values after it."""
+        The memo keeps values only: the action is found again from the (memoised) values after it, once
+        per state asked."""
         if key is None:
             return 0.0, None
-        self.value(key)
-        return self._best(key)
+        found = self.solved.get(key)
+        if found is None:
+            self.value(key)
+            found = self.solved[key] = self._best(key)
+        return found
 
 
 DP = TypeVar("DP", bound=Subproblems)

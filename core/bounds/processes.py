@@ -185,8 +185,8 @@ class ProcessSubproblems(Subproblems):
         if row == len(table):
             self._grown[name] = table = np.concatenate([table, np.full((max(64, row // 2),) + table.shape[1:], fill,
                                                                        table.dtype)])
+            self._table = None  # the kernels read the new array from now on
         self._rows[name] = row + 1
-        self._table = None
         return row
 
     def base_id(self, base: float) -> int:
@@ -232,10 +232,11 @@ class ProcessSubproblems(Subproblems):
             self._grown["shape_actions"][sid, -1] = len(actions)
 
     def _tables(self) -> Tables:
-        """The tables as the kernels read them."""
+        """The tables as the kernels read them: the grown arrays whole (the kernels read only the rows they
+        were given ids of), made again only when an array was replaced or a base added."""
         self._sync_shapes()
         if self._table is None:
-            grown: dict[str, Any] = {name: table[:self._rows[name]] for name, table in self._grown.items()}
+            grown: dict[str, Any] = self._grown
             self._table = Tables(**self._constants, base_value=np.array(self._bases), keeps=self._keeps, **grown)
         return self._table
 
@@ -258,7 +259,6 @@ class ProcessSubproblems(Subproblems):
             self._lookups = self._lookups._replace(vectors=self._lookups.vectors.grown())
         elif kind == NEED_OUTCOMES:
             self._add_outcomes(a, b, c, d, e)
-        self._table = None
 
     def _add_outcomes(self, state: int, bid: int, n_uncalled: int, n_failed: int, n_h: int) -> None:
         """Tabulates the outcomes of a call of a tool in state id ``state`` (failures of the success formula

@@ -19,7 +19,7 @@ from __future__ import annotations
 __all__ = [
     "FLAW_TYPES", "FLAW_METHODS", "VALIDATION_OPERATIONS", "UNNEEDED_OPERATIONS", "SIMILAR_CANDIDATES",
     "WRONG_TYPE_VALUES", "FORMATS", "FlawNotApplicable", "FlawInjection", "MATCHERS", "tool_similarity",
-    "similar_tools", "applicable_positions", "Applier", "APPLIERS", "inject_flaw",
+    "similar_tools", "applicable_positions", "flaw_applies", "Applier", "APPLIERS", "inject_flaw",
 ]
 
 import hashlib
@@ -28,16 +28,15 @@ import math
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
-import networkx as nx
 import numpy as np
 
 from ..arguments import valid_arguments
 from ..matching import embedding_installed, make_matcher, tool_text
-from ..registry import OPERATION_PHRASES, ToolRegistry, default_registry
+from ..registry import OPERATION_PHRASES, ToolRegistry, default_registry, topological_order
 from ..workflow import Node, Workflow
 
 FLAW_TYPES = ("order", "tool_misuse", "parameter", "missing_step", "redundant", "logic_discontinuity",
@@ -176,14 +175,12 @@ def _insert(workflow: Workflow, index: int, node: Node, break_flow: bool = False
     edges = {(a + (a >= index), b + (b >= index)) for a, b in workflow.edges}
     if break_flow:
         edges.discard((index - 1, index + 1))
-    graph = nx.DiGraph()  # not nx.DiGraph(edges): that conversion imports pandas and scipy to rule them out
-    graph.add_edges_from(edges)
     links = ([(index - 1, index)] if index > 0 else []) + ([(index, index + 1)] if index < n else [])
-    for a, b in links:  # a plan numbered against its edges could make a link close a cycle: skip it then
-        if not (graph.has_node(a) and graph.has_node(b) and nx.has_path(graph, b, a)):
-            graph.add_edge(a, b)
+    for link in links:  # a plan numbered against its edges could make a link close a cycle: skip it then
+        if sum(1 for _ in topological_order(n + 1, [*edges, link])) == n + 1:  # nodes on a cycle are left out
+            edges.add(link)
     nodes = workflow.nodes[:index] + (node,) + workflow.nodes[index:]
-    return Workflow(nodes, tuple(sorted(graph.edges)))
+    return Workflow(nodes, tuple(sorted(edges)))
 
 
 def _remove(workflow: Workflow, index: int) -> Workflow:
@@ -225,7 +222,14 @@ def _required_params(workflow: Workflow, index: int, registry: ToolRegistry) -> 
     return [p.name for p in registry[node.tool].parameters if p.required and p.name in node.arguments]
 
 
-def _eligible(workflow: Workflow, method: str, registry: ToolRegistry, matcher: str) -> list[int]:
+@lru_cache(maxsize=4096)
+def _eligible(workflow: Workflow, method: str, registry: ToolRegistry, matcher: str) -> tuple[int, ...]:
+    """The positions where ``method`` applies (``applicable_positions``), kept per value: every injection
+    asks for them again, on the same few plans."""
+    return tuple(_eligible_positions(workflow, method, registry, matcher))
+
+
+def _eligible_positions(workflow: Workflow, method: str, registry: ToolRegistry, matcher: str) -> list[int]:
     n = len(workflow.nodes)
     tool_at = {i: t for i, t in enumerate(_tool_ids(workflow, registry)) if t is not None}
     in_plan = set(tool_at.values())
@@ -284,7 +288,16 @@ def applicable_positions(workflow: Workflow, flaw_type: str, method: str,
     """Positions of ``workflow`` where ``method`` of ``flaw_type`` applies: the step changed (or moved,
     removed, duplicated), the index a new step takes (insertions), or the first step of a drift."""
     _check_method(flaw_type, method)
-    return _eligible(workflow, method, registry or default_registry(), matcher)
+    return list(_eligible(workflow, method, registry or default_registry(), matcher))
+
+
+def flaw_applies(workflow: Workflow, flaw_type: str, registry: ToolRegistry | None = None,
+                 matcher: str = "auto") -> bool:
+    """Whether ``inject_flaw`` can inject ``flaw_type`` into ``workflow`` (some method has an eligible
+    position): it depends on the plan only, not on the seed or the severity."""
+    _check_method(flaw_type, None)
+    registry = registry or default_registry()
+    return any(_usable(workflow, m, None, registry, matcher) for m in FLAW_METHODS[flaw_type])
 
 
 # --- the methods ----------------------------------------------------------------------------------------
@@ -515,7 +528,7 @@ def inject_flaw(
                                 f"workflow (no eligible position)" + _hint(flaw_type, workflow))
     if position is not None and position not in eligible:
         raise FlawNotApplicable(f"flaw {flaw_type}/{method} does not apply at position {position}; "
-                                f"applicable positions: {eligible}")
+                                f"applicable positions: {list(eligible)}")
     rng = _rng(seed, flaw_type, method)
     ctx = _Context(rng, registry, matcher, dict(hints or {}),
                    frozenset(t for t in _tool_ids(workflow, registry) if t is not None))

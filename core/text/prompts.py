@@ -13,7 +13,8 @@ from __future__ import annotations
 
 __all__ = [
     "PROMPT_VARIANTS", "PLAN_STYLES", "PLAN_HEADING", "N_ALTERNATIVES", "ROLE_STEPS", "Prompt",
-    "with_arguments", "render_plan", "parse_plan", "task_statement", "PromptSettings", "build_prompt",
+    "with_arguments", "render_plan", "parse_plan", "task_statement", "PromptSettings", "shown_plan",
+    "build_prompt",
 ]
 
 import json
@@ -88,6 +89,13 @@ def _plan_with_arguments(task: Task, workflow: Workflow, registry: ToolRegistry)
             _PLANS_WITH_ARGUMENTS.clear()
         entry = _PLANS_WITH_ARGUMENTS[key] = (task, registry, with_arguments(task, workflow, registry))
     return entry[2]
+
+
+def shown_plan(task: Task, workflow: Workflow | None, config: WorldConfig, registry: ToolRegistry) -> Workflow:
+    """The plan an optimal prompt shows and a flawed one injects its flaw into: ``workflow`` (default: the
+    optimal policy's ``reference_workflow``) with arguments filled in."""
+    return _plan_with_arguments(task, workflow if workflow is not None else reference_workflow(task, config),
+                                registry)
 
 
 # --- rendering and parsing plans ------------------------------------------------------------------------------
@@ -371,9 +379,7 @@ def build_prompt(task: Task, settings: PromptSettings | None = None, *, seed: in
         wording = "tools" if settings.protocol == "tools" else settings.wording
         parts.append(_COT.format(format=_COT_FORMAT[wording]))
     elif variant in ("optimal", "flawed"):
-        source = _plan_with_arguments(task, workflow if workflow is not None else reference_workflow(task, config),
-                                      registry)
-        plan = source
+        plan = source = shown_plan(task, workflow, config, registry)
         if variant == "flawed":
             assert settings.flaw_type is not None  # PromptSettings requires one with variant 'flawed'
             injection = inject_flaw(source, settings.flaw_type, severity=settings.severity, seed=seed,

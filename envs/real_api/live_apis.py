@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import networkx as nx
 
 from resilibench.errors import InputError
 from resilibench.outbound import ResponseTooLarge, fetch, http_client, origin
@@ -710,6 +709,8 @@ def live_registry(tools: Sequence[Tool], task_file: TaskFile) -> ToolRegistry:
                 raise InputError(f"tasks[{i}].steps[{j}].tool", f"tasks[{i}].steps[{j}].tool: {tool!r} is not a tool "
                                  f"of the API; it has {', '.join(sorted(by_name)) or 'none'}")
     used = [by_name[name] for name in task_file.tools]
+    import networkx as nx  # only a task file's registry needs it
+
     deps = task_file.dependencies
     graph = nx.DiGraph()
     graph.add_nodes_from(t.name for t in used)

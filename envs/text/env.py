@@ -13,6 +13,7 @@ import json
 import re
 import string
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import gymnasium as gym
@@ -22,12 +23,13 @@ from gymnasium import spaces
 from resilibench.settings import settings_argument
 
 from ...core.config import WorldConfig
-from ...core.frontend import choose_task, select_tasks
+from ...core.frontend import choose_task, select_tasks, task_by_id
 from ...core.registry import ToolRegistry, default_registry
 from ...core.rewards import ShapedRewarder
 from ...core.simulator import EnvEpisodes, Episode
 from ...core.tasks.library import SPLITS, Task
-from ...core.text.prompts import Prompt, PromptSettings, build_prompt
+from ...core.text.flaws import flaw_applies
+from ...core.text.prompts import Prompt, PromptSettings, build_prompt, shown_plan
 from ...core.text.toolbox import (
     FUNCTION_SEARCH_HINT,
     INFO_FUNCTION,
@@ -84,6 +86,21 @@ TOOLS_REMINDER = (
     "No tool call found in your message. Call tool_search to find tools, tool_info to read a tool's "
     "parameters, or one of the tools to run it (one tool call per message)."
 )
+
+
+def _with_options(settings: PromptSettings, options: dict[str, Any]) -> PromptSettings:
+    """``settings`` with a reset's prompt options, kept per value: an evaluation resets with the same few
+    option sets again and again, and building settings checks every field."""
+    key = tuple((k, type(v), v) for k, v in options.items())  # the type too: 1, 1.0 and True are equal keys
+    try:
+        return _settings_with(settings, key)
+    except TypeError:  # an unhashable value (which the settings' check refuses)
+        return _settings_with.__wrapped__(settings, key)
+
+
+@lru_cache(maxsize=1024)
+def _settings_with(settings: PromptSettings, options: tuple[tuple[str, type, Any], ...]) -> PromptSettings:
+    return dataclasses.replace(settings, **{PROMPT_FIELDS.get(k, k): v for k, _, v in options})
 
 
 def flaw_seed(seed: int) -> int:
@@ -277,8 +294,7 @@ class ResiliBenchTextEnv(gym.Env):
             _check_option("workflow", workflow, Workflow)
             _check_option("shown_prompt", shown, Prompt)
             if options:  # the prompt's settings for this episode ("prompt" is the variant)
-                settings = dataclasses.replace(settings,
-                                               **{PROMPT_FIELDS.get(k, k): v for k, v in options.items()})
+                settings = _with_options(settings, options)
         super().reset(seed=seed)
         task, seed_of_episode = choose_task(self.tasks, self._episodes, seed, {"task_id": task_id}, self.world)
         prompt = shown or build_prompt(
@@ -297,6 +313,13 @@ class ResiliBenchTextEnv(gym.Env):
         if self.render_mode == "human":
             print(_blocks(self.messages))
         return observation, self.info()
+
+    def flaw_applies(self, task_id: str, flaw_type: str) -> bool:
+        """Whether a flawed prompt of task ``task_id`` can carry ``flaw_type`` (else ``reset`` raises
+        ``FlawNotApplicable``); it depends on the task's plan only, not on the seed or the severity."""
+        task = task_by_id(self.tasks, task_id, self.world)
+        plan = shown_plan(task, task_workflow(task), self.config, self.registry)
+        return flaw_applies(plan, flaw_type, self.registry, self.prompt_settings.matcher)
 
     def step(self, action):
         episode = self.episode

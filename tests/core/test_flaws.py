@@ -19,6 +19,7 @@ from resilibench.core.text.flaws import (
     UNNEEDED_OPERATIONS,
     FlawNotApplicable,
     applicable_positions,
+    flaw_applies,
     inject_flaw,
     similar_tools,
     tool_similarity,
@@ -301,3 +302,19 @@ def test_a_replacement_is_never_a_tool_the_plan_had(method):
         for seed in range(3):
             injection = inject_flaw(plan, "tool_misuse", method=method, severity=1.0, seed=seed, matcher="lexical")
             assert not {c["after"]["tool"] for c in injection.changes} & set(plan.tools), (task.instance_id, seed)
+
+
+def test_flaw_applies_says_what_inject_flaw_does():
+    """On short plans (where some flaw types do not apply) and on plans without arguments."""
+    plans = [PLAN, reference_workflow(TASK), Workflow.chain(list(PLAN.tools)[:2]), Workflow.chain(list(PLAN.tools)[:1])]
+    outcomes = set()
+    for plan in plans:
+        for flaw in FLAW_TYPES:
+            try:
+                inject_flaw(plan, flaw, seed=5, matcher="lexical")
+                injected = True
+            except FlawNotApplicable:
+                injected = False
+            assert flaw_applies(plan, flaw, matcher="lexical") == injected, (plan.tools, flaw)
+            outcomes.add(injected)
+    assert outcomes == {True, False}

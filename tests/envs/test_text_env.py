@@ -594,3 +594,27 @@ def test_characters_outside_the_charset_become_question_marks():
     shown = Prompt(text, "baseline", None, None, "numbered")
     prompt, _ = env.reset(seed=0, options={"task_id": task.instance_id, "shown_prompt": shown})
     assert prompt == f"plan ?? {kept} ?? end\u2192" and env.observation_space.contains(prompt)
+
+
+def test_flaw_applies_matches_reset_and_reset_options_are_checked_every_time():
+    from resilibench.core.text.flaws import FLAW_TYPES, FlawNotApplicable
+    from resilibench.errors import ConfigError
+
+    env = ResiliBenchTextEnv(split="test")
+    seen = set()
+    for task in env.tasks[:20]:
+        for flaw in FLAW_TYPES:
+            try:
+                env.reset(seed=1, options={"task_id": task.instance_id, "prompt": "flawed", "flaw_type": flaw})
+                applied = True
+            except FlawNotApplicable:
+                applied = False
+            assert env.flaw_applies(task.instance_id, flaw) == applied
+            seen.add(applied)
+    assert seen == {True, False}
+    options = {"task_id": env.tasks[0].instance_id, "prompt": "flawed", "flaw_type": "order"}
+    env.reset(seed=0, options={**options, "severity": 1})  # kept per value and type: True is not 1
+    with pytest.raises(ConfigError, match="severity"):
+        env.reset(seed=0, options={**options, "severity": True})
+    with pytest.raises(ConfigError, match="severity"):
+        env.reset(seed=0, options={**options, "severity": [0.5]})  # unhashable: checked, not kept
