@@ -4,22 +4,29 @@ One command reproduces the figures of docs/policies/ppo.md, in one process with 
 
 (a) Anchors, measured in the same run: the raw single env (``ResiliBench-v1``, random legal actions, no
     policy) in steps/s, and RLlib PPO on ``CartPole-v1`` (RLlib's default module) with the same env-runner,
-    batch and epoch settings as ours, in env steps/s per training iteration.
+    batch, minibatch and epoch settings as ours (1 env runner), its training iterations interleaved with
+    those of PPO with the default ``PPOTrainConfig`` (and with ``--compare JSON``, the config with some fields
+    changed; one iteration of each in turn, so all see the same machine load). For each: env
+    steps per second of an iteration, and per CPU second (the driver's and the env runner's processes:
+    with one runner, sampling and learning take turns, so on an idle machine an iteration lasts about its
+    CPU time), the share of learning (inside ``LearnerGroup.update``; the rest is sampling, connectors and
+    weight sync) in both, and the ratios to CartPole.
 (b) Scaling: PPO with the default ``PPOTrainConfig`` at 0 (sampling in the driver), 1 and 2 env runners:
-    env steps per second of training iterations (sampling and learning) and of sampling alone (RLlib's
-    sampling timer). Ratios: 2 runners over 1, and ours over the CartPole anchor at 1 runner.
+    env steps per second of training iterations (sampling and learning) and the learning share.
 (c) Training for a time budget (default 20 minutes) with the default config on the train split, then the
     greedy policy on every test task: full success over 3 seeds with the episodes and seeds of
     ``resilibench run``, and its exact expected full success (``exact_policy_success``), each beside bound
     (iii) per task type, with the ratio; and how often its happy-path workflow equals the reference one.
 
 Run: ``python benchmarks/bench_ppo.py`` (``--time-budget MIN``, ``--scaling-iterations N``,
-``--skip-training``; ``--output-dir DIR`` keeps the training run, default runs/bench_ppo).
+``--compare JSON``, ``--set KEY=VALUE``, ``--skip-scaling``, ``--skip-training``; ``--output-dir DIR`` keeps the training run, default runs/bench_ppo).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import platform
 import shutil
@@ -59,27 +66,82 @@ def raw_env_steps_per_s(seconds: float = 3.0) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def iteration_throughput(config, iterations: int) -> tuple[float, float]:
-    """(env steps/s of whole training iterations, env steps/s of sampling alone), medians over
-    ``iterations`` after one warm-up iteration."""
-    algo = config.build_algo()
-    try:
-        algo.train()
-        whole, sampling = [], []
-        for _ in range(iterations):
-            start = time.perf_counter()
-            result = algo.train()
-            elapsed = time.perf_counter() - start
+def _runner_cpu_seconds(runner) -> float:
+    return time.process_time()
+
+
+class TimedAlgorithm:
+    """An RLlib algorithm whose training iterations are timed, in wall seconds and in CPU seconds (the
+    driver's and the remote env runners' processes together), each split into learning (inside
+    ``LearnerGroup.update``, in the driver) and sampling (the rest: sampling, connectors, weight sync)."""
+
+    def __init__(self, config):
+        self.algo = config.build_algo()
+        # per iteration: (env steps, wall s, learning wall s, CPU s, learning CPU s)
+        self.iterations: list[tuple[int, float, float, float, float]] = []
+        self._learning = (0.0, 0.0)  # wall s, CPU s of the last update
+        update = self.algo.learner_group.update
+
+        def timed_update(*args, **kwargs):
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                return update(*args, **kwargs)
+            finally:
+                self._learning = (time.perf_counter() - wall, time.process_time() - cpu)
+
+        self.algo.learner_group.update = timed_update
+
+    def _cpu(self) -> float:
+        runners = self.algo.env_runner_group.foreach_env_runner(_runner_cpu_seconds, local_env_runner=False)
+        return time.process_time() + sum(runners)
+
+    def train(self, record: bool = True) -> None:
+        cpu = self._cpu()
+        wall = time.perf_counter()
+        result = self.algo.train()
+        wall = time.perf_counter() - wall
+        cpu = self._cpu() - cpu
+        if record:
             steps = result["env_runners"]["num_env_steps_sampled"]
-            whole.append(steps / elapsed)
-            sampling.append(steps / result["timers"]["env_runner_sampling_timer"])
+            self.iterations.append((steps, wall, self._learning[0], cpu, self._learning[1]))
+
+    def steps_per_s(self, cpu: bool = False) -> float:
+        """Median env steps per wall second (or per CPU second) of the recorded iterations."""
+        return statistics.median(row[0] / row[3 if cpu else 1] for row in self.iterations)
+
+    def summary(self) -> str:
+        """Env steps/s per iteration and per CPU second, each with the iteration's time and learning share."""
+        def median(column: int) -> float:
+            return statistics.median(row[column] for row in self.iterations)
+
+        wall_share = statistics.median(row[2] / row[1] for row in self.iterations)
+        cpu_share = statistics.median(row[4] / row[3] for row in self.iterations)
+        return (f"{self.steps_per_s():,.0f} env steps/s per iteration ({median(1):.2f} s, learning {wall_share:.0%}); "
+                f"{self.steps_per_s(cpu=True):,.0f} per CPU second ({median(3):.2f} CPU s, learning {cpu_share:.0%})")
+
+    def stop(self) -> None:
+        self.algo.stop()
+
+
+def interleaved(configs: dict[str, object], iterations: int) -> dict[str, TimedAlgorithm]:
+    """Build every config, one warm-up iteration each, then ``iterations`` rounds of one iteration of each
+    in turn."""
+    algos: dict[str, TimedAlgorithm] = {}
+    try:
+        for name, config in configs.items():
+            algos[name] = TimedAlgorithm(config)
+            algos[name].train(record=False)
+        for _ in range(iterations):
+            for algo in algos.values():
+                algo.train()
     finally:
-        algo.stop()
-    return statistics.median(whole), statistics.median(sampling)
+        for algo in algos.values():
+            algo.stop()
+    return algos
 
 
 def cartpole_config(cfg, num_env_runners: int):
-    """RLlib PPO on CartPole-v1 (default module) with our env-runner, batch and epoch settings."""
+    """RLlib PPO on CartPole-v1 (default module) with our env-runner, batch, minibatch and epoch settings."""
     from ray.rllib.algorithms.ppo import PPOConfig
 
     return (PPOConfig().environment("CartPole-v1")
@@ -125,6 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-budget", type=float, default=20.0, metavar="MIN", help="training minutes (20)")
     parser.add_argument("--scaling-iterations", type=int, default=4, metavar="N",
                         help="timed iterations per scaling point, after one warm-up (4)")
+    parser.add_argument("--compare", action="append", default=[], metavar="JSON",
+                        help='in (a), also the config with these fields changed, e.g. \'{"encoder": "mlp"}\' '
+                        "(repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a PPOTrainConfig field for every run (value as JSON), as train ppo's --set")
+    parser.add_argument("--skip-scaling", action="store_true", help="leave out (b)")
     parser.add_argument("--skip-training", action="store_true", help="only (a) and (b)")
     parser.add_argument("--output-dir", default="runs/bench_ppo", metavar="DIR")
     args = parser.parse_args(argv)
@@ -137,42 +205,50 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_logs()
     torch.set_num_threads(1)
-    cfg = PPOTrainConfig()
+    overrides = {key: json.loads(value) for key, _, value in (item.partition("=") for item in args.set)}
+    cfg = PPOTrainConfig(**overrides)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
           f"{platform.python_version()}, torch {torch.__version__}, ray {ray.__version__}; load average "
           f"{load_average()}")
-    print(f"config: {cfg.encoder} d_model {cfg.d_model} x {cfg.n_layers} layer(s), batch {cfg.train_batch_size}, "
+    print(f"config: {cfg.encoder} d_model {cfg.d_model} ff_dim {cfg.ff_dim} x {cfg.n_layers} layer(s), batch {cfg.train_batch_size}, "
           f"minibatch {cfg.minibatch_size}, {cfg.num_epochs} epochs, {cfg.num_envs_per_env_runner} envs per runner")
 
     print("\n(a) anchors")
     raw = raw_env_steps_per_s()
     print(f"ResiliBench-v1 alone (random legal actions): {raw:,.0f} steps/s")
-    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+    # one CPU per env runner of the algorithms built at once (they train in turn)
+    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 1, 2 + len(args.compare)), include_dashboard=False,
+             log_to_driver=False, logging_level="ERROR")
     try:
-        cart_whole, cart_sampling = iteration_throughput(cartpole_config(cfg, 1), args.scaling_iterations)
-        print(f"RLlib PPO on CartPole-v1, 1 env runner: {cart_whole:,.0f} env steps/s per iteration, "
-              f"{cart_sampling:,.0f} while sampling")
+        configs = {"CartPole-v1 (RLlib PPO)": cartpole_config(cfg, 1),
+                   "ResiliBench-v1 (defaults)": build_ppo_config(dataclasses.replace(cfg, num_env_runners=1))}
+        for changes in args.compare:
+            configs[f"ResiliBench-v1 {changes}"] = build_ppo_config(
+                dataclasses.replace(cfg, num_env_runners=1, **json.loads(changes)))
+        anchor = interleaved(configs, args.scaling_iterations)
+        cartpole = anchor.pop("CartPole-v1 (RLlib PPO)")
+        print(f"CartPole-v1 (RLlib PPO), 1 env runner: {cartpole.summary()}")
+        for name, timed in anchor.items():
+            print(f"{name}, 1 env runner: {timed.summary()}")
+            print(f"  ratio to CartPole: {timed.steps_per_s() / cartpole.steps_per_s():.2f} per iteration (wall), "
+                  f"{timed.steps_per_s(cpu=True) / cartpole.steps_per_s(cpu=True):.2f} per CPU second")
+        print(f"(load {load_average()})")
 
-        print("\n(b) scaling: PPO on ResiliBench-v1 (default config)")
-        measured = {}
-        for runners in (0, 1, 2):
-            config = build_ppo_config(PPOTrainConfig(num_env_runners=runners))
-            measured[runners] = iteration_throughput(config, args.scaling_iterations)
-            whole, sampling = measured[runners]
-            print(f"{runners} env runner(s): {whole:,.0f} env steps/s per iteration, {sampling:,.0f} while sampling"
-                  f" (load {load_average()})")
-        print(f"ratio 2 runners / 1 runner: {measured[2][0] / measured[1][0]:.2f} per iteration, "
-              f"{measured[2][1] / measured[1][1]:.2f} while sampling")
-        print(f"ratio ResiliBench / CartPole anchor (1 runner): {measured[1][0] / cart_whole:.2f} per iteration, "
-              f"{measured[1][1] / cart_sampling:.2f} while sampling")
-        print(f"ratio sampling at 1 runner / raw env: {measured[1][1] / raw:.3f}")
+        if not args.skip_scaling:
+            print("\n(b) scaling: PPO on ResiliBench-v1 (default config)")
+            measured = {}
+            for runners in (0, 1, 2):
+                (measured[runners],) = interleaved({"ours": build_ppo_config(dataclasses.replace(cfg, num_env_runners=runners))},
+                                                   args.scaling_iterations).values()
+                print(f"{runners} env runner(s): {measured[runners].summary()} (load {load_average()})")
+            print(f"ratio 2 runners / 1 runner: {measured[2].steps_per_s() / measured[1].steps_per_s():.2f} per "
+                  "iteration")
 
         if not args.skip_training:
             out = Path(args.output_dir)
             if out.exists():
                 shutil.rmtree(out)
-            budget = PPOTrainConfig(time_budget_min=args.time_budget)
+            budget = dataclasses.replace(cfg, time_budget_min=args.time_budget)
             print(f"\n(c) training for {args.time_budget:g} minutes into {out} (progress every 10 iterations)")
             lines: list[str] = []
 

@@ -31,15 +31,15 @@ if TYPE_CHECKING:
     from .wrappers import MaskedPlannerEnv
 
 
-ENCODERS = ("transformer", "mlp")
+ENCODERS = ("pooled", "transformer", "mlp")
 CHECKPOINTS, LATEST = "checkpoints", "latest.json"  # a training directory's checkpoints and its pointer
 # The policy network's settings (``PlannerModule``'s model_config); PPOTrainConfig carries the same fields.
 DEFAULT_MODEL_CONFIG: dict[str, Any] = {
-    "encoder": "transformer",
-    "d_model": 32,  # transformer token width
-    "n_heads": 2,
+    "encoder": "pooled",
+    "d_model": 16,  # token width (pooled, transformer)
+    "n_heads": 2,  # transformer attention heads
     "n_layers": 1,
-    "ff_dim": 64,
+    "ff_dim": 32,
     "mlp_hiddens": [256, 256],  # mlp trunk
     "value_hiddens": [64],  # value head (both encoders)
     "features": "full",  # the env's observation features; "no_dependency_hints" also drops the relational ones

@@ -1,13 +1,14 @@
 """The PPO policy network for ResiliBench-v1: an RLlib (new API stack) torch RLModule with action masking.
 
-Two encoders share one module (``model_config["encoder"]``):
+Three encoders share one module (``model_config["encoder"]``):
 
-* ``"transformer"`` (the paper's policy network, appendix D.5): the state is a set of 31 tokens, one per
-  tool (its status one-hot, required flag, next-required flag and legality, with the status of its
-  dependencies, projected, plus a learned embedding of the tool's identity) and one task token (progress,
-  counters and the 20 task features).
-  A small Transformer encoder (pre-norm, no dropout) mixes them; each tool token gives that tool's logit,
-  the task token gives FINISH's, and the value head reads the task token beside the mean of the tool tokens.
+* ``"pooled"`` (default) and ``"transformer"`` (the paper's policy network, appendix D.5): the state is a
+  set of 31 tokens, one per tool (its status one-hot, required flag, next-required flag and legality, with
+  the status of its dependencies, projected, plus a learned embedding of the tool's identity) and one task
+  token (progress, counters and the 20 task features). Pre-norm blocks (no dropout) mix them: in
+  ``"transformer"`` by self-attention, in ``"pooled"`` by adding a projection of the mean token to every
+  token (a Deep Sets block, several times cheaper to train on CPU). Each tool token gives that tool's
+  logit, the task token gives FINISH's, and the value head reads the task token beside the mean tool token.
 * ``"mlp"``: the flat 204-float observation (265 under failure processes) through a fully connected trunk,
   with a policy and a value head.
 
@@ -19,7 +20,7 @@ their probability is exactly 0: they are never sampled and never the argmax.
 from __future__ import annotations
 
 __all__ = [
-    "mask_logits", "dependency_matrix", "EncoderBlock", "ToolSetEncoder", "FlatEncoder", "PlannerModule",
+    "mask_logits", "dependency_matrix", "EncoderBlock", "PooledBlock", "ToolSetEncoder", "FlatEncoder", "PlannerModule",
 ]
 
 from typing import Any
@@ -86,8 +87,24 @@ class EncoderBlock(nn.Module):
         return x + self.ff(self.norm2(x))
 
 
+class PooledBlock(nn.Module):
+    """A Deep Sets block: every token gets a projection of the (normalised) mean token, then a pre-norm
+    ReLU feed-forward. It mixes the tokens as a set, like ``EncoderBlock``, at a fraction of attention's
+    cost on CPU (the first norm acts on one pooled token, not on every token)."""
+
+    def __init__(self, d_model: int, ff_dim: int):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.pool = nn.Linear(d_model, d_model)
+        self.ff = nn.Sequential(nn.Linear(d_model, ff_dim), nn.ReLU(), nn.Linear(ff_dim, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.pool(self.norm1(x.mean(dim=1, keepdim=True)))
+        return x + self.ff(self.norm2(x))
+
+
 class ToolSetEncoder(nn.Module):
-    """Tool tokens + task token -> Transformer encoder -> (31 logits, a pooled embedding for the value).
+    """Tool tokens + task token -> set encoder blocks -> (31 logits, a pooled embedding for the value).
 
     A tool token carries the tool's observation entries (status one-hot, required, next-required or
     required order, legal) and, with ``relational`` (the "full" observation features), three relational
@@ -100,7 +117,7 @@ class ToolSetEncoder(nn.Module):
     dependencies: torch.Tensor  # a buffer
 
     def __init__(self, layout: ObservationLayout, dependencies: torch.Tensor, d_model: int, n_heads: int,
-                 n_layers: int, ff_dim: int, relational: bool = True):
+                 n_layers: int, ff_dim: int, relational: bool = True, attention: bool = True):
         super().__init__()
         self.layout = layout
         self.relational = relational
@@ -113,7 +130,8 @@ class ToolSetEncoder(nn.Module):
         self.task_slices = [(layout.progress, task_end)] + ([(layout.time_left, layout.size)] if layout.processes
                                                             else [])
         self.task_features = nn.Linear(sum(b - a for a, b in self.task_slices), d_model)
-        self.encoder = nn.Sequential(*(EncoderBlock(d_model, n_heads, ff_dim) for _ in range(n_layers)))
+        self.encoder = nn.Sequential(*(EncoderBlock(d_model, n_heads, ff_dim) if attention
+                                       else PooledBlock(d_model, ff_dim) for _ in range(n_layers)))
         self.norm = nn.LayerNorm(d_model)
         self.tool_logit = nn.Linear(d_model, 1)
         self.finish_logit = nn.Linear(d_model, 1)
@@ -180,12 +198,27 @@ class PlannerModule(TorchRLModule, ValueFunctionAPI):
             raise ValueError(f"expected {' or '.join(map(str, layouts))} observation floats for {n_tools} tools "
                              f"(without or with failure processes), got shape {shape}")
         self.layout = layout
-        if config["encoder"] == "transformer":
+        if config["encoder"] in ("pooled", "transformer"):
             self.net = ToolSetEncoder(layout, dependency_matrix(n_tools), config["d_model"], config["n_heads"],
-                                      config["n_layers"], config["ff_dim"], relational=config["features"] == "full")
+                                      config["n_layers"], config["ff_dim"], relational=config["features"] == "full",
+                                      attention=config["encoder"] == "transformer")
         else:
             self.net = FlatEncoder(layout, list(config["mlp_hiddens"]))
         self.value_head = _mlp([self.net.embedding_size, *config["value_hiddens"]], 1)
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Load weights; unlike RLlib's default (which skips missing ones silently), weights that do not
+        fit this network, as from a checkpoint of another architecture, are a clear error."""
+        missing = set(self.state_dict()) - set(state)
+        if missing:
+            raise ValueError(f"the weights do not fit this PlannerModule (encoder {self.model_config.get('encoder')!r}"
+                             f" in its model_config): missing {sorted(missing)[:4]}{' ...' if len(missing) > 4 else ''}; "
+                             "load the checkpoint with the model_config it was trained with")
+        try:
+            super().set_state(state)
+        except RuntimeError as exc:  # a tensor of another shape (another width)
+            raise ValueError(f"the weights do not fit this PlannerModule: {str(exc).splitlines()[-1].strip()}; "
+                             "load the checkpoint with the model_config it was trained with") from None
 
     def _encode(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         obs = batch[Columns.OBS]

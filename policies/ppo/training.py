@@ -91,11 +91,11 @@ class PPOTrainConfig(Settings):
                                        "(else tasks uniformly)")
     world: dict[str, Any] = setting(factory=dict, help="WorldConfig overrides (sections as mappings)")
     # Policy network (resilibench.policies.ppo.module).
-    encoder: str = setting("transformer", choices=ENCODERS, help="policy network")
-    d_model: int = setting(32, bounds=AT_LEAST_ONE, help="transformer token width (a multiple of n_heads)")
+    encoder: str = setting("pooled", choices=ENCODERS, help="policy network")
+    d_model: int = setting(16, bounds=AT_LEAST_ONE, help="token width (with the transformer a multiple of n_heads)")
     n_heads: int = setting(2, bounds=AT_LEAST_ONE)
     n_layers: int = setting(1, bounds=AT_LEAST_ONE)
-    ff_dim: int = setting(64, bounds=AT_LEAST_ONE)
+    ff_dim: int = setting(32, bounds=AT_LEAST_ONE)
     mlp_hiddens: tuple[int, ...] = setting((256, 256), bounds=AT_LEAST_ONE, help="mlp trunk widths")
     value_hiddens: tuple[int, ...] = setting((64,), bounds=AT_LEAST_ONE, help="value head widths")
     # PPO.

@@ -241,7 +241,7 @@ def test_curriculum_callback_advances_on_a_real_iteration(ray_session):
 # --- masking -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("encoder", ["transformer", "mlp"])
+@pytest.mark.parametrize("encoder", ["pooled", "transformer", "mlp"])
 def test_masked_logits_never_sample_illegal_actions(encoder):
     from ray.rllib.core.columns import Columns
     from ray.rllib.core.distribution.torch.torch_distribution import TorchCategorical
@@ -268,6 +268,34 @@ def test_masked_logits_never_sample_illegal_actions(encoder):
     assert (logits[:8].argmax(-1) == 5).all()
 
 
+def test_a_checkpoint_of_the_earlier_default_network_still_loads(tmp_path):
+    """A module saved with the transformer of the earlier defaults (d_model 32, ff_dim 64) loads with its own
+    model_config and plays legal actions; its weights in a module of the new default (pooled) are refused
+    with a clear error instead of being skipped silently."""
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    from resilibench.policies.ppo.module import PlannerModule
+
+    env = MaskedPlannerEnv(ResiliBenchEnv(split="test"))
+    earlier = {"encoder": "transformer", "d_model": 32, "n_heads": 2, "n_layers": 1, "ff_dim": 64,
+               "mlp_hiddens": [256, 256], "value_hiddens": [64], "features": "full"}
+    module = PlannerModule(observation_space=env.observation_space, action_space=env.action_space,
+                           model_config=earlier)
+    module.save_to_path(str(tmp_path))
+    loaded = RLModule.from_checkpoint(str(tmp_path))  # as PPOPlanner loads a checkpoint's module
+    assert isinstance(loaded, PlannerModule)
+    assert loaded.model_config["encoder"] == "transformer"
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), module.state_dict().values(),
+                                                 strict=True))
+    steps = _masked_steps(ResiliBenchEnv(split="test"), PPOPlanner("earlier", module=loaded), range(3))
+    assert steps and all(mask[action] == 1 for _obs, mask, action in steps)
+    for config, message in (({}, "missing"), ({"encoder": "transformer"}, "size mismatch")):
+        fresh = PlannerModule(observation_space=env.observation_space, action_space=env.action_space,
+                              model_config=config)
+        with pytest.raises(ValueError, match=f"do not fit this PlannerModule.*{message}"):
+            fresh.set_state(module.get_state())
+
+
 def test_training_bound_is_left_out_under_failure_processes():
     """The progress lines' bound (iii) mean is the v1 DP's; under failure processes it is None (the
     process DP takes seconds per task), and the row's full/iii is then None too."""
@@ -278,7 +306,7 @@ def test_training_bound_is_left_out_under_failure_processes():
     assert bound_iii_mean(tasks, PPOTrainConfig(world={"processes": {"outage_start": 0.1}})) is None
 
 
-@pytest.mark.parametrize("encoder", ["transformer", "mlp"])
+@pytest.mark.parametrize("encoder", ["pooled", "transformer", "mlp"])
 def test_module_reads_the_failure_process_blocks(encoder):
     """Under failure processes the module takes the longer observation, its logits depend on the process
     blocks (rate-limit waits, outages), and its greedy policy plays legal actions in that world."""
@@ -542,7 +570,7 @@ def test_train_ppo_world_v0_trains_on_world_v0():
     assert default.tasks_path is None and default.world_config().evaluator.partial_rule == "v1"
 
 
-@pytest.mark.parametrize("encoder", ["transformer", "mlp"])
+@pytest.mark.parametrize("encoder", ["pooled", "transformer", "mlp"])
 def test_module_reads_the_failure_processes_blocks(encoder):
     """Under failure processes the observation has three more blocks; the module takes them (per tool into
     the tool tokens) and its logits depend on them."""
