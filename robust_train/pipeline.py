@@ -56,7 +56,7 @@ HIDDEN, LAYERS = 128, 2
 MAX_NEW_TOKENS = 32  # a names answer: up to 15 tools and their line breaks, then the end token
 PRETRAIN = SFTSettings(epochs=24.0, learning_rate=3e-3, batch_size=16, gradient_accumulation_steps=1, lora=None,
                        max_length=256, save_steps=500, prompt_loss=True)
-SFT = SFTSettings(epochs=3.0, learning_rate=1e-3, batch_size=16, gradient_accumulation_steps=1, lora=None,
+SFT = SFTSettings(epochs=5.0, learning_rate=1e-3, batch_size=16, gradient_accumulation_steps=1, lora=None,
                   max_length=256, save_steps=500)
 
 MODEL = "model"  # the directory name of a stage's resulting model

@@ -161,13 +161,33 @@ DEFAULT_TORCH_THREADS = 1
 def set_torch_threads(threads: int = DEFAULT_TORCH_THREADS) -> None:
     """Give torch ``threads`` intra-op threads for this process (call it before the work starts). One
     thread by default, as for PPO: on a busy machine torch's default (one per core) made a training step
-    6-9x slower here (docs/robust_train/generation.md); raise it on a machine whose cores are free."""
+    6-9x slower here (docs/robust_train/generation.md); raise it on a machine whose cores are free. Freed
+    memory is kept for reuse (``_reuse_freed_memory``)."""
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise ValueError(f"torch_threads must be a positive integer, got {threads!r}")
     _require_llm()
     import torch
 
     torch.set_num_threads(threads)
+    _reuse_freed_memory()
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def _reuse_freed_memory() -> None:
+    """On glibc, serve large blocks from the heap and keep freed memory for reuse. By default freed tensor
+    buffers went back to the system and every training step page-faulted them in again: 16-23% of the
+    demo's CPU was system time (docs/robust_train/generation.md). Elsewhere nothing changes."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+    except (OSError, AttributeError, TypeError):
+        return
+    mallopt(M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest: blocks up to 32 MiB come from the heap
+    mallopt(M_TRIM_THRESHOLD, 1 << 30)  # return free heap memory only past 1 GiB
 
 
 def _require_llm() -> None:
