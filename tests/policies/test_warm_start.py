@@ -15,12 +15,12 @@ torch = pytest.importorskip("torch")
 
 from resilibench.cli import build_parser  # noqa: E402
 from resilibench.cli.train import _train_config  # noqa: E402
+from resilibench.core.bounds import monte_carlo_success  # noqa: E402
 from resilibench.core.config import load_config  # noqa: E402
 from resilibench.core.tasks.library import interleave_task_types  # noqa: E402
 from resilibench.core.world import load_tasks  # noqa: E402
-from resilibench.policies.ppo.evaluation import PPOPlanner  # noqa: E402
-from resilibench.core.bounds import monte_carlo_success  # noqa: E402
 from resilibench.policies.heuristics import HEURISTICS  # noqa: E402
+from resilibench.policies.ppo.evaluation import PPOPlanner  # noqa: E402
 from resilibench.policies.ppo.training import MONTE_CARLO_EPISODES, PPOTrainConfig, train  # noqa: E402
 from resilibench.policies.ppo.warm_start import Validation, expert_samples  # noqa: E402
 
