@@ -485,6 +485,8 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
             record["warm_start"] = _clone(cfg, algo, module, tasks, validation, log)
             state.train_seconds = record["warm_start"]["seconds"]
             save_checkpoint(algo, directory, state, cfg.keep_checkpoints)  # iter_000000: the cloned policy
+            if validation is not None:  # the curve's first point, drawn even if cloning spends the budget
+                _draw_curve(run, record, validation, cfg)
         write_json_atomic(record_path, record)
         run.open_results(session)
 
