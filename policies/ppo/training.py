@@ -13,7 +13,7 @@ output directory:
 With a behaviour-cloning warm start (``warm_start``; the default in worlds with failure processes) the
 network is first fitted to the exact optimal policy's decisions (``warm_start.behaviour_clone``) and PPO
 fine-tunes it; training.json then records the cloning (decisions, agreement, minutes, validation), and
-checkpoints/iter_000000 holds the cloned policy (until ``keep_checkpoints`` newer ones replace it).
+checkpoints/iter_000000 holds the cloned policy (kept beside the ``keep_checkpoints`` newest ones).
 
 A checkpoint holds the algorithm (learner, optimizer, env-runner connectors, iteration count); state.json
 adds what RLlib does not know about: the curriculum stage, env steps and the training time so far.
@@ -64,6 +64,7 @@ REWARDS = ("sparse", "shaped")
 MONTE_CARLO_EPISODES = 100  # validation episodes per task in worlds with several failure processes
 ENV_NAME = "ResiliBenchMasked-v0"  # MaskedPlannerEnv over ResiliBench-v1, registered with Ray Tune
 TRAINING_FILE, PROGRESS_FILE, STATE_FILE = "training.json", "progress.jsonl", "state.json"
+CLONED = "iter_000000"  # the checkpoint of the cloned policy, kept whatever keep_checkpoints says
 # Fields that may differ between a run and its resumption (resources and stopping rules).
 # The learner count may not change: it splits the batch and shapes the optimizer state in the checkpoint.
 RESUMABLE_CHANGES = frozenset({"iterations", "time_budget_min", "num_env_runners", "num_envs_per_env_runner",
@@ -665,7 +666,7 @@ def load_weights(algo: Any, weights: dict[str, Any]) -> None:
 
 def save_checkpoint(algo: Any, directory: Path, state: TrainingState, keep: int = 3) -> Path:
     """Write an RLlib checkpoint with its state.json, point latest.json at it, and delete all but the
-    ``keep`` newest checkpoints."""
+    ``keep`` newest checkpoints and ``iter_000000`` (the cloned policy of a warm start, "BC alone")."""
     import shutil
 
     name = f"iter_{state.iteration:06d}"
@@ -674,5 +675,6 @@ def save_checkpoint(algo: Any, directory: Path, state: TrainingState, keep: int 
     write_json_atomic(path / STATE_FILE, dataclasses.asdict(state))
     write_json_atomic(directory / CHECKPOINTS / LATEST, {"checkpoint": name, "iteration": state.iteration})
     for old in sorted((directory / CHECKPOINTS).glob("iter_*"))[:-keep]:
-        shutil.rmtree(old)
+        if old.name != CLONED:
+            shutil.rmtree(old)
     return path

@@ -88,7 +88,7 @@ def test_ppo_starts_from_the_cloned_expert(tmp_path):
     cfg = PPOTrainConfig(task_types=(TYPE,), world=config.to_dict(), iterations=1, d_model=16, n_heads=2,
                          ff_dim=32, value_hiddens=(16,), train_batch_size=128, minibatch_size=128, num_epochs=1,
                          num_env_runners=0, num_envs_per_env_runner=2, bc_tasks=6, bc_seeds=4, bc_epochs=80,
-                         finetune_lr=1e-7, validation_tasks=2)
+                         finetune_lr=1e-7, validation_tasks=2, keep_checkpoints=1)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         train(cfg, tmp_path / "run", log=lambda line: None)
@@ -97,6 +97,8 @@ def test_ppo_starts_from_the_cloned_expert(tmp_path):
     record = json.loads((tmp_path / "run" / "training.json").read_text())
     assert record["warm_start"]["agreement"] >= 0.8 and record["warm_start"]["decisions"] > 50
     assert record["validation"]["episodes"] == 0  # one failure process: scored exactly
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("iter_*")) == [
+        "iter_000000", "iter_000001"]  # the cloned policy is kept beside the keep_checkpoints newest
     assert (tmp_path / "run" / "learning_curve.png").stat().st_size > 1000
     samples = expert_samples(interleave_task_types(cfg.training_tasks())[:6], 4, config)
     planner = PPOPlanner(tmp_path / "run")
