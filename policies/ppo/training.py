@@ -13,7 +13,7 @@ output directory:
 With a behaviour-cloning warm start (``warm_start``; the default in worlds with failure processes) the
 network is first fitted to the exact optimal policy's decisions (``warm_start.behaviour_clone``) and PPO
 fine-tunes it; training.json then records the cloning (decisions, agreement, minutes, validation), and
-checkpoints/iter_000000 holds the cloned policy (until ``keep_checkpoints`` newer ones replace it).
+checkpoints/iter_000000 holds the cloned policy (kept beside the ``keep_checkpoints`` newest ones).
 
 A checkpoint holds the algorithm (learner, optimizer, env-runner connectors, iteration count); state.json
 adds what RLlib does not know about: the curriculum stage, env steps and the training time so far.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 __all__ = [
     "REWARDS", "ENV_NAME", "TRAINING_FILE", "PROGRESS_FILE", "STATE_FILE", "RESUMABLE_CHANGES",
-    "PPOTrainConfig", "build_ppo_config", "RayClusterError", "required_cpus", "probe_ray_head",
+    "MONTE_CARLO_EPISODES", "PPOTrainConfig", "failure_processes", "build_ppo_config", "RayClusterError", "required_cpus", "probe_ray_head",
     "check_cluster_resources", "init_ray", "bound_iii_mean", "TrainingState", "read_state",
     "training_directory", "format_progress", "train", "restore_algorithm", "load_weights", "save_checkpoint",
 ]
@@ -61,8 +61,10 @@ from .curriculum import CurriculumConfig, stage_pools
 from .warm_start import WARM_STARTS
 
 REWARDS = ("sparse", "shaped")
+MONTE_CARLO_EPISODES = 100  # validation episodes per task in worlds with several failure processes
 ENV_NAME = "ResiliBenchMasked-v0"  # MaskedPlannerEnv over ResiliBench-v1, registered with Ray Tune
 TRAINING_FILE, PROGRESS_FILE, STATE_FILE = "training.json", "progress.jsonl", "state.json"
+CLONED = "iter_000000"  # the checkpoint of the cloned policy, kept whatever keep_checkpoints says
 # Fields that may differ between a run and its resumption (resources and stopping rules).
 # The learner count may not change: it splits the batch and shapes the optimizer state in the checkpoint.
 RESUMABLE_CHANGES = frozenset({"iterations", "time_budget_min", "num_env_runners", "num_envs_per_env_runner",
@@ -137,6 +139,10 @@ class PPOTrainConfig(Settings):
     # Held-out validation for the learning curve.
     validation_tasks: int = setting(30, bounds=(0, None), help="validation tasks of the learning curve (0: none)")
     validation_every_min: float = setting(2.0, above=0, help="minutes of training between validations")
+    validation_episodes: int | None = setting(
+        None, bounds=(0, None), help="episodes per validation task when the curve is scored by Monte Carlo (0: "
+        f"exact; null: exact, or {MONTE_CARLO_EPISODES} in worlds with several failure processes at once, where "
+        "enumerating a policy's states is intractable)")
     # Run.
     seed: int = setting(0, bounds=(0, None), metavar="N", help="seed of the envs and the network")
     iterations: int | None = setting(None, bounds=AT_LEAST_ONE, metavar="N", help="stop at iteration N (total)")
@@ -178,6 +184,14 @@ class PPOTrainConfig(Settings):
         """Whether training starts with behaviour cloning (``warm_start``)."""
         return self.warm_start == "bc" or (self.warm_start == "auto" and self.world_config().processes.active)
 
+    @property
+    def validation_scoring(self) -> int:
+        """Episodes per task of the validation's Monte Carlo scoring (0: exact), ``validation_episodes``
+        resolved: Monte Carlo by default in worlds with several failure processes (decision 171)."""
+        if self.validation_episodes is not None:
+            return self.validation_episodes
+        return MONTE_CARLO_EPISODES if len(failure_processes(self.world_config())) > 1 else 0
+
     def world_config(self) -> WorldConfig:
         """The world the envs run (``world`` applied to the defaults)."""
         return WorldConfig().replace(**self.world) if self.world else WorldConfig()
@@ -207,6 +221,14 @@ class PPOTrainConfig(Settings):
                 "world": self.world, "curriculum": self.curriculum, "curriculum_config": self.curriculum_config,
                 "balance_task_types": self.balance_task_types,
                 "stage": stage if self.curriculum else -1}
+
+
+def failure_processes(world: WorldConfig) -> list[str]:
+    """The names of the failure processes ``world`` turns on."""
+    p = world.processes
+    return [name for name, on in (("per-tool bases", bool(p.tool_base_success)), ("outages", p.outage_start > 0),
+                                  ("rate limits", p.rate_limit_probability > 0), ("latency", bool(p.latency_seconds)))
+            if on]
 
 
 def build_ppo_config(cfg: PPOTrainConfig, stage: int = 0, cluster: bool = False):
@@ -464,6 +486,8 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
             record["warm_start"] = _clone(cfg, algo, module, tasks, validation, log)
             state.train_seconds = record["warm_start"]["seconds"]
             save_checkpoint(algo, directory, state, cfg.keep_checkpoints)  # iter_000000: the cloned policy
+            if validation is not None:  # the curve's first point, drawn even if cloning spends the budget
+                _draw_curve(run, record, validation, cfg)
         write_json_atomic(record_path, record)
         run.open_results(session)
 
@@ -530,11 +554,12 @@ def _validation(cfg: PPOTrainConfig, record: dict[str, Any], log: Callable[[str]
     if not cfg.validation_tasks:
         return None, module
     tasks = load_tasks(cfg.tasks_path, "validation", cfg.task_types)
-    validation = Validation(tasks, cfg.validation_tasks, cfg.world_config().replace(rules={"profile": "test"}))
-    record["validation"] = {"tasks": len(validation.tasks), "bound_iii": validation.bound,
-                            "process_aware": validation.heuristic}
-    log(f"validation tasks: {len(validation.tasks)}, bound (iii) {validation.bound:.3f}, process-aware heuristic "
-        f"{validation.heuristic:.3f}")
+    validation = Validation(tasks, cfg.validation_tasks, cfg.world_config().replace(rules={"profile": "test"}),
+                            cfg.validation_scoring)
+    record["validation"] = {"tasks": len(validation.tasks), "episodes": validation.episodes,
+                            "bound_iii": validation.bound, "process_aware": validation.heuristic}
+    log(f"validation tasks: {len(validation.tasks)} ({validation.scoring}), bound (iii) {validation.bound:.3f}, "
+        f"process-aware heuristic {validation.heuristic:.3f}")
     return validation, module
 
 
@@ -574,12 +599,10 @@ def _draw_curve(run: RunDirectory, record: dict[str, Any], validation: Any, cfg:
     cloned = record.get("warm_start")
     if cloned and cloned.get("validation_full") is not None:
         points.insert(0, {"train_seconds": cloned["seconds"], "validation_full": cloned["validation_full"]})
-    p = cfg.world_config().processes
-    world = ", ".join(name for name, on in (("per-tool bases", bool(p.tool_base_success)), ("outages", p.outage_start > 0),
-                                            ("rate limits", p.rate_limit_probability > 0),
-                                            ("latency", bool(p.latency_seconds))) if on) or "no failure processes"
+    world = ", ".join(failure_processes(cfg.world_config())) or "no failure processes"
     plot_learning_curve(points, run.path / "learning_curve.png", validation.bound, validation.heuristic,
-                        f"{'BC + PPO' if cfg.cloning else 'PPO'} ({world}; features {cfg.features})")
+                        f"{'BC + PPO' if cfg.cloning else 'PPO'} ({world}; features {cfg.features})",
+                        validation.scoring)
 
 
 def _progress_row(result: dict[str, Any], before: TrainingState, elapsed: float, bound: float | None,
@@ -643,7 +666,7 @@ def load_weights(algo: Any, weights: dict[str, Any]) -> None:
 
 def save_checkpoint(algo: Any, directory: Path, state: TrainingState, keep: int = 3) -> Path:
     """Write an RLlib checkpoint with its state.json, point latest.json at it, and delete all but the
-    ``keep`` newest checkpoints."""
+    ``keep`` newest checkpoints and ``iter_000000`` (the cloned policy of a warm start, "BC alone")."""
     import shutil
 
     name = f"iter_{state.iteration:06d}"
@@ -652,5 +675,6 @@ def save_checkpoint(algo: Any, directory: Path, state: TrainingState, keep: int 
     write_json_atomic(path / STATE_FILE, dataclasses.asdict(state))
     write_json_atomic(directory / CHECKPOINTS / LATEST, {"checkpoint": name, "iteration": state.iteration})
     for old in sorted((directory / CHECKPOINTS).glob("iter_*"))[:-keep]:
-        shutil.rmtree(old)
+        if old.name != CLONED:
+            shutil.rmtree(old)
     return path

@@ -15,14 +15,17 @@ torch = pytest.importorskip("torch")
 
 from resilibench.cli import build_parser  # noqa: E402
 from resilibench.cli.train import _train_config  # noqa: E402
+from resilibench.core.bounds import monte_carlo_success  # noqa: E402
 from resilibench.core.config import load_config  # noqa: E402
 from resilibench.core.tasks.library import interleave_task_types  # noqa: E402
 from resilibench.core.world import load_tasks  # noqa: E402
+from resilibench.policies.heuristics import HEURISTICS  # noqa: E402
 from resilibench.policies.ppo.evaluation import PPOPlanner  # noqa: E402
-from resilibench.policies.ppo.training import PPOTrainConfig, train  # noqa: E402
-from resilibench.policies.ppo.warm_start import expert_samples  # noqa: E402
+from resilibench.policies.ppo.training import MONTE_CARLO_EPISODES, PPOTrainConfig, train  # noqa: E402
+from resilibench.policies.ppo.warm_start import Validation, expert_samples  # noqa: E402
 
-OUTAGES = Path(__file__).parents[2] / "examples" / "processes" / "outages.yaml"
+PROCESSES = Path(__file__).parents[2] / "examples" / "processes"
+OUTAGES = PROCESSES / "outages.yaml"
 TYPE = "simple_data_transformation"
 
 
@@ -47,6 +50,33 @@ def test_warm_start_flag_and_its_default():
     assert config("--config", str(OUTAGES)).warm_start == "auto"
 
 
+def test_validation_is_monte_carlo_by_default_only_with_several_processes():
+    def scoring(world: str | None, *args: str) -> int:
+        config = ["--config", str(PROCESSES / f"{world}.yaml")] if world else []
+        return _train_config(build_parser().parse_args(["train", "ppo", "--iterations", "1", *config, *args])
+                             ).validation_scoring
+
+    assert scoring("combined") == MONTE_CARLO_EPISODES  # outages + rate limits + latency: exact is intractable
+    assert scoring(None) == scoring("outages") == scoring("latency") == scoring("rate_limits") == 0  # exact
+    assert scoring("combined", "--set", "validation_episodes=0") == 0
+    assert scoring("outages", "--set", "validation_episodes=50") == 50
+
+
+def test_monte_carlo_validation_estimates_the_exact_value():
+    """With episodes the validation scores by the library's Monte Carlo estimate (the same episodes at
+    every call), within sampling error of the exact value; bound (iii) stays exact."""
+    config = load_config(OUTAGES).replace(rules={"profile": "test"})
+    tasks = load_tasks(None, "validation", [TYPE])
+    exact, sampled = Validation(tasks, 2, config), Validation(tasks, 2, config, episodes=300)
+    assert sampled.bound == exact.bound and (exact.scoring, sampled.scoring) == (
+        "exact", "Monte Carlo, 300 episodes per task")
+    planner = HEURISTICS["in_order"]
+    estimate = sampled.score(planner())
+    assert estimate == sampled.score(planner()) == monte_carlo_success(planner(), sampled.tasks, config, 300)[0]
+    assert abs(estimate - exact.score(planner())) < 0.06  # 600 episodes: about 3 standard errors
+    assert abs(sampled.heuristic - exact.heuristic) < 0.06
+
+
 @pytest.mark.slow
 def test_ppo_starts_from_the_cloned_expert(tmp_path):
     """A real RLlib run (one iteration, a learning rate too small to move the weights much): its greedy
@@ -58,7 +88,7 @@ def test_ppo_starts_from_the_cloned_expert(tmp_path):
     cfg = PPOTrainConfig(task_types=(TYPE,), world=config.to_dict(), iterations=1, d_model=16, n_heads=2,
                          ff_dim=32, value_hiddens=(16,), train_batch_size=128, minibatch_size=128, num_epochs=1,
                          num_env_runners=0, num_envs_per_env_runner=2, bc_tasks=6, bc_seeds=4, bc_epochs=80,
-                         finetune_lr=1e-7, validation_tasks=2)
+                         finetune_lr=1e-7, validation_tasks=2, keep_checkpoints=1)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         train(cfg, tmp_path / "run", log=lambda line: None)
@@ -66,6 +96,9 @@ def test_ppo_starts_from_the_cloned_expert(tmp_path):
         ray.shutdown()
     record = json.loads((tmp_path / "run" / "training.json").read_text())
     assert record["warm_start"]["agreement"] >= 0.8 and record["warm_start"]["decisions"] > 50
+    assert record["validation"]["episodes"] == 0  # one failure process: scored exactly
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("iter_*")) == [
+        "iter_000000", "iter_000001"]  # the cloned policy is kept beside the keep_checkpoints newest
     assert (tmp_path / "run" / "learning_curve.png").stat().st_size > 1000
     samples = expert_samples(interleave_task_types(cfg.training_tasks())[:6], 4, config)
     planner = PPOPlanner(tmp_path / "run")
