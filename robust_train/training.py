@@ -180,11 +180,10 @@ def _reuse_freed_memory() -> None:
     buffers went back to the system and every training step page-faulted them in again: 16-23% of the
     demo's CPU was system time (docs/robust_train/generation.md). Elsewhere nothing changes."""
     import ctypes
-    import ctypes.util
 
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
-    except (OSError, AttributeError, TypeError):
+        mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on
+    except (OSError, AttributeError):
         return
     mallopt(M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest: blocks up to 32 MiB come from the heap
     mallopt(M_TRIM_THRESHOLD, 1 << 30)  # return free heap memory only past 1 GiB
