@@ -4,12 +4,14 @@
 A key is a tuple of two int64: shape id, id of the fresh spare bases left and id of the time used; N_h,
 consecutive failures, streak tool + 1, streak length, turns used, number of local tools and the id of the
 *vector* of the local tools, one byte per tool (``calls * n_states + process state id``) eight to a word in
-three words, interned (``Vectors``): far fewer vectors than states. The kernels only combine what
-``ProcessSubproblems`` tabulates from the rules written once in Python (``Tables``): the outcomes of a call
-(``core.processes.call_outcomes`` and ``success_probability``), the termination rule, the shapes after a
-success, a kept spare or a reordering, the fresh spare lists. A kernel that needs an entry not tabulated yet
-stops with a request (``NEED_*`` and the ``req`` array); ``ProcessSubproblems`` fills it and calls again,
-and the DP resumes from its explicit stack.
+three words, interned (``Vectors``): far fewer vectors than states. The kernels register the shapes
+themselves (``Shapes``: a shape after a success, with a kept spare or with its failed spares reordered is
+found from the shape's rows) and otherwise only combine what ``ProcessSubproblems`` tabulates from the
+rules written once in Python (``Tables``): the outcomes of a call (``core.processes.call_outcomes`` and
+``success_probability``), the termination rule, which failed spare is kept, the fresh spare lists. A kernel
+that needs an entry not tabulated yet, or room in a table, stops with a request (``NEED_*``, with the
+arguments of NEED_OUTCOMES in the ``req`` array); ``ProcessSubproblems`` fills it and calls again, and the
+DP resumes from its explicit stack.
 """
 
 from __future__ import annotations
@@ -21,15 +23,13 @@ import numpy as np
 from numba import types
 from numba.typed import Dict, List
 
-ORDER_KEY = types.UniTuple(types.int64, 3)
 MAX_LOCAL = 24  # local tools a key holds (a vector of three words of eight bytes)
-MAX_SPARES = 24  # failed spares a reordering request holds (two words of twelve 5-bit indices)
 MAX_BRANCHES = 1024  # branches of one state
 MAX_BASES = 32  # distinct tool bases (a registry of 30 tools and the default base)
-OK, NEED_AFTER, NEED_SPARE, NEED_ORDER, NEED_OUTCOMES, NEED_VECTORS, NEED_ROOM = 0, 1, 2, 3, 4, 5, 6
+OK, NEED_SHAPES, NEED_OUTCOMES, NEED_VECTORS, NEED_ROOM = 0, 1, 2, 3, 4
 # ints of Tables: turn limit, max consecutive failures, max same-tool failures, call cap, strict dependencies,
-# number of process states, whether there is a time budget
-TURN_LIMIT, MAX_CONSECUTIVE, MAX_SAME, CAP, STRICT, N_STATES, HAS_BUDGET = range(7)
+# number of process states, whether there is a time budget, whether every local tool is an action
+TURN_LIMIT, MAX_CONSECUTIVE, MAX_SAME, CAP, STRICT, N_STATES, HAS_BUDGET, ALL_ACTIONS = range(8)
 
 
 class Tables(NamedTuple):
@@ -42,12 +42,6 @@ class Tables(NamedTuple):
     aged: np.ndarray  # process state id -> its id one turn later
     state_rank: np.ndarray  # process state id -> its rank in ``spare_rank``
     base_value: np.ndarray  # base id -> base
-    shape_ints: np.ndarray  # [shape, 0..2] -> n required, n local tools, n failed spares
-    shape_deps: np.ndarray  # [shape, j] -> bit mask of local tool j's dependencies
-    shape_base: np.ndarray  # [shape, j] -> base id of local tool j
-    shape_actions: np.ndarray  # [shape, k] -> k-th tool action (tie-break order); [shape, -1]: their number
-    after: np.ndarray  # [shape, i] -> shape once local tool i succeeded (-1: not tabulated yet)
-    with_spare: np.ndarray  # [shape, base id] -> shape with one more failed spare (-1: not yet)
     fresh: np.ndarray  # [fresh id, 0..3] -> length, first base id, second base id (-1), id without the first
     fresh_cut: np.ndarray  # [fresh id, n] -> id of its first n bases
     keeps: np.ndarray  # [base id, state after, next fresh base id + 1] -> 1 when a failed spare is kept
@@ -62,11 +56,11 @@ class Lookups(NamedTuple):
     """The typed containers the kernels read (apart from ``Tables``: numba types a tuple of arrays alone
     quickly when called from Python)."""
 
-    reordered: Any  # typed dict (shape, order words) -> shape with its failed spares in that order
     outcome_index: Any  # typed dict packed (state, base id, uncalled, failed, N_h) -> outcome list id
     times: Any  # typed list: time id -> time used (the kernels add to it)
     time_ids: Any  # typed dict: time used -> id
     vectors: Vectors
+    shapes: Shapes
 
 
 class Frames(NamedTuple):
@@ -133,15 +127,21 @@ class Memo(NamedTuple):
 
 
 @numba.njit(cache=True)
+def _mix(h, word):
+    """``h`` with one more word >= 0 hashed in (splitmix64's finaliser)."""
+    h = (h ^ np.uint64(word)) * np.uint64(0x9E3779B97F4A7C15)
+    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
+
+
+@numba.njit(cache=True)
 def _slot(keys, key):
     """The slot of ``key`` (a tuple of words >= 0) in an open-addressing table's keys (linear probing): where
     it is, or the empty slot (word 0 = -1) where it goes."""
     h = np.uint64(0)
-    for w in range(len(key)):  # splitmix64's finaliser over the words
-        h = (h ^ np.uint64(key[w])) * np.uint64(0x9E3779B97F4A7C15)
-        h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        h ^= h >> np.uint64(31)
+    for w in range(len(key)):
+        h = _mix(h, key[w])
     mask = keys.shape[0] - 1
     i = np.int64(h & np.uint64(mask))
     while keys[i, 0] != -1:
@@ -194,6 +194,146 @@ def _reindex(words, n, keys, ids) -> None:
         keys[j], ids[j] = words[v], v
 
 
+class Shapes(NamedTuple):
+    """The shapes (``processes.ProcessSubproblems`` docstring), registered by the kernels: their rows by id, the
+    shapes found after a success or a kept spare, and an open-addressing table from a shape to its id. The row
+    after the last shape stages the shape being looked up (``_register``); ``grown`` doubles every array when
+    a kernel asks for room (NEED_SHAPES)."""
+
+    ints: np.ndarray  # [shape, 0..2] -> n required, n local tools, n failed spares
+    deps: np.ndarray  # [shape, j] -> bit mask of local tool j's dependencies
+    base: np.ndarray  # [shape, j] -> base id of local tool j
+    after: np.ndarray  # [shape, i] -> shape once local tool i succeeded (-1: not found yet)
+    with_spare: np.ndarray  # [shape, base id] -> shape with one more failed spare of that base (-1: not yet)
+    slots: np.ndarray  # [slot] -> shape id (-1: empty), twice as many as rows
+    held: np.ndarray  # [0]: shapes held
+
+    @classmethod
+    def empty(cls, rows: int = 1 << 10) -> Shapes:
+        return cls(np.zeros((rows, 3), np.int8), np.zeros((rows, MAX_LOCAL), np.int32),
+                   np.zeros((rows, MAX_LOCAL), np.int8), np.full((rows, MAX_LOCAL), -1, np.int32),
+                   np.full((rows, MAX_BASES), -1, np.int32), np.full(2 * rows, -1, np.int64), np.zeros(1, np.int64))
+
+    def grown(self) -> Shapes:
+        """The same shapes in twice the rows."""
+        shapes = Shapes.empty(2 * len(self.ints))
+        n = shapes.held[0] = self.held[0]
+        for new, old in zip(shapes[:5], self[:5], strict=True):
+            new[:n] = old[:n]
+        _register_all(shapes)
+        return shapes
+
+
+@numba.njit(cache=True)
+def _register(s, new) -> int:
+    """The id of shape row ``new`` of ``s`` (``Shapes``): of the same shape registered before, else ``new``
+    itself, entered into the table. Only the first n entries of a row's deps and bases count."""
+    n = np.int64(s.ints[new, 1])
+    h = np.uint64(0)
+    for w in range(3):
+        h = _mix(h, s.ints[new, w])
+    for j in range(n):
+        h = _mix(h, s.deps[new, j] + (np.int64(s.base[new, j]) << 32))
+    mask = len(s.slots) - 1
+    i = np.int64(h & np.uint64(mask))
+    while s.slots[i] != -1:
+        sid = s.slots[i]
+        same = True
+        for w in range(3):
+            same &= s.ints[sid, w] == s.ints[new, w]
+        for j in range(n):
+            same &= s.deps[sid, j] == s.deps[new, j] and s.base[sid, j] == s.base[new, j]
+        if same:
+            return sid
+        i = (i + 1) & mask
+    s.slots[i] = new
+    return new
+
+
+@numba.njit(cache=True)
+def _register_all(s) -> None:
+    """Enters the shapes held into an empty table."""
+    for sid in range(s.held[0]):
+        _register(s, sid)
+
+
+@numba.njit(cache=True)
+def _staged(s) -> int:
+    """The id of the shape staged in row ``held`` of ``s``, registered if new; -1 when there is no row left
+    to stage the next one (NEED_SHAPES: the staged shape is staged again once ``s`` has grown)."""
+    new = s.held[0]
+    if new + 1 >= len(s.ints):
+        return -1
+    sid = _register(s, new)
+    if sid == new:
+        s.held[0] = new + 1
+    return sid
+
+
+@numba.njit(cache=True)
+def _copy_shape(s, sid, n) -> int:
+    """Stages a copy of shape ``sid`` with ``n`` local tools (its first ones); returns the staging row."""
+    new = s.held[0]
+    s.ints[new] = s.ints[sid]
+    s.ints[new, 1] = n
+    s.deps[new, :n], s.base[new, :n] = s.deps[sid, :n], s.base[sid, :n]
+    return new
+
+
+@numba.njit(cache=True)
+def _shape_after(s, sid, i) -> int:
+    """The shape once local tool i of ``sid`` has succeeded: the tool leaves, the later ones move down one
+    index (-1: NEED_SHAPES)."""
+    found = int(s.after[sid, i])
+    if found < 0:
+        n_required, n, n_spares = s.ints[sid, 0], s.ints[sid, 1], s.ints[sid, 2]
+        new = _copy_shape(s, sid, n - 1)
+        s.ints[new, 0] = n_required - (i < n_required)
+        s.ints[new, 2] = n_spares - (i >= n - n_spares)
+        low = (1 << i) - 1
+        for j in range(i + 1, n):
+            s.base[new, j - 1] = s.base[sid, j]
+        for j in range(n):
+            if j != i:
+                deps = s.deps[sid, j]
+                s.deps[new, j - (j > i)] = (deps & low) | ((deps >> (i + 1)) << i)
+        found = s.after[sid, i] = _staged(s)
+    return found
+
+
+@numba.njit(cache=True)
+def _shape_with_spare(s, sid, bid) -> int:
+    """The shape ``sid`` with one more failed spare of base id ``bid`` at the end (-1: NEED_SHAPES)."""
+    found = int(s.with_spare[sid, bid])
+    if found < 0:
+        n = np.int64(s.ints[sid, 1])
+        if n == MAX_LOCAL:
+            raise ValueError("bound (iii): more local tools than the DP's key holds")
+        new = _copy_shape(s, sid, n + 1)
+        s.ints[new, 2] += 1
+        s.deps[new, n], s.base[new, n] = 0, bid
+        found = s.with_spare[sid, bid] = _staged(s)
+    return found
+
+
+@numba.njit(cache=True)
+def new_shape(t, u, n_required, deps, bases, n_spares):
+    """(status, id) of a shape given by its local tools' dependency masks and base ids."""
+    s, n = u.shapes, len(deps)
+    new = s.held[0]
+    s.ints[new, 0], s.ints[new, 1], s.ints[new, 2] = n_required, n, n_spares
+    s.deps[new, :n], s.base[new, :n] = deps, bases
+    sid = _staged(s)
+    return (NEED_SHAPES, 0) if sid < 0 else (OK, sid)
+
+
+@numba.njit(cache=True)
+def shape_after(t, u, sid, i):
+    """(status, id) of ``_shape_after``."""
+    found = _shape_after(u.shapes, sid, i)
+    return (NEED_SHAPES, 0) if found < 0 else (OK, found)
+
+
 def outcome_code(state: Any, base: Any, uncalled: Any, failed: Any, n_h: Any) -> Any:
     """The key of an outcome list in ``Tables.outcome_index``."""
     return state + 64 * (base + 64 * (uncalled + 64 * (failed + 64 * n_h)))
@@ -240,8 +380,8 @@ def _ranks_before(t, bid_a, code_a, state_a, last_a, bid_b, code_b, state_b, las
 def _body(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns, fid, req, scratch):
     """The canonical key of a state but its time id into ``scratch[5]`` (``ProcessSubproblems`` docstring);
     codes and states are changed in place. Returns OK, -1 when the state is lost, or a NEED_ request."""
-    ints, out = t.ints, scratch[5]
-    n_required, n_spares = np.int64(t.shape_ints[sid, 0]), np.int64(t.shape_ints[sid, 2])
+    ints, out, shapes = t.ints, scratch[5], u.shapes
+    n_required, n_spares = np.int64(shapes.ints[sid, 0]), np.int64(shapes.ints[sid, 2])
     spare = ints[TURN_LIMIT] - turns - n_required
     if spare < 0 or t.ends[consecutive, streak]:
         return -1
@@ -263,8 +403,8 @@ def _body(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns, fi
             j, b = a, order[a]
             while j > 0:
                 c = order[j - 1]
-                if not _ranks_before(t, t.shape_base[sid, first + b], codes[first + b], states[first + b],
-                                     b == last - first, t.shape_base[sid, first + c], codes[first + c],
+                if not _ranks_before(t, shapes.base[sid, first + b], codes[first + b], states[first + b],
+                                     b == last - first, shapes.base[sid, first + c], codes[first + c],
                                      states[first + c], c == last - first):
                     break
                 order[j] = c
@@ -274,16 +414,12 @@ def _body(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns, fi
         for a in range(n_spares):
             moved |= order[a] != a
         if moved:
-            w_a, w_b = 0, 0
+            new = _copy_shape(shapes, sid, n)
             for a in range(n_spares):
-                if a < 12:
-                    w_a |= order[a] << (5 * a)
-                else:
-                    w_b |= order[a] << (5 * (a - 12))
-            if (sid, w_a, w_b) not in u.reordered:
-                req[0], req[1], req[2], req[3] = NEED_ORDER, sid, w_a, w_b
-                return NEED_ORDER
-            sid = u.reordered[(sid, w_a, w_b)]
+                shapes.base[new, first + a] = shapes.base[sid, first + order[a]]
+            sid = _staged(shapes)
+            if sid < 0:
+                return NEED_SHAPES
             spare_codes, spare_states = scratch[7], scratch[8]
             spare_codes[:n_spares], spare_states[:n_spares] = codes[first:n], states[first:n]
             new_last = last
@@ -304,7 +440,6 @@ def _body(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns, fi
     else:
         vid = vectors.held[0]
         if 4 * vid >= 3 * len(vectors.ids):
-            req[0] = NEED_VECTORS
             return NEED_VECTORS
         vectors.keys[slot], vectors.words[vid], vectors.ids[slot] = words[:3], words[:3], vid
         vectors.held[0] = vid + 1
@@ -346,17 +481,16 @@ def expand(t, u, key, req, scratch, acts, qs, oks, keys, lost):
     codes, states, later, work_codes, work_states = scratch[0], scratch[1], scratch[2], scratch[3], scratch[4]
     out = scratch[5]
     sid, fid, tid, n_h, consecutive, last, streak, turns, n = _unpack(t, u, key, codes, states)
-    time = u.times[tid]
-    n_required = np.int64(t.shape_ints[sid, 0])
+    time, shapes = u.times[tid], u.shapes
+    n_required = np.int64(shapes.ints[sid, 0])
     for j in range(n):
         later[j] = t.aged[states[j]]
     turns += 1
-    strict, cap, count = t.ints[STRICT], t.ints[CAP], 0
-    for k in range(t.shape_actions[sid, -1]):
-        i = np.int64(t.shape_actions[sid, k])
-        if codes[i] >= cap:
+    strict, cap, all_actions, count = t.ints[STRICT], t.ints[CAP], t.ints[ALL_ACTIONS], 0
+    for i in range(n):  # the tool actions: the next required tool, then the tools after the required ones
+        if codes[i] >= cap or not all_actions and 0 < i < n_required:
             continue
-        deps, n_deps, n_failed = np.int64(t.shape_deps[sid, i]), 0, 0
+        deps, n_deps, n_failed = np.int64(shapes.deps[sid, i]), 0, 0
         for d in range(n):
             if (deps >> d) & 1:
                 n_deps += 1
@@ -374,12 +508,12 @@ def expand(t, u, key, req, scratch, acts, qs, oks, keys, lost):
                   acts, qs, oks, keys, lost, count)
             count += 1
             continue
-        bid = np.int64(t.shape_base[sid, i])
+        bid = np.int64(shapes.base[sid, i])
         code = _outcome_code(states[i], bid, n_uncalled, n_failed, n_h)
         if code in u.outcome_index:
             index = u.outcome_index[code]
         else:
-            req[0], req[1], req[2], req[3], req[4], req[5] = NEED_OUTCOMES, states[i], bid, n_uncalled, n_failed, n_h
+            req[0], req[1], req[2], req[3], req[4] = states[i], bid, n_uncalled, n_failed, n_h
             return NEED_OUTCOMES, 0
         start, rows = t.outcome_span[index, 0], t.outcome_span[index, 1]
         for r in range(start, start + rows):
@@ -397,10 +531,9 @@ def expand(t, u, key, req, scratch, acts, qs, oks, keys, lost):
                 status = _body(t, u, sid, work_codes, work_states, n, n_h + 1, consecutive + 1, i, same, turns, fid,
                                req, scratch)
             else:
-                new_sid = np.int64(t.after[sid, i])
+                new_sid = _shape_after(shapes, sid, i)
                 if new_sid < 0:
-                    req[0], req[1], req[2] = NEED_AFTER, sid, i
-                    return NEED_AFTER, 0
+                    return NEED_SHAPES, 0
                 work_codes[:i], work_states[:i] = codes[:i], later[:i]
                 work_codes[i:n - 1], work_states[i:n - 1] = codes[i + 1:n], later[i + 1:n]
                 status = _body(t, u, new_sid, work_codes, work_states, n - 1, n_h, 0, -1, 0, turns, fid, req, scratch)
@@ -416,7 +549,7 @@ def expand(t, u, key, req, scratch, acts, qs, oks, keys, lost):
         if code in u.outcome_index:
             index = u.outcome_index[code]
         else:
-            req[0], req[1], req[2], req[3], req[4], req[5] = NEED_OUTCOMES, 0, bid, 0, 0, n_h
+            req[0], req[1], req[2], req[3], req[4] = 0, bid, 0, 0, n_h
             return NEED_OUTCOMES, 0
         start, rows = t.outcome_span[index, 0], t.outcome_span[index, 1]
         for r in range(start, start + rows):
@@ -427,10 +560,9 @@ def expand(t, u, key, req, scratch, acts, qs, oks, keys, lost):
             if ok:
                 status = _body(t, u, sid, work_codes, work_states, n, n_h, 0, -1, 0, turns, rest, req, scratch)
             elif t.keeps[bid, state, second + 1]:
-                spare_sid = np.int64(t.with_spare[sid, bid])
+                spare_sid = _shape_with_spare(shapes, sid, bid)
                 if spare_sid < 0:
-                    req[0], req[1], req[2] = NEED_SPARE, sid, bid
-                    return NEED_SPARE, 0
+                    return NEED_SHAPES, 0
                 work_codes[n], work_states[n] = 1, state
                 status = _body(t, u, spare_sid, work_codes, work_states, n + 1, n_h + 1, consecutive + 1, n, 1, turns,
                                rest, req, scratch)
@@ -451,7 +583,7 @@ def make_key(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns,
     status = _body(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns, fid, req, scratch)
     tid = -1
     if status == OK:
-        tid = _time_id(t, u, np.int64(t.shape_ints[sid, 0]), turns, time)
+        tid = _time_id(t, u, np.int64(u.shapes.ints[sid, 0]), turns, time)
         if tid < 0:
             status = -1
     out = scratch[5]
@@ -480,7 +612,7 @@ def solve(t, u, memo, frames, key, req, scratch):
         row = frames.key[d]
         here = (row[0], row[1])
         if not frames.expanded[d]:
-            if t.shape_ints[shape_of(here), 0] == 0:
+            if u.shapes.ints[shape_of(here), 0] == 0:
                 best = 1.0
                 count = 0
             else:
@@ -505,7 +637,7 @@ def solve(t, u, memo, frames, key, req, scratch):
             frames.expanded[d + 1] = False
             depth[0] = d + 1
             continue
-        best = 1.0 if t.shape_ints[shape_of(here), 0] == 0 else 0.0
+        best = 1.0 if u.shapes.ints[shape_of(here), 0] == 0 else 0.0
         b, actions, q = 0, frames.action[d], frames.q[d]
         while b < count:
             action, value = actions[b], 0.0
@@ -526,13 +658,12 @@ def solve(t, u, memo, frames, key, req, scratch):
 def new_lookups():
     """Empty ``Lookups``, made compiled (cached) rather than
     from Python, whose typed containers compile their methods in every process."""
-    reordered = Dict.empty(key_type=ORDER_KEY, value_type=types.int64)
     outcome_index = Dict.empty(key_type=types.int64, value_type=types.int64)
     times = List.empty_list(types.float64)
     times.append(0.0)
     time_ids = Dict.empty(key_type=types.float64, value_type=types.int64)
     time_ids[0.0] = 0
-    return reordered, outcome_index, times, time_ids
+    return outcome_index, times, time_ids
 
 
 @numba.njit(cache=True)
