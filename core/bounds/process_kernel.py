@@ -126,7 +126,7 @@ class Memo(NamedTuple):
         return memo
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline='always')
 def _mix(h, word):
     """``h`` with one more word >= 0 hashed in (splitmix64's finaliser)."""
     h = (h ^ np.uint64(word)) * np.uint64(0x9E3779B97F4A7C15)
@@ -135,7 +135,7 @@ def _mix(h, word):
     return h ^ (h >> np.uint64(31))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline='always')
 def _slot(keys, key):
     """The slot of ``key`` (a tuple of words >= 0) in an open-addressing table's keys (linear probing): where
     it is, or the empty slot (word 0 = -1) where it goes."""
@@ -257,7 +257,7 @@ def _register_all(s) -> None:
         _register(s, sid)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline='always')
 def _staged(s) -> int:
     """The id of the shape staged in row ``held`` of ``s``, registered if new; -1 when there is no row left
     to stage the next one (NEED_SHAPES: the staged shape is staged again once ``s`` has grown)."""
@@ -270,17 +270,17 @@ def _staged(s) -> int:
     return sid
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline='always')
 def _copy_shape(s, sid, n) -> int:
     """Stages a copy of shape ``sid`` with ``n`` local tools (its first ones); returns the staging row."""
     new = s.held[0]
-    s.ints[new] = s.ints[sid]
-    s.ints[new, 1] = n
-    s.deps[new, :n], s.base[new, :n] = s.deps[sid, :n], s.base[sid, :n]
+    s.ints[new, 0], s.ints[new, 1], s.ints[new, 2] = s.ints[sid, 0], n, s.ints[sid, 2]
+    for j in range(n):
+        s.deps[new, j], s.base[new, j] = s.deps[sid, j], s.base[sid, j]
     return new
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline='always')
 def _shape_after(s, sid, i) -> int:
     """The shape once local tool i of ``sid`` has succeeded: the tool leaves, the later ones move down one
     index (-1: NEED_SHAPES)."""
@@ -301,7 +301,7 @@ def _shape_after(s, sid, i) -> int:
     return found
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline='always')
 def _shape_with_spare(s, sid, bid) -> int:
     """The shape ``sid`` with one more failed spare of base id ``bid`` at the end (-1: NEED_SHAPES)."""
     found = int(s.with_spare[sid, bid])
@@ -342,13 +342,13 @@ def outcome_code(state: Any, base: Any, uncalled: Any, failed: Any, n_h: Any) ->
 _outcome_code = numba.njit(cache=True)(outcome_code)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline='always')
 def shape_of(key) -> int:
     """The shape id of a key."""
     return key[0] & 0x7FFFFFFF
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline='always')
 def _unpack(t, u, key, codes, states):
     """(shape, fresh id, time id, N_h, consecutive, streak tool, streak, turns, n) of a key; fills the
     call counts and process state ids of its local tools."""
@@ -362,7 +362,7 @@ def _unpack(t, u, key, codes, states):
             (w1 >> 18) & 63, (w1 >> 24) & 63, n)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline='always')
 def _ranks_before(t, bid_a, code_a, state_a, last_a, bid_b, code_b, state_b, last_b) -> bool:
     """Whether spare a comes strictly before spare b in ``spare_rank`` order (base, calls, state, last)."""
     base_a, base_b = t.base_value[bid_a], t.base_value[bid_b]
@@ -376,7 +376,7 @@ def _ranks_before(t, bid_a, code_a, state_a, last_a, bid_b, code_b, state_b, las
     return last_a < last_b
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline='always')
 def _body(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns, fid, req, scratch):
     """The canonical key of a state but its time id into ``scratch[5]`` (``ProcessSubproblems`` docstring);
     codes and states are changed in place. Returns OK, -1 when the state is lost, or a NEED_ request."""
@@ -390,7 +390,7 @@ def _body(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns, fi
     if last < 0 or streak + spare < ints[MAX_SAME]:
         last, streak = -1, 0
     low = ints[CAP] - spare - 1
-    if low >= 2 and n > 0 and codes[:n].max() >= 2:
+    if low >= 2:
         for j in range(n):
             if 0 < codes[j] <= low:
                 codes[j] = 1
@@ -421,7 +421,7 @@ def _body(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns, fi
             if sid < 0:
                 return NEED_SHAPES
             spare_codes, spare_states = scratch[7], scratch[8]
-            spare_codes[:n_spares], spare_states[:n_spares] = codes[first:n], states[first:n]
+            _copy_tools(codes[first:], states[first:], -1, n_spares, spare_codes, spare_states)
             new_last = last
             for a in range(n_spares):
                 codes[first + a], states[first + a] = spare_codes[order[a]], spare_states[order[a]]
@@ -430,7 +430,7 @@ def _body(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns, fi
             last = new_last
     ns = ints[N_STATES]
     words = scratch[9]
-    words[:3] = 0
+    words[0], words[1], words[2] = 0, 0, 0
     for j in range(n):
         words[j // 8] += (codes[j] * ns + states[j]) << (8 * (j % 8))
     vectors = u.vectors
@@ -448,7 +448,18 @@ def _body(t, u, sid, codes, states, n, n_h, consecutive, last, streak, turns, fi
     return OK
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline='always')
+def _copy_tools(codes, states, skip, n, out_codes, out_states) -> None:
+    """Copies the first ``n`` call counts and process states but index ``skip`` (-1: none), element by element
+    (a slice counts references: an atomic operation each, the kernels' largest cost when they were made)."""
+    k = 0
+    for j in range(n):
+        if j != skip:
+            out_codes[k], out_states[k] = codes[j], states[j]
+            k += 1
+
+
+@numba.njit(cache=True, inline='always')
 def _time_id(t, u, n_required, turns, time) -> int:
     """The time id of a key at time used ``time``, -1 when it is lost: 0 while every call left fits in the
     budget (the time used no longer matters); lost once the budget is used up before the last required tool
@@ -465,7 +476,7 @@ def _time_id(t, u, n_required, turns, time) -> int:
     return tid
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline='always')
 def _emit(t, status, out, tid, action, q, ok, acts, qs, oks, keys, lost, count):
     """Writes one branch (its key from ``out`` and ``tid``, lost unless both are found)."""
     acts[count], qs[count], oks[count] = action, q, ok
@@ -498,7 +509,7 @@ def expand(t, u, key, req, scratch, acts, qs, oks, keys, lost):
         n_uncalled = n_deps - n_failed
         same = streak + 1 if last == i else 1
         if strict and (n_uncalled or n_failed):  # dependency error: no draw, no process stage
-            work_codes[:n], work_states[:n] = codes[:n], later[:n]
+            _copy_tools(codes, later, -1, n, work_codes, work_states)
             work_codes[i] += 1
             status = _body(t, u, sid, work_codes, work_states, n, n_h + 1, consecutive + 1, i, same, turns, fid,
                            req, scratch)
@@ -525,7 +536,7 @@ def expand(t, u, key, req, scratch, acts, qs, oks, keys, lost):
                 count += 1
                 continue
             if not ok:
-                work_codes[:n], work_states[:n] = codes[:n], later[:n]
+                _copy_tools(codes, later, -1, n, work_codes, work_states)
                 work_codes[i] += 1
                 work_states[i] = t.outcome_state[r]
                 status = _body(t, u, sid, work_codes, work_states, n, n_h + 1, consecutive + 1, i, same, turns, fid,
@@ -534,8 +545,7 @@ def expand(t, u, key, req, scratch, acts, qs, oks, keys, lost):
                 new_sid = _shape_after(shapes, sid, i)
                 if new_sid < 0:
                     return NEED_SHAPES, 0
-                work_codes[:i], work_states[:i] = codes[:i], later[:i]
-                work_codes[i:n - 1], work_states[i:n - 1] = codes[i + 1:n], later[i + 1:n]
+                _copy_tools(codes, later, i, n, work_codes, work_states)
                 status = _body(t, u, new_sid, work_codes, work_states, n - 1, n_h, 0, -1, 0, turns, fid, req, scratch)
             if status > 0:
                 return status, 0
@@ -556,7 +566,7 @@ def expand(t, u, key, req, scratch, acts, qs, oks, keys, lost):
             q, ok, state = t.outcome_q[r], t.outcome_ok[r], t.outcome_state[r]
             if count >= MAX_BRANCHES:
                 raise ValueError("bound (iii): more branches in one state than the compiled DP holds")
-            work_codes[:n], work_states[:n] = codes[:n], later[:n]
+            _copy_tools(codes, later, -1, n, work_codes, work_states)
             if ok:
                 status = _body(t, u, sid, work_codes, work_states, n, n_h, 0, -1, 0, turns, rest, req, scratch)
             elif t.keeps[bid, state, second + 1]:
