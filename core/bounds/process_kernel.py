@@ -196,30 +196,30 @@ def _reindex(words, n, keys, ids) -> None:
 
 class Shapes(NamedTuple):
     """The shapes (``processes.ProcessSubproblems`` docstring), registered by the kernels: their rows by id, the
-    shapes found after a success or a kept spare, and an open-addressing table from a shape to its id. The row
-    after the last shape stages the shape being looked up (``_register``); ``grown`` doubles every array when
-    a kernel asks for room (NEED_SHAPES)."""
+    shapes found after each success, and an open-addressing table from a shape to its id. The row after the
+    last shape stages the shape being looked up (``_register``). Rows are as wide as the most local tools a
+    shape has had so far; ``grown`` doubles the rows, or widens them, when a kernel asks (NEED_SHAPES)."""
 
     ints: np.ndarray  # [shape, 0..2] -> n required, n local tools, n failed spares
     deps: np.ndarray  # [shape, j] -> bit mask of local tool j's dependencies
     base: np.ndarray  # [shape, j] -> base id of local tool j
     after: np.ndarray  # [shape, i] -> shape once local tool i succeeded (-1: not found yet)
-    with_spare: np.ndarray  # [shape, base id] -> shape with one more failed spare of that base (-1: not yet)
     slots: np.ndarray  # [slot] -> shape id (-1: empty), twice as many as rows
-    held: np.ndarray  # [0]: shapes held
+    held: np.ndarray  # [0]: shapes held; [1]: local tools a row must hold (a kernel asking for wider rows)
 
     @classmethod
-    def empty(cls, rows: int = 1 << 10) -> Shapes:
-        return cls(np.zeros((rows, 3), np.int8), np.zeros((rows, MAX_LOCAL), np.int32),
-                   np.zeros((rows, MAX_LOCAL), np.int8), np.full((rows, MAX_LOCAL), -1, np.int32),
-                   np.full((rows, MAX_BASES), -1, np.int32), np.full(2 * rows, -1, np.int64), np.zeros(1, np.int64))
+    def empty(cls, rows: int = 1 << 10, width: int = 8) -> Shapes:
+        return cls(np.zeros((rows, 3), np.int8), np.zeros((rows, width), np.int32), np.zeros((rows, width), np.int8),
+                   np.full((rows, width), -1, np.int32), np.full(2 * rows, -1, np.int32), np.zeros(2, np.int64))
 
     def grown(self) -> Shapes:
-        """The same shapes in twice the rows."""
-        shapes = Shapes.empty(2 * len(self.ints))
+        """The same shapes in wider rows when a kernel asked for them, else in twice the rows."""
+        rows, width = len(self.ints), self.deps.shape[1]
+        wider = self.held[1] > width
+        shapes = Shapes.empty(rows if wider else 2 * rows, max(width, int(self.held[1])))
         n = shapes.held[0] = self.held[0]
-        for new, old in zip(shapes[:5], self[:5], strict=True):
-            new[:n] = old[:n]
+        for new, old in zip(shapes[:4], self[:4], strict=True):
+            new[:n, :old.shape[1]] = old[:n]
         _register_all(shapes)
         return shapes
 
@@ -272,10 +272,16 @@ def _staged(s) -> int:
 
 @numba.njit(cache=True, inline='always')
 def _copy_shape(s, sid, n) -> int:
-    """Stages a copy of shape ``sid`` with ``n`` local tools (its first ones); returns the staging row."""
+    """Stages a copy of shape ``sid`` with ``n`` local tools (its first ones); returns the staging row, -1
+    when rows of ``n`` tools are wider than ``s`` holds (NEED_SHAPES: wider rows)."""
+    if n > s.deps.shape[1]:
+        if n > MAX_LOCAL:
+            raise ValueError("bound (iii): more local tools than the DP's key holds")
+        s.held[1] = n
+        return -1
     new = s.held[0]
     s.ints[new, 0], s.ints[new, 1], s.ints[new, 2] = s.ints[sid, 0], n, s.ints[sid, 2]
-    for j in range(n):
+    for j in range(min(n, s.ints[sid, 1])):
         s.deps[new, j], s.base[new, j] = s.deps[sid, j], s.base[sid, j]
     return new
 
@@ -304,25 +310,26 @@ def _shape_after(s, sid, i) -> int:
 @numba.njit(cache=True, inline='always')
 def _shape_with_spare(s, sid, bid) -> int:
     """The shape ``sid`` with one more failed spare of base id ``bid`` at the end (-1: NEED_SHAPES)."""
-    found = int(s.with_spare[sid, bid])
-    if found < 0:
-        n = np.int64(s.ints[sid, 1])
-        if n == MAX_LOCAL:
-            raise ValueError("bound (iii): more local tools than the DP's key holds")
-        new = _copy_shape(s, sid, n + 1)
-        s.ints[new, 2] += 1
-        s.deps[new, n], s.base[new, n] = 0, bid
-        found = s.with_spare[sid, bid] = _staged(s)
-    return found
+    n = np.int64(s.ints[sid, 1])
+    new = _copy_shape(s, sid, n + 1)
+    if new < 0:
+        return -1
+    s.ints[new, 2] += 1
+    s.deps[new, n], s.base[new, n] = 0, bid
+    return _staged(s)
 
 
 @numba.njit(cache=True)
 def new_shape(t, u, n_required, deps, bases, n_spares):
     """(status, id) of a shape given by its local tools' dependency masks and base ids."""
     s, n = u.shapes, len(deps)
+    if n > s.deps.shape[1]:
+        s.held[1] = n
+        return NEED_SHAPES, 0
     new = s.held[0]
     s.ints[new, 0], s.ints[new, 1], s.ints[new, 2] = n_required, n, n_spares
-    s.deps[new, :n], s.base[new, :n] = deps, bases
+    for j in range(n):
+        s.deps[new, j], s.base[new, j] = deps[j], bases[j]
     sid = _staged(s)
     return (NEED_SHAPES, 0) if sid < 0 else (OK, sid)
 
