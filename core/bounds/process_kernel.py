@@ -115,12 +115,13 @@ class Memo(NamedTuple):
 
     @classmethod
     def empty(cls, slots: int = 1 << 16) -> Memo:
-        """An empty memo of ``slots`` slots (a power of two)."""
+        """An empty memo of ``slots`` slots."""
         return cls(np.full((slots, 2), -1, np.int64), np.zeros(slots), np.zeros(1, np.int64))
 
     def grown(self) -> Memo:
-        """The same keys and values in twice the slots."""
-        memo = Memo.empty(2 * len(self.values))
+        """The same keys and values in half as many slots again (a smaller step than doubling: less memory
+        held at the end and while both tables are)."""
+        memo = Memo.empty(len(self.values) * 3 // 2)
         _rehash(self.keys, self.values, memo.keys, memo.values)
         memo.held[0] = self.held[0]
         return memo
@@ -137,20 +138,22 @@ def _mix(h, word):
 
 @numba.njit(cache=True, inline='always')
 def _slot(keys, key):
-    """The slot of ``key`` (a tuple of words >= 0) in an open-addressing table's keys (linear probing): where
-    it is, or the empty slot (word 0 = -1) where it goes."""
+    """The slot of ``key`` (a tuple of words >= 0) in an open-addressing table's keys (linear probing, any
+    number of slots under 2**32): where it is, or the empty slot (word 0 = -1) where it goes."""
     h = np.uint64(0)
     for w in range(len(key)):
         h = _mix(h, key[w])
-    mask = keys.shape[0] - 1
-    i = np.int64(h & np.uint64(mask))
+    n = keys.shape[0]
+    i = np.int64(((h >> np.uint64(32)) * np.uint64(n)) >> np.uint64(32))  # the high bits scaled to [0, n)
     while keys[i, 0] != -1:
         same = True
         for w in range(len(key)):
             same &= keys[i, w] == key[w]
         if same:
             break
-        i = (i + 1) & mask
+        i += 1
+        if i == n:
+            i = 0
     return i
 
 
