@@ -104,14 +104,9 @@ class Subproblems(ABC):
 
     def __init__(self, max_calls: int, rules: EpisodeRules, failure: FailureModel, all_actions: bool):
         self.max_calls, self.rules, self.failure, self.all_actions = max_calls, rules, failure, all_actions
-        self._ids: dict[tuple, int] = {}
-        self.shapes: list[tuple] = []  # id -> (n_required, deps, ...)
-        self._actions: list[tuple[int, ...]] = []  # id -> tool actions in tie-break order (FILLER comes last)
-        self._after: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}  # (id, i) -> (id', kept indices)
         # _ends[consecutive][streak]: whether those counters end the episode (both stay below turn_limit + 2).
         self._ends = [[termination_reason(c, s, rules) is not None for s in range(rules.turn_limit + 2)]
                       for c in range(rules.turn_limit + 2)]
-        self._callable: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, int, int], ...]] = {}
         # key -> optimal probability of full success; the optimal action is found again when asked (``solve``).
         self.memo: dict[Key, float] = {}
         # key -> (value, optimal action) of the states ``solve`` was asked about (a policy asks again and again).
@@ -119,36 +114,13 @@ class Subproblems(ABC):
 
     # --- shapes ----------------------------------------------------------------------------------------
 
-    def _register(self, canonical: tuple) -> int:
-        """The id of a canonical shape (n_required, deps, ...), registered with its tool actions if new."""
-        sid = self._ids.get(canonical)
-        if sid is None:
-            sid = self._ids[canonical] = len(self.shapes)
-            self.shapes.append(canonical)
-            n_required, n = canonical[0], len(canonical[1])
-            if self.all_actions:
-                self._actions.append(tuple(range(n)))
-            else:  # the next required tool, then the tools after the required ones
-                self._actions.append(((0,) if n_required else ()) + tuple(range(n_required, n)))
-        return sid
-
+    @abstractmethod
     def after_success(self, sid: int, i: int) -> tuple[int, tuple[int, ...]]:
         """(shape id, local indices kept) once local tool i of shape ``sid`` has succeeded."""
-        entry = self._after.get((sid, i))
-        if entry is None:
-            deps = self.shapes[sid][1]
-            rest = [j for j in range(len(deps)) if j != i]
-            position = {j: new for new, j in enumerate(rest)}
-            new_deps = [tuple(position[d] for d in deps[j] if d != i) for j in rest]
-            new_sid, keep = self._shape_after(sid, i, rest, new_deps)
-            entry = self._after[(sid, i)] = (new_sid, tuple(rest[j] for j in keep))
-        return entry
 
     @abstractmethod
-    def _shape_after(self, sid: int, i: int, rest: list[int], new_deps: list[tuple[int, ...]]
-                     ) -> tuple[int, tuple[int, ...]]:
-        """(shape id, indices into ``rest`` kept) of shape ``sid`` without local tool i: ``rest`` are the
-        local indices left, ``new_deps`` their dependencies renumbered."""
+    def required_left(self, sid: int) -> int:
+        """The number of required tools left in shape ``sid``."""
 
     # --- keys and transitions --------------------------------------------------------------------------
 
@@ -171,20 +143,6 @@ class Subproblems(ABC):
         if low >= 2 and codes and max(codes) >= 2:
             codes = tuple(1 if 0 < c <= low else c for c in codes)
         return codes, consecutive, last, streak
-
-    def _callable_tools(self, sid: int, codes: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
-        """(local index, uncalled dependencies, failed dependencies) of each tool action of shape ``sid``
-        under the call cap, in tie-break order; kept per (shape, call counts), which bound (ii)'s search
-        meets again on every stream."""
-        tools = self._callable.get((sid, codes))
-        if tools is None:
-            deps, cap, found = self.shapes[sid][1], self.max_calls, []
-            for i in self._actions[sid]:
-                if codes[i] < cap:
-                    failed = sum(1 for d in deps[i] if codes[d])
-                    found.append((i, len(deps[i]) - failed, failed))
-            tools = self._callable[(sid, codes)] = tuple(found)
-        return tools
 
     def shape_of(self, key: Key) -> int:
         """The shape id of a key."""
@@ -214,7 +172,7 @@ class Subproblems(ABC):
     def _best(self, key: Key) -> tuple[float, int | None]:
         """(value, optimal action; None = FINISH) of ``key`` from its actions' values; ties go to the first
         action in tie-break order."""
-        best, best_action = (1.0 if self.shapes[self.shape_of(key)][0] == 0 else 0.0), None
+        best, best_action = (1.0 if self.required_left(self.shape_of(key)) == 0 else 0.0), None
         if best == 0.0:
             for action, v in self.action_values(key):
                 if v > best + 1e-12:

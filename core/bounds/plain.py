@@ -46,6 +46,24 @@ class PlainSubproblems(Subproblems):
     def __init__(self, max_calls: int, rules: EpisodeRules, failure: FailureModel, all_actions: bool):
         super().__init__(max_calls, rules, failure, all_actions)
         self._p: dict[tuple[int, int, int], float] = {}
+        self._ids: dict[tuple, int] = {}
+        self.shapes: list[tuple] = []  # id -> (n_required, deps)
+        self._actions: list[tuple[int, ...]] = []  # id -> tool actions in tie-break order (FILLER comes last)
+        self._after: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}  # (id, i) -> (id', kept indices)
+        self._callable: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, int, int], ...]] = {}
+
+    def _register(self, canonical: tuple) -> int:
+        """The id of a canonical shape (n_required, deps), registered with its tool actions if new."""
+        sid = self._ids.get(canonical)
+        if sid is None:
+            sid = self._ids[canonical] = len(self.shapes)
+            self.shapes.append(canonical)
+            n_required, n = canonical[0], len(canonical[1])
+            if self.all_actions:
+                self._actions.append(tuple(range(n)))
+            else:  # the next required tool, then the tools after the required ones
+                self._actions.append(((0,) if n_required else ()) + tuple(range(n_required, n)))
+        return sid
 
     def shape(self, n_required: int, deps: Sequence[tuple[int, ...]]) -> tuple[int, tuple[int, ...]]:
         """(shape id, local indices kept) of a tool list; drops helpers nothing needs unless all_actions."""
@@ -62,10 +80,33 @@ class PlainSubproblems(Subproblems):
         canonical = (n_required, tuple(tuple(position[d] for d in deps[j]) for j in keep))
         return self._register(canonical), tuple(keep)
 
-    def _shape_after(self, sid: int, i: int, rest: list[int], new_deps: list[tuple[int, ...]]
-                     ) -> tuple[int, tuple[int, ...]]:
-        n_required = self.shapes[sid][0]
-        return self.shape(n_required - (i < n_required), new_deps)
+    def after_success(self, sid: int, i: int) -> tuple[int, tuple[int, ...]]:
+        entry = self._after.get((sid, i))
+        if entry is None:
+            n_required, deps = self.shapes[sid]
+            rest = [j for j in range(len(deps)) if j != i]
+            position = {j: new for new, j in enumerate(rest)}
+            new_sid, keep = self.shape(n_required - (i < n_required),
+                                       [tuple(position[d] for d in deps[j] if d != i) for j in rest])
+            entry = self._after[(sid, i)] = (new_sid, tuple(rest[j] for j in keep))
+        return entry
+
+    def required_left(self, sid: int) -> int:
+        return self.shapes[sid][0]
+
+    def _callable_tools(self, sid: int, codes: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+        """(local index, uncalled dependencies, failed dependencies) of each tool action of shape ``sid``
+        under the call cap, in tie-break order; kept per (shape, call counts), which bound (ii)'s search
+        meets again on every stream."""
+        tools = self._callable.get((sid, codes))
+        if tools is None:
+            deps, cap, found = self.shapes[sid][1], self.max_calls, []
+            for i in self._actions[sid]:
+                if codes[i] < cap:
+                    failed = sum(1 for d in deps[i] if codes[d])
+                    found.append((i, len(deps[i]) - failed, failed))
+            tools = self._callable[(sid, codes)] = tuple(found)
+        return tools
 
     def probability(self, n_uncalled: int, n_failed: int, n_h: int) -> float:
         p = self._p.get((n_uncalled, n_failed, n_h))

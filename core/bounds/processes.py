@@ -35,25 +35,25 @@ from .process_kernel import (
     MAX_BASES,
     MAX_BRANCHES,
     MAX_LOCAL,
-    MAX_SPARES,
-    NEED_AFTER,
-    NEED_ORDER,
     NEED_OUTCOMES,
     NEED_ROOM,
-    NEED_SPARE,
+    NEED_SHAPES,
     NEED_VECTORS,
     OK,
     Frames,
     Lookups,
     Memo,
+    Shapes,
     Tables,
     Vectors,
     call,
     expand,
     make_key,
     new_lookups,
+    new_shape,
     outcome_code,
     put,
+    shape_after,
     solve,
 )
 
@@ -85,8 +85,8 @@ class ProcessSubproblems(Subproblems):
     actions are the next required tool, the helpers, the kept spares and the best fresh spare;
     ``all_actions`` adds the later required tools (whose success loses the episode).
 
-    Keys, transitions and the DP are compiled (``process_kernel``); this class tabulates for them what the
-    rules say (shapes, outcomes of a call, fresh spares, which failed spare is kept), filling an entry when a
+    Shapes, keys, transitions and the DP are compiled (``process_kernel``); this class tabulates for them what
+    the rules say (outcomes of a call, fresh spares, which failed spare is kept), filling an entry when a
     kernel asks for it. A key is canonical: counters that cannot reach a limit are forgotten (as
     ``PlainSubproblems.key``), only the fresh spares a remaining turn can use are kept, failed spares are
     listed in ``spare_rank`` order, and the time used only once it may matter."""
@@ -111,7 +111,8 @@ class ProcessSubproblems(Subproblems):
         budget = processes.time_budget_seconds
         self._constants: dict[str, Any] = dict(
             ints=np.array([rules.turn_limit, rules.max_consecutive_failures, rules.max_same_tool_failures,
-                           max_calls, rules.strict_dependencies, n_states, budget is not None], dtype=np.int64),
+                           max_calls, rules.strict_dependencies, n_states, budget is not None, all_actions],
+                          dtype=np.int64),
             budget=float(budget or 0.0), longest=float(longest), ends=np.array(self._ends, dtype=np.int8),
             aged=np.array(aged, dtype=np.int64), state_rank=np.argsort(np.array(ranks)).astype(np.int64))
         self._bases: list[float] = []  # base id -> base
@@ -119,20 +120,16 @@ class ProcessSubproblems(Subproblems):
         self._fresh: list[tuple[float, ...]] = []  # fresh id -> bases of the fresh spares left, best first
         self._fresh_ids: dict[tuple[float, ...], int] = {}
         self._grown: dict[str, np.ndarray] = {  # tables that grow: rows written so far in _rows
-            "shape_ints": np.zeros((0, 3), np.int32), "shape_deps": np.zeros((0, MAX_LOCAL), np.int32),
-            "shape_base": np.zeros((0, MAX_LOCAL), np.int8),
-            "shape_actions": np.zeros((0, MAX_LOCAL + 2), np.int8),
-            "after": np.zeros((0, MAX_LOCAL), np.int32), "with_spare": np.zeros((0, MAX_BASES), np.int32),
             "fresh": np.zeros((0, 4), np.int64), "fresh_cut": np.zeros((0, rules.turn_limit + 1), np.int64),
             "outcome_span": np.zeros((0, 2), np.int64), "outcome_q": np.zeros(0), "outcome_ok": np.zeros(0, bool),
             "outcome_duration": np.zeros(0), "outcome_state": np.zeros(0, np.int64)}
         self._rows = dict.fromkeys(self._grown, 0)
         self._keeps = np.zeros((0, n_states, 1), np.int8)
-        self._lookups = Lookups(*new_lookups(), Vectors.empty())
+        self._lookups = Lookups(*new_lookups(), Vectors.empty(), Shapes.empty())
         self._memo = Memo.empty()  # the base class's ``memo`` stays empty: this DP's memo is compiled
         self._table: Tables | None = None
         self._frames = Frames.empty(rules.turn_limit + 2)
-        self._req = np.zeros(8, np.int64)
+        self._req = np.zeros(5, np.int64)  # the arguments of NEED_OUTCOMES
         self._scratch = np.zeros((10, MAX_LOCAL + 1), np.int64)
         self._branches = (np.zeros(MAX_BRANCHES, np.int64), np.zeros(MAX_BRANCHES), np.zeros(MAX_BRANCHES, bool),
                           np.zeros((MAX_BRANCHES, 2), np.int64), np.zeros(MAX_BRANCHES, bool))
@@ -144,22 +141,19 @@ class ProcessSubproblems(Subproblems):
         """(shape id, local indices kept) of a tool list whose last ``n_spares`` tools are failed spares.
         Unlike ``PlainSubproblems.shape``, a helper that no required tool needs any more stays: a failed
         call may have left it better than a fresh spare as a filler (found up by an outage process)."""
-        if len(deps) > MAX_LOCAL or n_spares > MAX_SPARES:
-            raise ValueError(f"bound (iii): {len(deps)} local tools ({n_spares} failed spares); the DP's key "
-                             f"holds {MAX_LOCAL} ({MAX_SPARES})")
-        canonical = (n_required, tuple(deps), tuple(bases), n_spares)
-        return self._register(canonical), tuple(range(len(deps)))
+        if len(deps) > MAX_LOCAL:
+            raise ValueError(f"bound (iii): {len(deps)} local tools; the DP's key holds {MAX_LOCAL}")
+        masks = np.array([sum(1 << d for d in ds) for ds in deps], np.int32)
+        _, sid = self._call(new_shape, n_required, masks, np.array([self.base_id(b) for b in bases], np.int8),
+                            n_spares)
+        return sid, tuple(range(len(deps)))
 
-    def _shape_after(self, sid: int, i: int, rest: list[int], new_deps: list[tuple[int, ...]]
-                     ) -> tuple[int, tuple[int, ...]]:
-        n_required, deps, bases, n_spares = self.shapes[sid]
-        spares_left = n_spares - (i >= len(deps) - n_spares)
-        return self.shape(n_required - (i < n_required), new_deps, [bases[j] for j in rest], spares_left)
+    def after_success(self, sid: int, i: int) -> tuple[int, tuple[int, ...]]:
+        _, new_sid = self._call(shape_after, sid, i)
+        return new_sid, tuple(j for j in range(self._lookups.shapes.ints[sid, 1]) if j != i)
 
-    def with_spare(self, sid: int, base: float) -> int:
-        """The shape ``sid`` with one more failed spare (base ``base``) at the end."""
-        n_required, deps, bases, n_spares = self.shapes[sid]
-        return self.shape(n_required, deps + ((),), bases + (base,), n_spares + 1)[0]
+    def required_left(self, sid: int) -> int:
+        return int(self._lookups.shapes.ints[sid, 0])
 
     def keeps_spare(self, base: float, state: ToolState, fresh_base: float | None) -> bool:
         """Whether a spare tool of base ``base`` whose filler call failed (leaving it in ``state``) stays an
@@ -218,47 +212,22 @@ class ProcessSubproblems(Subproblems):
             self._grown["fresh_cut"][fid] = cuts
         return fid
 
-    def _sync_shapes(self) -> None:
-        """Writes the shapes registered since the last call into the tables."""
-        for sid in range(self._rows["shape_ints"], len(self.shapes)):
-            n_required, deps, bases, n_spares = self.shapes[sid]
-            for name in ("shape_ints", "shape_deps", "shape_base", "shape_actions", "after", "with_spare"):
-                self._row(name)
-            self._grown["shape_ints"][sid] = (n_required, len(deps), n_spares)
-            self._grown["shape_deps"][sid, :len(deps)] = [sum(1 << d for d in ds) for ds in deps]
-            self._grown["shape_base"][sid, :len(deps)] = [self.base_id(b) for b in bases]
-            actions = self._actions[sid]
-            self._grown["shape_actions"][sid, :len(actions)] = actions
-            self._grown["shape_actions"][sid, -1] = len(actions)
-
     def _tables(self) -> Tables:
         """The tables as the kernels read them: the grown arrays whole (the kernels read only the rows they
         were given ids of), made again only when an array was replaced or a base added."""
-        self._sync_shapes()
         if self._table is None:
             grown: dict[str, Any] = self._grown
             self._table = Tables(**self._constants, base_value=np.array(self._bases), keeps=self._keeps, **grown)
         return self._table
 
-    def _fill(self) -> None:
-        """Tabulates what a kernel asked for (``process_kernel.NEED_*``)."""
-        kind, a, b, c, d, e = (int(x) for x in self._req[:6])
-        if kind == NEED_AFTER:
-            self._tables()  # the row of shape a exists
-            self._grown["after"][a, b] = self.after_success(a, b)[0]
-        elif kind == NEED_SPARE:
-            self._tables()
-            self._grown["with_spare"][a, b] = self.with_spare(a, self._bases[b])
-        elif kind == NEED_ORDER:
-            n_required, deps, bases, n_spares = self.shapes[a]
-            order = [((b if j < 12 else c) >> (5 * (j % 12))) & 31 for j in range(n_spares)]
-            first = len(deps) - n_spares
-            put(self._lookups.reordered, (a, b, c), self.shape(
-                n_required, deps, bases[:first] + tuple(bases[first + j] for j in order), n_spares)[0])
+    def _fill(self, kind: int) -> None:
+        """Tabulates what a kernel asked for, or gives it room (``process_kernel.NEED_*``)."""
+        if kind == NEED_SHAPES:
+            self._lookups = self._lookups._replace(shapes=self._lookups.shapes.grown())
         elif kind == NEED_VECTORS:
             self._lookups = self._lookups._replace(vectors=self._lookups.vectors.grown())
         elif kind == NEED_OUTCOMES:
-            self._add_outcomes(a, b, c, d, e)
+            self._add_outcomes(*(int(x) for x in self._req[:5]))
 
     def _add_outcomes(self, state: int, bid: int, n_uncalled: int, n_failed: int, n_h: int) -> None:
         """Tabulates the outcomes of a call of a tool in state id ``state`` (failures of the success formula
@@ -285,7 +254,7 @@ class ProcessSubproblems(Subproblems):
             status = result if isinstance(result, int) else result[0]
             if status in (OK, -1, NEED_ROOM):
                 return result  # done, lost, or the memo is full (``value`` grows it)
-            self._fill()
+            self._fill(status)
 
     # --- keys, transitions and values ------------------------------------------------------------------
 
