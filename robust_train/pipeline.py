@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from resilibench.errors import RunDirectoryError
+from resilibench.errors import ConfigError, RunDirectoryError
 from resilibench.results import run_metadata, write_json_atomic
 from resilibench.rundir import RunDirectory
 from resilibench.settings import AT_LEAST_ONE, Settings, setting
@@ -58,6 +58,12 @@ PRETRAIN = SFTSettings(epochs=24.0, learning_rate=3e-3, batch_size=16, gradient_
                        max_length=256, save_steps=500, prompt_loss=True)
 SFT = SFTSettings(epochs=5.0, learning_rate=1e-3, batch_size=16, gradient_accumulation_steps=1, lora=None,
                   max_length=256, save_steps=500)
+
+# ScPO on the fresh clusters: every weight against a frozen copy of M_t (a LoRA adapter at RobustFlow's
+# learning rate moved this generator too little to matter; generation.md, "What the ScPO stage needed").
+SCPO = ScPOSettings(iterations=2, max_new_tokens=MAX_NEW_TOKENS, clusters_per_batch=32, batch_size=128,
+                    preference=PreferenceSettings(batch_size=8, gradient_accumulation_steps=1, max_length=256,
+                                                  lora=None))
 
 MODEL = "model"  # the directory name of a stage's resulting model
 STAGE_FILE = "stage.json"  # a stage's recorded inputs
@@ -103,7 +109,7 @@ def run_sft(model_dir: str | Path, records: Sequence[ClusterRecord], output_dir:
     """Fine-tune ``model_dir`` on the clusters; returns ``output_dir/model`` (the adapter merged in, or
     the fully fine-tuned model). Resumes an interrupted run; returns at once when it is done with the
     same inputs (model, clusters, format, settings), and refuses other inputs (``ConfigChanged``)."""
-    from .training import merge_adapter, train_sft
+    from .training import train_sft, trained_model
 
     settings, fmt = settings or SFTSettings(), fmt or GeneratorFormat()
     output_dir = Path(output_dir)
@@ -114,20 +120,7 @@ def run_sft(model_dir: str | Path, records: Sequence[ClusterRecord], output_dir:
     record_stage(output_dir, inputs)
     result = train_sft(model_dir, sft_rows(records, fmt, originals_only), output_dir / "train", settings,
                        progress=progress)
-    if settings.lora is None:
-        return _publish(result.output, output_dir / MODEL)
-    return merge_adapter(model_dir, result.output, output_dir / MODEL)
-
-
-def _publish(source: Path, target: Path) -> Path:
-    """Copy a finished model directory to ``target`` (via a temporary name, so it appears whole)."""
-    import shutil
-
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(source, tmp)
-    tmp.rename(target)
-    return target
+    return trained_model(model_dir, result, settings.lora, output_dir / MODEL)
 
 
 def generator_corpus(records: Sequence[ClusterRecord], fmt: GeneratorFormat) -> list[str]:
@@ -192,9 +185,11 @@ class DemoSettings(Settings):
     """The demo's sizes, chosen to finish within 40 minutes on 2 idle cores (``docs/robust_train/generation.md``
     gives the measured times)."""
 
-    train_clusters: int = setting(400, bounds=AT_LEAST_ONE, metavar="N", help="clusters for SFT and ScPO")
+    train_clusters: int = setting(400, bounds=AT_LEAST_ONE, metavar="N", help="clusters for SFT")
     test_clusters: int = setting(120, bounds=AT_LEAST_ONE, metavar="N", help="clusters for the table")
     pretrain_tasks: int = setting(2000, bounds=AT_LEAST_ONE, metavar="N", help="original instructions for the base")
+    scpo_clusters: int = setting(800, bounds=AT_LEAST_ONE, metavar="N", help="clusters of train tasks that no "
+                                 "earlier stage saw, for ScPO (no reference answer is used)")
     wording: str = setting("shared", choices=WORDINGS, help="held_out: test descriptions worded in phrase-bank "
                            "clauses no train task uses (core.tasks.wording)")
     seed: int = setting(0, bounds=(0, None), metavar="N", help="seed of every stage")
@@ -203,9 +198,7 @@ class DemoSettings(Settings):
     num_layers: int = setting(LAYERS, bounds=AT_LEAST_ONE)
     pretrain: SFTSettings = PRETRAIN
     sft: SFTSettings = SFT
-    scpo: ScPOSettings = setting(factory=lambda: ScPOSettings(
-        iterations=2, max_new_tokens=MAX_NEW_TOKENS, clusters_per_batch=32, batch_size=128,
-        preference=PreferenceSettings(batch_size=8, gradient_accumulation_steps=1, max_length=256)))
+    scpo: ScPOSettings = SCPO
     max_new_tokens: int = setting(MAX_NEW_TOKENS, bounds=AT_LEAST_ONE)
 
     def to_dict(self) -> dict[str, Any]:
@@ -213,17 +206,25 @@ class DemoSettings(Settings):
 
 
 def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[tuple[ClusterRecord, ...], ...]:
-    """The demo's cluster datasets (built once, offline): train clusters for SFT and ScPO, test clusters
-    for the table, original-only records of more train tasks for the base generator, and those tasks
-    again with one perturbed variant each (the type cycling through the five) for SFT's rehearsal."""
+    """The demo's cluster datasets (built once, offline): train clusters for SFT, test clusters for the
+    table, original-only records of more train tasks for the base generator, those tasks again with one
+    perturbed variant each (the type cycling through the five) for SFT's rehearsal, and the clusters of
+    the next ``scpo_clusters`` train tasks, which no earlier stage saw, for ScPO. ``ConfigError`` when the
+    train split has too few tasks for the base and ScPO."""
     from ..core.tasks.library import interleave_task_types
     from ..core.tasks.wording import apply_wording
     from ..core.world import load_tasks
     from .clusters import write_clusters
     from .instructions import PERTURBATION_TYPES
 
-    def dataset(name: str, split: str, count: int, types: Sequence[str]) -> tuple[ClusterRecord, ...]:
-        tasks = apply_wording(interleave_task_types(load_tasks(split=split))[:count], settings.wording, settings.seed)
+    ordered = {split: interleave_task_types(load_tasks(split=split)) for split in ("train", "test")}
+    if settings.pretrain_tasks + settings.scpo_clusters > len(ordered["train"]):
+        raise ConfigError("DemoSettings.scpo_clusters", f"DemoSettings.pretrain_tasks + scpo_clusters must be at "
+                          f"most the {len(ordered['train'])} train tasks, got {settings.pretrain_tasks} + "
+                          f"{settings.scpo_clusters}")
+
+    def dataset(name: str, split: str, count: int, types: Sequence[str], start: int = 0) -> tuple[ClusterRecord, ...]:
+        tasks = apply_wording(ordered[split][start:start + count], settings.wording, settings.seed)
         return write_clusters(output_dir / "clusters" / name, tasks, types=types, seed=settings.seed,
                               source={"path": "default (v1)", "sha256": None, "count": None,
                                       "wording": settings.wording}).records
@@ -233,7 +234,8 @@ def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[tuple[Clust
                                                          PERTURBATION_TYPES)))
     return (dataset("train", "train", settings.train_clusters, PERTURBATION_TYPES),
             dataset("test", "test", settings.test_clusters, PERTURBATION_TYPES),
-            dataset("pretrain", "train", settings.pretrain_tasks, ()), rehearsal)
+            dataset("pretrain", "train", settings.pretrain_tasks, ()), rehearsal,
+            dataset("scpo", "train", settings.scpo_clusters, PERTURBATION_TYPES, start=settings.pretrain_tasks))
 
 
 def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *, progress: bool = True,
@@ -257,7 +259,7 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
         log(f"[{(time.monotonic() - started) / 60:5.1f} min] {name}")
 
     stage(f"cluster datasets ({settings.wording} wording)")
-    train, test, pretrain, rehearsal = demo_clusters(output_dir, settings)
+    train, test, pretrain, rehearsal, fresh = demo_clusters(output_dir, settings)
     stage("generator from scratch")
     scratch = build_generator(output_dir / "scratch", train + pretrain, fmt, hidden_size=settings.hidden_size,
                               num_layers=settings.num_layers, seed=settings.seed)
@@ -269,8 +271,9 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
     stage(f"SFT: {len(train)} clusters x {len(train[0].variants)} instructions, with the base's "
           f"{len(rehearsal)} tasks rehearsed (the original and one perturbed variant each)")
     models["sft"] = run_sft(base, train + rehearsal, output_dir / "sft", settings.sft, fmt, progress=progress)
-    stage(f"ScPO: {settings.scpo.iterations} iteration(s) on {len(train)} clusters")
-    run_scpo(models["sft"], train, output_dir / "scpo", settings.scpo, fmt, progress=progress, log=log)
+    stage(f"ScPO: {settings.scpo.iterations} iteration(s) on {len(fresh)} clusters of train tasks no earlier "
+          "stage saw")
+    run_scpo(models["sft"], fresh, output_dir / "scpo", settings.scpo, fmt, progress=progress, log=log)
     state = json.loads((output_dir / "scpo" / "state.json").read_text())
     for step in state["iterations"][:settings.scpo.iterations]:
         models[f"scpo{step['iteration']}"] = Path(step["model"])

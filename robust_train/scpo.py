@@ -49,9 +49,9 @@ from .generator import (
 )
 from .training import (
     PreferenceSettings,
-    merge_adapter,
     model_digest,
     train_preferences,
+    trained_model,
 )
 
 VOTES = ("exact", "soft")
@@ -289,7 +289,7 @@ def _iterate(run: RunDirectory, model: Path, records: Sequence[ClusterRecord], s
             f"valid {summary['valid']:.1%}")
         if rows:
             result = train_preferences(model, rows, step / "train", settings.preference, progress=progress)
-            model = merge_adapter(model, result.output, step / "model")
+            model = trained_model(model, result, settings.preference.lora, step / "model")
             summary["train_loss"] = result.train_loss
         state["iterations"].append({"iteration": t, "model": str(model), **summary})
         write_json_atomic(state_path, state)

@@ -27,6 +27,7 @@ __all__ = [
     "DIGEST_CHARS", "PROMPT_ROLES", "LoraSettings", "SFTSettings", "PreferenceSettings", "TrainResult",
     "DEFAULT_TORCH_THREADS", "set_torch_threads", "json_digest", "model_digest", "training_directory",
     "make_sft_trainer", "train_sft", "make_preference_trainer", "train_preferences", "merge_adapter",
+    "publish_model", "trained_model",
 ]
 
 import contextlib
@@ -595,6 +596,27 @@ def train_preferences(model_path: str | Path, rows: Sequence[dict], output_dir: 
 
 
 # --- merging -------------------------------------------------------------------------------------------
+
+
+def publish_model(source: str | Path, target: str | Path) -> Path:
+    """Copy a finished model directory to ``target`` (via a temporary name, so it appears whole; a copy
+    left by an interrupted run is replaced)."""
+    source, target = Path(source), Path(target)
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target
+
+
+def trained_model(base_model_path: str | Path, result: TrainResult, lora: LoraSettings | None,
+                  out_dir: str | Path) -> Path:
+    """The full model a training made, in ``out_dir``: its adapter merged into the base
+    (``merge_adapter``), or, when every weight trained (``lora=None``), the trained model copied."""
+    if lora is None:
+        return publish_model(result.output, out_dir)
+    return merge_adapter(base_model_path, result.output, out_dir)
 
 
 def merge_adapter(base_model_path: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> Path:

@@ -43,7 +43,7 @@ TRAINER_OPTIONS = ("epochs", "learning_rate", "batch_size", "gradient_accumulati
 LORA_OPTIONS = ("r", "alpha")
 PREFERENCE_OPTIONS = ("beta", "nll_alpha")
 SCPO_OPTIONS = ("iterations", "candidates", "temperature", "vote", "vote_weight", "max_new_tokens")
-DEMO_OPTIONS = ("train_clusters", "test_clusters", "pretrain_tasks", "wording", "seed")
+DEMO_OPTIONS = ("train_clusters", "test_clusters", "pretrain_tasks", "scpo_clusters", "wording", "seed")
 
 
 # --- clusters -----------------------------------------------------------------------------------------

@@ -201,7 +201,7 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
 
     steps = {"max_steps": 2, "batch_size": 4, "gradient_accumulation_steps": 1, "warmup_ratio": 0}
     settings = DemoSettings(
-        train_clusters=3, test_clusters=2, pretrain_tasks=5, hidden_size=32, num_layers=1,
+        train_clusters=3, test_clusters=2, pretrain_tasks=5, scpo_clusters=3, hidden_size=32, num_layers=1,
         pretrain=SFTSettings(lora=None, learning_rate=1e-3, prompt_loss=True, **steps),
         sft=SFTSettings(lora=LoraSettings(r=4, alpha=8), **steps),
         scpo=ScPOSettings(iterations=1, candidates=2, max_new_tokens=16,
@@ -226,11 +226,17 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
     from resilibench.robust_train.instructions import PERTURBATION_TYPES
     from resilibench.robust_train.pipeline import demo_clusters
 
-    train, _, pretrain, rehearsal = demo_clusters(tmp_path, settings)
+    train, _, pretrain, rehearsal, fresh = demo_clusters(tmp_path, settings)
     assert [r.cluster_id for r in rehearsal] == [r.cluster_id for r in pretrain]
     assert [[v.perturbation for v in r.variants] for r in rehearsal] == [["original", kind] for kind in PERTURBATION_TYPES]
     sft_inputs = json.loads((tmp_path / "sft" / "stage.json").read_text())["config"]
     assert sft_inputs["clusters_sha256"] == clusters_digest(train + rehearsal) != clusters_digest(train)
+    # ScPO learns from the clusters of train tasks that neither the base nor SFT saw, every variant each.
+    seen = {r.cluster_id for r in train + pretrain}
+    assert len(fresh) == 3 and not seen & {r.cluster_id for r in fresh}
+    assert all(len(r.variants) == 1 + len(PERTURBATION_TYPES) for r in fresh)
+    scpo_meta = json.loads((tmp_path / "scpo" / "meta.json").read_text())["config"]
+    assert scpo_meta["clusters"] == [r.cluster_id for r in fresh]
     logs.clear()
     assert run_demo(tmp_path, settings, progress=False, log=logs.append) == tables
     assert not any(line.startswith("iteration") for line in logs)  # nothing was sampled again

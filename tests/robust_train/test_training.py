@@ -29,6 +29,7 @@ from resilibench.robust_train.training import (  # noqa: E402
     merge_adapter,
     train_preferences,
     train_sft,
+    trained_model,
 )
 
 # PEFT reads a renamed transformers property on every adapter load.
@@ -277,6 +278,24 @@ def test_train_preferences_step_moves_adapter_and_merge_matches(tiny, tmp_path):
     assert merge_adapter(tiny, result.output, merged_dir) == merged_dir  # done already: returned as is
     with pytest.raises(ValueError, match="already exists"):
         merge_adapter(tiny, result.output, tmp_path / "scpo")
+
+
+def test_full_finetune_preferences_move_every_weight_and_publish_the_model(tiny, tmp_path):
+    """``lora=None``: DPO trains every weight against a frozen copy; ``trained_model`` publishes the
+    trained model itself (no adapter to merge), and publishing again replaces the copy."""
+    settings = PreferenceSettings(batch_size=3, gradient_accumulation_steps=1, max_steps=1, warmup_ratio=0.0,
+                                  learning_rate=2e-2, lora=None)
+    result = train_preferences(tiny, preference_rows(), tmp_path / "scpo", settings, progress=False)
+    assert not (result.output / "adapter_config.json").exists()
+    model_dir = trained_model(tiny, result, None, tmp_path / "model")
+    before = load_file(tiny / "model.safetensors")
+    after = load_file(model_dir / "model.safetensors")
+    assert before.keys() == after.keys()
+    assert all(not torch.equal(before[k], after[k]) for k in before if k.endswith("q_proj.weight"))
+    AutoTokenizer.from_pretrained(model_dir)  # the tokenizer travels with it
+    (model_dir / "stale").write_text("left by an interrupted run")
+    assert trained_model(tiny, result, None, model_dir) == model_dir and not (model_dir / "stale").exists()
+    assert digest(model_dir / "model.safetensors") == digest(result.output / "model.safetensors")
 
 
 # --- input checks --------------------------------------------------------------------------------------
