@@ -22,8 +22,8 @@ from __future__ import annotations
 
 __all__ = [
     "MODEL", "STAGE_FILE", "stage_directory", "reuse_stage", "record_stage", "sft_rows", "run_sft",
-    "generator_corpus", "build_generator", "evaluate_generator", "DemoSettings", "demo_clusters", "run_demo",
-    "demo_summary",
+    "generator_corpus", "build_generator", "evaluate_generator", "DemoSettings", "check_demo_sizes", "demo_clusters",
+    "run_demo", "demo_summary",
 ]
 
 import json
@@ -205,6 +205,19 @@ class DemoSettings(Settings):
         return asdict(self)
 
 
+def check_demo_sizes(settings: DemoSettings, train_tasks: int | None = None) -> None:
+    """``ConfigError`` naming the field when the base's tasks and ScPO's fresh ones, taken one after the
+    other from the train split (``train_tasks`` of them; counted when None), do not fit in it."""
+    if train_tasks is None:
+        from ..core.world import load_tasks
+
+        train_tasks = len(load_tasks(split="train"))
+    if settings.pretrain_tasks + settings.scpo_clusters > train_tasks:
+        raise ConfigError("DemoSettings.scpo_clusters", f"DemoSettings.pretrain_tasks + scpo_clusters must be at "
+                          f"most the {train_tasks} train tasks, got {settings.pretrain_tasks} + "
+                          f"{settings.scpo_clusters}")
+
+
 def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[tuple[ClusterRecord, ...], ...]:
     """The demo's cluster datasets (built once, offline): train clusters for SFT, test clusters for the
     table, original-only records of more train tasks for the base generator, those tasks again with one
@@ -218,10 +231,7 @@ def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[tuple[Clust
     from .instructions import PERTURBATION_TYPES
 
     ordered = {split: interleave_task_types(load_tasks(split=split)) for split in ("train", "test")}
-    if settings.pretrain_tasks + settings.scpo_clusters > len(ordered["train"]):
-        raise ConfigError("DemoSettings.scpo_clusters", f"DemoSettings.pretrain_tasks + scpo_clusters must be at "
-                          f"most the {len(ordered['train'])} train tasks, got {settings.pretrain_tasks} + "
-                          f"{settings.scpo_clusters}")
+    check_demo_sizes(settings, len(ordered["train"]))
 
     def dataset(name: str, split: str, count: int, types: Sequence[str], start: int = 0) -> tuple[ClusterRecord, ...]:
         tasks = apply_wording(ordered[split][start:start + count], settings.wording, settings.seed)
@@ -250,7 +260,8 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
     output_dir.mkdir(parents=True, exist_ok=True)
     fmt = GeneratorFormat(answer=settings.answer)
     demo = {"stage": "demo", "demo": settings.to_dict()}
-    reuse_stage(output_dir, False, demo)  # other sizes: refused before anything runs
+    check_demo_sizes(settings)  # sizes the split cannot hold, then other sizes: refused before anything runs
+    reuse_stage(output_dir, False, demo)
     record_stage(output_dir, demo)
     write_json_atomic(output_dir / "meta.json", run_metadata({"demo": settings.to_dict()}, [settings.seed]))
     started = time.monotonic()

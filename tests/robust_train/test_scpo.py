@@ -280,3 +280,17 @@ def test_robust_commands_set_torch_threads_before_work(cluster_records, tmp_path
         assert main([*args, "--output-dir", str(tmp_path / "c"), "--torch-threads", "0"]) == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_demo_refuses_more_train_tasks_than_the_split_has(tmp_path):
+    """The base's tasks and ScPO's fresh ones come from the train split, one after the other: asking for
+    more than it holds is refused with the field named, before any cluster is written."""
+    from resilibench.errors import ConfigError
+    from resilibench.robust_train.pipeline import DemoSettings, demo_clusters, run_demo
+
+    message = r"pretrain_tasks \+ scpo_clusters must be at most the 3528 train tasks, got 3000 \+ 800"
+    with pytest.raises(ConfigError, match=message):
+        demo_clusters(tmp_path, DemoSettings(pretrain_tasks=3000))
+    with pytest.raises(ConfigError, match=message):
+        run_demo(tmp_path, DemoSettings(pretrain_tasks=3000), progress=False, log=lambda line: None)
+    assert list(tmp_path.iterdir()) == []  # nothing recorded: the corrected command is not refused
