@@ -400,6 +400,15 @@ class Episode:
             return ToolState()
         return ToolState(self._down[tool], max(self._blocked_until[tool] - self.turns_used, 0))
 
+    def process_state(self) -> tuple[tuple[bool | None, ...], tuple[int, ...]]:
+        """Every tool's ``tool_state`` at once, as two tuples: whether its last call found it down, and the
+        coming turns in which its calls are refused (one pass, for memo keys and observations)."""
+        n = self._n_tools
+        if self._processes is None:
+            return (None,) * n, (0,) * n
+        turn = self.turns_used
+        return tuple(self._down), tuple(until - turn if until > turn else 0 for until in self._blocked_until)
+
     def unmet_dependencies(self, tool: int) -> tuple[int, ...]:
         succeeded = self.succeeded
         return tuple(d for d in self._dependency_ids[tool] if not succeeded[d])

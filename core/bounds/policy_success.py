@@ -84,7 +84,7 @@ def call_branches(episode: Episode, tool: int) -> list[tuple[float, Episode]]:
 
 def episode_state(episode: Episode) -> tuple:
     """What the future of a running episode depends on (tool states, counters, time): a memo key."""
-    return (tuple(episode.calls), tuple(episode.succeeded), tuple(map(episode.tool_state, range(len(episode.calls)))),
+    return (tuple(episode.calls), tuple(episode.succeeded), episode.process_state(),
             episode.n_failures, episode.consecutive_failures, episode.last_tool, episode.same_tool_streak,
             episode.turns_used, episode.time_used, episode.turns_left)
 

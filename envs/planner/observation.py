@@ -141,10 +141,10 @@ def process_features(episode, layout: ObservationLayout, obs: np.ndarray) -> Non
     the share of the time budget left."""
     processes = episode.config.processes
     wait = max(processes.rate_limit_wait, 1)
-    for tool in range(layout.n_tools):
-        state = episode.tool_state(tool)
-        obs[layout.blocked + tool] = min(state.blocked / wait, 1.0)
-        obs[layout.down + tool] = 1.0 if state.down else 0.0
+    down, blocked = episode.process_state()
+    n = layout.n_tools
+    obs[layout.blocked:layout.blocked + n] = np.minimum(np.asarray(blocked, dtype=np.float64) / wait, 1.0)
+    obs[layout.down:layout.down + n] = [1.0 if d else 0.0 for d in down]
     budget, left = processes.time_budget_seconds, episode.time_left
     obs[layout.time_left] = 1.0 if budget is None else left / budget
 

@@ -130,7 +130,7 @@ class PPOTrainConfig(Settings):
                                      "get Ray's default, 1 per CPU)")
     # Warm start: behaviour cloning from the exact optimal policy (resilibench.policies.ppo.warm_start).
     warm_start: str = setting("auto", choices=WARM_STARTS, help="bc: clone the optimal policy before PPO; "
-                              "auto: bc in worlds with failure processes")
+                              "auto: bc in worlds with failure processes and without the dependency hints")
     bc_tasks: int = setting(200, bounds=AT_LEAST_ONE, help="training tasks the expert plays (task types in turn)")
     bc_seeds: int = setting(4, bounds=AT_LEAST_ONE, help="expert episodes per task")
     bc_epochs: int = setting(30, bounds=AT_LEAST_ONE)
@@ -147,7 +147,8 @@ class PPOTrainConfig(Settings):
     seed: int = setting(0, bounds=(0, None), metavar="N", help="seed of the envs and the network")
     iterations: int | None = setting(None, bounds=AT_LEAST_ONE, metavar="N", help="stop at iteration N (total)")
     time_budget_min: float | None = setting(None, above=0, flag="--time-budget", metavar="MIN",
-                                            help="stop after MIN minutes of training, all sessions together")
+                                            help="stop after MIN minutes of cloning, PPO iterations and "
+                                            "validations, all sessions together")
     checkpoint_every: int = setting(10, bounds=AT_LEAST_ONE, metavar="K",
                                     help="iterations between checkpoints (one is also written at the end)")
     keep_checkpoints: int = setting(3, bounds=AT_LEAST_ONE, help="the newest ones are kept, older ones deleted")
@@ -182,7 +183,8 @@ class PPOTrainConfig(Settings):
     @property
     def cloning(self) -> bool:
         """Whether training starts with behaviour cloning (``warm_start``)."""
-        return self.warm_start == "bc" or (self.warm_start == "auto" and self.world_config().processes.active)
+        return self.warm_start == "bc" or (self.warm_start == "auto" and (
+            self.world_config().processes.active or self.features == "no_dependency_hints"))
 
     @property
     def validation_scoring(self) -> int:
@@ -410,6 +412,12 @@ class TrainingState:
     stage: int = 0
     num_learners: int | None = None  # None: a checkpoint written before these were recorded
     train_batch_size: int | None = None
+    validation_seconds: float = 0.0  # the learning curve's validations (cloning's included): within the budget
+
+    @property
+    def budget_seconds(self) -> float:
+        """The seconds ``time_budget_min`` counts: training (cloning and PPO iterations) and validations."""
+        return self.train_seconds + self.validation_seconds
 
 
 def read_state(checkpoint: Path) -> TrainingState:
@@ -485,6 +493,7 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
         if cfg.cloning and checkpoint is None:
             record["warm_start"] = _clone(cfg, algo, module, tasks, validation, log)
             state.train_seconds = record["warm_start"]["seconds"]
+            state.validation_seconds = record["warm_start"]["validation_seconds"]
             save_checkpoint(algo, directory, state, cfg.keep_checkpoints)  # iter_000000: the cloned policy
             if validation is not None:  # the curve's first point, drawn even if cloning spends the budget
                 _draw_curve(run, record, validation, cfg)
@@ -504,7 +513,7 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
 
         def more() -> bool:
             return (cfg.iterations is None or algo.iteration < cfg.iterations) and (
-                budget_s is None or state.train_seconds < budget_s)
+                budget_s is None or state.budget_seconds < budget_s)
 
         while more():
             started = time.perf_counter()
@@ -514,11 +523,14 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
                                 cfg.curriculum)
             state = TrainingState(row["iteration"], row["env_steps"], row["train_seconds"],
                                   result["resilibench"]["stage"] if cfg.curriculum else 0,
-                                  cfg.num_learners, cfg.train_batch_size)
+                                  cfg.num_learners, cfg.train_batch_size, state.validation_seconds)
             if validation is not None and (not more() or
                                            state.train_seconds - last_validated >= cfg.validation_every_min * 60):
+                started = time.perf_counter()
                 row["validation_full"] = _validate(algo, module, validation)
+                state.validation_seconds += time.perf_counter() - started
                 last_validated = state.train_seconds
+            row["validation_seconds"] = state.validation_seconds
             run.write(row)
             log(format_progress(row))
             if validation is not None and "validation_full" in row:
@@ -579,6 +591,7 @@ def _clone(cfg: PPOTrainConfig, algo: Any, module: Any, tasks: list[Task], valid
     done = {"decisions": len(samples["action"]), "tasks": min(cfg.bc_tasks, len(tasks)), "seeds": cfg.bc_seeds,
             "agreement": agreement, "seconds": seconds,
             "validation_full": validation(module) if validation is not None else None}
+    done["validation_seconds"] = time.perf_counter() - started - seconds
     log(f"behaviour cloning: {done['decisions']:,} optimal decisions ({done['tasks']} tasks x {cfg.bc_seeds} seeds), "
         f"greedy agreement {agreement:.3f}, {seconds / 60:.1f} min"
         + (f"; validation full success {done['validation_full']:.3f}" if validation is not None else ""))

@@ -107,7 +107,8 @@ def cmd_train_ppo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(f"train ppo: {exc}") from None
     print(f"trained to iteration {row.get('iteration')} ({row.get('env_steps', 0):,} env steps, "
-          f"{row.get('train_seconds', 0) / 60:.1f} min); checkpoint {row['checkpoint']}", file=sys.stderr)
+          f"{row.get('train_seconds', 0) / 60:.1f} min of training, {row.get('validation_seconds', 0) / 60:.1f} min of "
+          f"validation); checkpoint {row['checkpoint']}", file=sys.stderr)
     print(f"evaluate it with: resilibench eval policy {directory} --split test", file=sys.stderr)
     return 0
 

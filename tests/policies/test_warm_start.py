@@ -21,7 +21,13 @@ from resilibench.core.tasks.library import interleave_task_types  # noqa: E402
 from resilibench.core.world import load_tasks  # noqa: E402
 from resilibench.policies.heuristics import HEURISTICS  # noqa: E402
 from resilibench.policies.ppo.evaluation import PPOPlanner  # noqa: E402
-from resilibench.policies.ppo.training import MONTE_CARLO_EPISODES, PPOTrainConfig, train  # noqa: E402
+from resilibench.policies.ppo.training import (  # noqa: E402
+    MONTE_CARLO_EPISODES,
+    PPOTrainConfig,
+    latest_checkpoint,
+    read_state,
+    train,
+)
 from resilibench.policies.ppo.warm_start import Validation, expert_samples  # noqa: E402
 
 PROCESSES = Path(__file__).parents[2] / "examples" / "processes"
@@ -46,7 +52,9 @@ def test_warm_start_flag_and_its_default():
 
     assert config("--config", str(OUTAGES)).cloning  # worlds with failure processes: bc by default
     assert not config("--config", str(OUTAGES), "--warm-start", "none").cloning
-    assert not config().cloning and config("--warm-start", "bc").cloning
+    assert not config().cloning and config("--warm-start", "bc").cloning  # world v1: PPO alone
+    assert config("--features", "no_dependency_hints").cloning  # the dependencies learned from the expert
+    assert not config("--features", "no_dependency_hints", "--warm-start", "none").cloning
     assert config("--config", str(OUTAGES)).warm_start == "auto"
 
 
@@ -97,6 +105,12 @@ def test_ppo_starts_from_the_cloned_expert(tmp_path):
     record = json.loads((tmp_path / "run" / "training.json").read_text())
     assert record["warm_start"]["agreement"] >= 0.8 and record["warm_start"]["decisions"] > 50
     assert record["validation"]["episodes"] == 0  # one failure process: scored exactly
+    rows = [json.loads(line) for line in (tmp_path / "run" / "progress.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    assert last["validation_full"] is not None  # the last iteration validates
+    assert last["validation_seconds"] > record["warm_start"]["validation_seconds"] > 0  # both count in the budget
+    assert read_state(latest_checkpoint(tmp_path / "run")).budget_seconds == pytest.approx(
+        last["train_seconds"] + last["validation_seconds"])
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("iter_*")) == [
         "iter_000000", "iter_000001"]  # the cloned policy is kept beside the keep_checkpoints newest
     assert (tmp_path / "run" / "learning_curve.png").stat().st_size > 1000
