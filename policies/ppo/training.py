@@ -130,7 +130,7 @@ class PPOTrainConfig(Settings):
                                      "get Ray's default, 1 per CPU)")
     # Warm start: behaviour cloning from the exact optimal policy (resilibench.policies.ppo.warm_start).
     warm_start: str = setting("auto", choices=WARM_STARTS, help="bc: clone the optimal policy before PPO; "
-                              "auto: bc in worlds with failure processes and without the dependency hints")
+                              "auto: bc in worlds with failure processes")
     bc_tasks: int = setting(200, bounds=AT_LEAST_ONE, help="training tasks the expert plays (task types in turn)")
     bc_seeds: int = setting(4, bounds=AT_LEAST_ONE, help="expert episodes per task")
     bc_epochs: int = setting(30, bounds=AT_LEAST_ONE)
@@ -183,8 +183,7 @@ class PPOTrainConfig(Settings):
     @property
     def cloning(self) -> bool:
         """Whether training starts with behaviour cloning (``warm_start``)."""
-        return self.warm_start == "bc" or (self.warm_start == "auto" and (
-            self.world_config().processes.active or self.features == "no_dependency_hints"))
+        return self.warm_start == "bc" or (self.warm_start == "auto" and self.world_config().processes.active)
 
     @property
     def validation_scoring(self) -> int:

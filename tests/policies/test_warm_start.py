@@ -53,8 +53,7 @@ def test_warm_start_flag_and_its_default():
     assert config("--config", str(OUTAGES)).cloning  # worlds with failure processes: bc by default
     assert not config("--config", str(OUTAGES), "--warm-start", "none").cloning
     assert not config().cloning and config("--warm-start", "bc").cloning  # world v1: PPO alone
-    assert config("--features", "no_dependency_hints").cloning  # the dependencies learned from the expert
-    assert not config("--features", "no_dependency_hints", "--warm-start", "none").cloning
+    assert not config("--features", "no_dependency_hints").cloning  # PPO alone learns the dependencies too
     assert config("--config", str(OUTAGES)).warm_start == "auto"
 
 
