@@ -525,9 +525,9 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
                                   cfg.num_learners, cfg.train_batch_size, state.validation_seconds)
             if validation is not None and (not more() or
                                            state.train_seconds - last_validated >= cfg.validation_every_min * 60):
-                started = time.perf_counter()
+                validating = time.perf_counter()
                 row["validation_full"] = _validate(algo, module, validation)
-                state.validation_seconds += time.perf_counter() - started
+                state.validation_seconds += time.perf_counter() - validating
                 last_validated = state.train_seconds
             row["validation_seconds"] = state.validation_seconds
             run.write(row)
@@ -542,8 +542,8 @@ def _train(cfg: PPOTrainConfig, run: RunDirectory, record: dict[str, Any] | None
         if row or checkpoint is None:
             row["checkpoint"] = str(save_checkpoint(algo, directory, state, cfg.keep_checkpoints))
         else:  # nothing left to do
-            row = {"iteration": state.iteration, "env_steps": state.env_steps,
-                   "train_seconds": state.train_seconds, "checkpoint": str(checkpoint)}
+            row = {"iteration": state.iteration, "env_steps": state.env_steps, "train_seconds": state.train_seconds,
+                   "validation_seconds": state.validation_seconds, "checkpoint": str(checkpoint)}
     finally:
         if algo is not None:
             algo.stop()
