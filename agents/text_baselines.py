@@ -122,8 +122,8 @@ class SearchTextAgent:
         return parts[1:MAX_SEARCHES + 1] if len(parts) > 1 else parts  # the first sentence says what the job is
 
     def plan(self, search_feedback: str) -> list[str]:
-        """Per query in order, the best hit not chosen yet whose relevance reaches ``min_relevance``."""
-        chosen: list[str] = []
+        """The tools ``choose`` picks from the search results in ``search_feedback``."""
+        results = []
         for block in _RESULTS.split(search_feedback)[1:]:
             hits, name = [], None
             for line in block.splitlines():
@@ -131,6 +131,14 @@ class SearchTextAgent:
                     name = m.group(1)
                 elif (m := _RELEVANCE.match(line)) and name is not None:
                     hits.append((name, float(m.group(1))))
+            results.append(hits)
+        return self.choose(results)
+
+    def choose(self, results: Sequence[Sequence[tuple[str, float]]]) -> list[str]:
+        """Per query's ``(name, relevance)`` hits, in order, the best hit not chosen yet whose relevance
+        reaches ``min_relevance``."""
+        chosen: list[str] = []
+        for hits in results:
             best = next((n for n, score in hits if n not in chosen and score >= self.min_relevance), None)
             if best is not None:
                 chosen.append(best)

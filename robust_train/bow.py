@@ -17,16 +17,14 @@ from __future__ import annotations
 __all__ = ["BagOfWordsGenerator", "bow_answers"]
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..core.registry import default_registry
-from ..core.tasks.library import Task, dependency_sort
-from ..core.workflow import Workflow
 from .clusters import ClusterRecord
-from .generator import workflow_text
+from .generator import tools_workflow, workflow_text
 
 
 @dataclass
@@ -80,16 +78,6 @@ class BagOfWordsGenerator:
             position[self.tools[k]] = int(np.argmax(scores)) if scores else 0
         return sorted(position, key=lambda t: position[t])
 
-    def workflow(self, task: Task, tools: Sequence[str]) -> Workflow:
-        """The optimal workflow of ``task`` with ``tools`` as its required tools (dependencies added); tools
-        in an order that puts one before a tool it depends on are first sorted by dependencies (stable)."""
-        from ..core.bounds import reference_workflow
-
-        try:
-            return reference_workflow(replace(task, required_tools=tuple(tools)))
-        except ValueError:  # the order contradicts a dependency: the workflow would have a cycle
-            return reference_workflow(replace(task, required_tools=tuple(dependency_sort(tools))))
-
 
 def bow_answers(train: Sequence[ClusterRecord], records: Sequence[ClusterRecord], *, seed: int = 0
                 ) -> dict[str, dict[str, str]]:
@@ -100,6 +88,6 @@ def bow_answers(train: Sequence[ClusterRecord], records: Sequence[ClusterRecord]
     answers: dict[str, dict[str, str]] = {}
     for record in records:
         predicted = bow.predict_tools([v.text for v in record.variants])
-        answers[record.cluster_id] = {v.variant_id: workflow_text(bow.workflow(record.task, tools))
+        answers[record.cluster_id] = {v.variant_id: workflow_text(tools_workflow(record.task, tools))
                                       for v, tools in zip(record.variants, predicted, strict=True)}
     return answers

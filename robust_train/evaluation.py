@@ -11,12 +11,14 @@ reference (optimal) workflow.
 
 Answers are written to a JSONL file as they come and reused on a rerun.
 
-Three baselines answer without a language model, so that a generator's rows can be read against them:
+Four baselines answer without a language model, so that a generator's rows can be read against them:
 ``name_copy_answers`` writes the tools an instruction names (any spelling) as a chain, which rebuilt
 every world-v0 workflow and finds nothing in world v1's descriptions; ``lookup_answers`` answers every
 instruction of a task type with the type's most frequent training workflow, whatever the text says; the
 bag-of-words generator (``robust_train.bow``, TF-IDF and logistic regression) is the simplest learned
-generator and the floor a trained one must clear.
+generator and the floor a trained one must clear; ``search_answers`` learns nothing: it searches the
+tools with each clause of the instruction, as the text env's ``scripted:search`` agent does, so it
+reads a wording no training set holds (the floor where the test wording is held out).
 
 ``exec_interval`` and ``paired_interval`` give 95% intervals over clusters of the mean execution score
 under a set of perturbations (one value per cluster: the mean over its variants of those types).
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 __all__ = [
     "COLUMNS", "NOISE_TYPES", "RobustnessTable", "generate_answers", "named_chain", "name_copy_answers",
-    "lookup_answers", "baseline_tables", "robustness_table", "Interval", "exec_interval", "paired_interval",
+    "lookup_answers", "search_answers", "baseline_tables", "robustness_table", "Interval", "exec_interval", "paired_interval",
     "format_tables",
 ]
 
@@ -41,6 +43,7 @@ from typing import Any
 from resilibench.llm import Backend, GenerationConfig
 from resilibench.rundir import RunDirectory
 
+from ..core.text.toolbox import SearchSettings, search_tools
 from ..core.workflow import Node, Workflow
 from .clusters import ClusterRecord
 from .generator import (
@@ -48,6 +51,7 @@ from .generator import (
     GeneratorOutputError,
     canonical_form,
     execution_score,
+    tools_workflow,
     workflow_text,
 )
 
@@ -136,15 +140,39 @@ def lookup_answers(train: Sequence[ClusterRecord], records: Sequence[ClusterReco
     return {r.cluster_id: {v.variant_id: best[r.task.task_type] for v in r.variants} for r in records}
 
 
+SEARCH_BASELINE = SearchSettings(k=3)  # the GRPO demo's search surface: three hits a search
+
+
+def search_answers(records: Sequence[ClusterRecord], search: SearchSettings = SEARCH_BASELINE
+                   ) -> dict[str, dict[str, str]]:
+    """The search baseline's answers: for every variant, the tools ``scripted:search`` would choose (per
+    clause of the text, its first sentence aside, the best of ``search.k`` hits not chosen yet with
+    relevance at least 0.1 as the text env shows it, to two places; ``agents.text_baselines``), completed into the task's optimal workflow for
+    them (``tools_workflow``); "" when no hit is relevant."""
+    from ..agents.text_baselines import SearchTextAgent  # the text env's agents: loaded when asked
+
+    agent = SearchTextAgent()
+    answers: dict[str, dict[str, str]] = {}
+    for record in records:
+        answers[record.cluster_id] = {}
+        for variant in record.variants:
+            results = [[(hit.name, round(hit.score, 2)) for hit in search_tools(query, search.k, method=search.method)]
+                       for query in agent.searches(variant.text)]  # relevance as the agent reads it
+            tools = agent.choose(results)
+            answers[record.cluster_id][variant.variant_id] = workflow_text(tools_workflow(record.task, tools)) if tools else ""
+    return answers
+
+
 def baseline_tables(train: Sequence[ClusterRecord], records: Sequence[ClusterRecord], *, seed: int = 0
                     ) -> dict[str, RobustnessTable]:
-    """The robustness tables of the three baselines on ``records``: "names", "lookup" and "bow" (the
-    bag-of-words generator trained on every variant of ``train``)."""
+    """The robustness tables of the four baselines on ``records``: "names", "lookup", "bow" (the
+    bag-of-words generator trained on every variant of ``train``) and "search" (``search_answers``)."""
     from .bow import bow_answers
 
     return {"names": robustness_table(records, name_copy_answers(records)),
             "lookup": robustness_table(records, lookup_answers(train, records)),
-            "bow": robustness_table(records, bow_answers(train, records, seed=seed))}
+            "bow": robustness_table(records, bow_answers(train, records, seed=seed)),
+            "search": robustness_table(records, search_answers(records))}
 
 
 def robustness_table(records: Sequence[ClusterRecord], answers: dict[str, dict[str, str]],

@@ -15,6 +15,8 @@ comes from here:
 - ``parse_workflow`` / ``parse_names`` (``GeneratorFormat.parse``): the generator's answer back to a
   ``Workflow``, with a reason when it is not one;
 - ``canonical_form``: the normalised DAG that ScPO counts votes on;
+- ``tools_workflow``: the optimal workflow of a task for a guessed list of required tools (how the
+  baselines that guess tools, bag-of-words and search, turn a guess into an answer);
 - ``execution_score``: the exact expected full-success probability of following the workflow on the
   task (``core.plan_follower.workflow_success``), 0 for an answer that is not a workflow.
 """
@@ -23,18 +25,19 @@ from __future__ import annotations
 
 __all__ = [
     "SYSTEM_PROMPT", "NAMES_PROMPT", "ANSWER_FORMS", "GeneratorFormat", "reduced", "workflow_text", "names_text",
-    "GeneratorOutputError", "parse_workflow", "parse_names", "canonical_form", "execution_score",
+    "GeneratorOutputError", "parse_workflow", "parse_names", "canonical_form", "tools_workflow", "execution_score",
 ]
 
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from functools import cache
 
 import networkx as nx
 
 from ..core.registry import default_registry
-from ..core.tasks.library import Task
+from ..core.tasks.library import Task, dependency_sort
 from ..core.workflow import Node, Workflow
 
 SYSTEM_PROMPT = ('Answer with the workflow for the task as JSON: {"nodes": [tool names in call order], '
@@ -156,6 +159,18 @@ def canonical_form(workflow: Workflow) -> str:
     """The normalised DAG ScPO votes on: tool names only, transitively reduced edges, canonical node
     order (``Workflow.canonical_key``)."""
     return reduced(Workflow(tuple(Node(n.tool) for n in workflow.nodes), workflow.edges)).canonical_key()
+
+
+def tools_workflow(task: Task, tools: Sequence[str]) -> Workflow:
+    """The optimal workflow of ``task`` with ``tools`` as its required tools (dependencies added; the
+    world's own completion, ``core.bounds.reference_workflow``); tools in an order that puts one before a
+    tool it depends on are first sorted by dependencies (stable)."""
+    from ..core.bounds import reference_workflow
+
+    try:
+        return reference_workflow(replace(task, required_tools=tuple(tools)))
+    except ValueError:  # the order contradicts a dependency: the workflow would have a cycle
+        return reference_workflow(replace(task, required_tools=tuple(dependency_sort(tools))))
 
 
 def execution_score(task: Task, workflow: Workflow | None) -> float:

@@ -39,6 +39,7 @@ from resilibench.rundir import RunDirectory
 from resilibench.settings import AT_LEAST_ONE, Settings, setting
 
 from ..core.tasks.wording import WORDINGS
+from ..core.text.toolbox import search_method
 from .clusters import ClusterRecord, clusters_digest
 from .evaluation import (
     RobustnessTable,
@@ -251,9 +252,11 @@ def demo_clusters(output_dir: Path, settings: DemoSettings) -> tuple[tuple[Clust
 def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *, progress: bool = True,
              log: Callable[[str], None] = print) -> dict[str, RobustnessTable]:
     """Base generator from scratch -> instruction-augmented SFT -> ScPO, with the robustness table on the
-    test clusters after each stage, beside the three baselines ("names", "lookup", "bow", trained on the
-    SFT stage's instructions: the train clusters and the rehearsal; ``robust_train.evaluation``) and the 95% intervals over clusters of the mean
-    execution score under noise (``demo_summary``). Every stage resumes from ``output_dir``."""
+    test clusters after each stage, beside the four baselines ("names", "lookup", "bow", trained on the
+    SFT stage's instructions: the train clusters and the rehearsal, and "search";
+    ``robust_train.evaluation``) and the 95% intervals over clusters of the mean execution score under
+    noise (``demo_summary``). Every stage resumes from ``output_dir``; ``report.json`` records the
+    search baseline's method (semantic or lexical)."""
     from .instructions import PERTURBATION_TYPES
 
     output_dir = Path(output_dir)
@@ -301,6 +304,7 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
                          *summary["lines"]])
     (output_dir / "table.txt").write_text(text + "\n")
     write_json_atomic(output_dir / "report.json", {"settings": settings.to_dict(), "summary": summary,
+                                                   "search_method": search_method(),
                                                    "tables": {name: t.to_dict() for name, t in tables.items()}})
     return tables
 

@@ -161,15 +161,15 @@ def _model_dir(text: str) -> Path:
     return path
 
 
-def _clusters(path: str) -> list[Any]:
+def _clusters(path: str, option: str = "--clusters") -> list[Any]:
     from resilibench.robust_train.clusters import load_clusters
 
     try:
         records = load_clusters(path)
     except (FileNotFoundError, ValueError) as exc:
-        raise CliError(f"--clusters: {exc}") from None
+        raise CliError(f"{option}: {exc}") from None
     if not records:
-        raise CliError(f"--clusters {path}: no clusters in the dataset")
+        raise CliError(f"{option} {path}: no clusters in the dataset")
     return records
 
 
@@ -252,7 +252,9 @@ def cmd_scpo(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from resilibench.robust_train.evaluation import format_tables
+    from resilibench.core.text.toolbox import search_method
+    from resilibench.results import write_json_atomic
+    from resilibench.robust_train.evaluation import baseline_tables, format_tables
     from resilibench.robust_train.instructions import PERTURBATION_TYPES
     from resilibench.robust_train.pipeline import evaluate_generator
 
@@ -262,11 +264,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if len(names) != len(models) or len(set(names)) != len(names):
         raise CliError(f"--name: give one distinct name per MODEL ({len(models)}), got {names}")
     records = _clusters(args.clusters)
+    train = _clusters(args.baselines, "--baselines") if args.baselines else None
     with _errors_of("evaluate"):
         tables = {name: evaluate_generator(model, records, Path(args.output_dir) / name, _format(args),
                                            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
                   for name, model in zip(names, models, strict=True)}
-    print(format_tables(tables, ("original", *PERTURBATION_TYPES)))
+        if train is not None:
+            baselines = baseline_tables(train, records)
+            write_json_atomic(Path(args.output_dir) / "baselines.json",
+                              {"search_method": search_method(), "train_clusters": args.baselines,
+                               "tables": {name: t.to_dict() for name, t in baselines.items()}})
+            tables = {**baselines, **tables}
+    kinds = ("original", *PERTURBATION_TYPES)
+    print(format_tables(tables, kinds))
+    if train is not None:
+        print(format_tables(tables, kinds, ("exec_ratio",)))
     print(f"tables and answers in {args.output_dir}/<name>/", file=sys.stderr)
     return 0
 
@@ -374,6 +386,9 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_dir_option(parser, None, "answers and tables; reused")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N", help="default 256")
     parser.add_argument("--batch-size", type=positive_int, default=64, metavar="N", help="default 64")
+    parser.add_argument("--baselines", metavar="DIR", help="a train `robust clusters` dataset: add the four "
+                        "baselines (names, lookup, bow and search; lookup and bow learn from DIR) beside the models, "
+                        "and their exec ratios (OUTPUT_DIR/baselines.json)")
     _format_flags(parser)
     _torch_threads_flag(parser)
     parser.set_defaults(func=cmd_evaluate)

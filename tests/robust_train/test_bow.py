@@ -52,10 +52,3 @@ def test_bow_answers_are_the_optimal_workflows_of_the_predicted_tools():
     table = robustness_table(test, answers)
     assert table.rows["original"]["valid"] == 1.0 and set(table.rows) == {"original", "noise_heavy"}
     assert set(table.cluster_exec) == {r.cluster_id for r in test}
-
-
-def test_a_predicted_order_against_the_dependencies_is_sorted_first():
-    task = load_tasks(split="test")[0]
-    workflow = _bow().workflow(task, ["data_processing_validator", "data_processing_parser"])  # validator needs the parser
-    tools = [n.tool for n in workflow.nodes]
-    assert tools.index("data_processing_parser") < tools.index("data_processing_validator")

@@ -1,9 +1,11 @@
-"""The robustness table's trivial baselines: copying tool names out of the instruction (rebuilds every
-world-v0 workflow, finds nothing in world v1) and looking up the task type's most frequent workflow."""
+"""The robustness table's baselines that learn nothing: copying tool names out of the instruction
+(rebuilds every world-v0 workflow, finds nothing in world v1), looking up the task type's most frequent
+workflow, and searching the tools with the instruction's clauses as the text env's scripted:search does."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import cache
 
 import pytest
@@ -16,8 +18,9 @@ from resilibench.robust_train.evaluation import (
     name_copy_answers,
     named_chain,
     robustness_table,
+    search_answers,
 )
-from resilibench.robust_train.generator import canonical_form, parse_workflow
+from resilibench.robust_train.generator import canonical_form, parse_workflow, tools_workflow, workflow_text
 
 TYPES = ("paraphrase", "requirements", "noise_heavy")
 
@@ -67,3 +70,33 @@ def test_lookup_answers_the_type_s_most_frequent_workflow_whatever_the_text():
     json.dumps(table.to_dict())
     with pytest.raises(ValueError, match="no task of type"):
         lookup_answers([r for r in train if r.task.task_type != records[0].task.task_type], records)
+
+
+def test_search_answers_choose_what_scripted_search_chooses_from_the_env_s_results():
+    from resilibench.agents.text_baselines import SearchTextAgent
+    from resilibench.core.text.toolbox import SearchSettings, search_text, search_tools
+
+    records = clusters("v1", "test", 6)
+    answers = search_answers(records, SearchSettings(k=3, method="lexical"))
+    agent = SearchTextAgent()
+    found = 0
+    for record in records:
+        for variant in record.variants:
+            # the agent's plan from the text env's rendering of the same searches
+            feedback = "\n".join(search_text(q, search_tools(q, 3, method="lexical")) for q in agent.searches(variant.text))
+            tools = agent.plan(feedback)
+            expected = workflow_text(tools_workflow(record.task, tools)) if tools else ""
+            assert answers[record.cluster_id][variant.variant_id] == expected
+            found += set(record.task.required_tools) <= set(tools)
+    assert found > 0  # it finds some tool sets whole: the answers are not all empty
+
+
+def test_search_reads_a_clause_it_was_never_trained_on():
+    record = clusters("v1", "test", 1)[0]
+    text = "A small job. Keep only the rows that match the condition. Then compress the archive data/a.zip."
+    variant = replace(record.variants[0], text=text)
+    one = replace(record, variants=(variant,))
+    answer = search_answers([one])[record.cluster_id][variant.variant_id]
+    tools = [n.tool for n in parse_workflow(answer).nodes]
+    assert {"data_processing_filter", "file_operations_compressor"} <= set(tools)
+    assert tools.index("data_processing_filter") < tools.index("file_operations_compressor")  # the text's order

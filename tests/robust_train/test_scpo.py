@@ -182,15 +182,21 @@ def test_cli_sft_scpo_evaluate(cluster_records, sft_generator, tmp_path, capsys)
     capsys.readouterr()
     assert main(["robust", "evaluate", str(sft_generator), str(tmp_path / "scpo" / "iter_01" / "model"),
                  "--name", "sft", "--name", "scpo", "--clusters", str(clusters), "--output-dir",
-                 str(tmp_path / "eval"), "--max-new-tokens", "48"]) == 0
+                 str(tmp_path / "eval"), "--max-new-tokens", "48", "--baselines", str(clusters)]) == 0
     out = capsys.readouterr().out
     assert "sft node" in out and "scpo exec" in out and "noise_heavy" in out
+    assert "bow exec" in out and "search exec_ratio" in out and "scpo exec_ratio" in out  # the baselines beside
+    baselines = json.loads((tmp_path / "eval" / "baselines.json").read_text())
+    assert list(baselines["tables"]) == ["names", "lookup", "bow", "search"] and baselines["train_clusters"] == str(clusters)
     assert main(["robust", "sft", str(tmp_path / "nowhere"), "--clusters", str(clusters), "--output-dir",
                  str(tmp_path / "x")]) == 2
     assert "not a directory holding a transformers model" in capsys.readouterr().err
     assert main(["robust", "evaluate", str(sft_generator), "--clusters", str(tmp_path / "none"),
                  "--output-dir", str(tmp_path / "x")]) == 2
     assert "--clusters" in capsys.readouterr().err
+    assert main(["robust", "evaluate", str(sft_generator), "--clusters", str(clusters), "--baselines",
+                 str(tmp_path / "none"), "--output-dir", str(tmp_path / "x")]) == 2
+    assert "--baselines" in capsys.readouterr().err and not (tmp_path / "x").exists()  # refused before any work
 
 
 def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  # noqa: F811
@@ -210,7 +216,7 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
         max_new_tokens=16)
     logs: list[str] = []
     tables = run_demo(tmp_path, settings, progress=False, log=logs.append)
-    assert list(tables) == ["names", "lookup", "bow", "base", "sft", "scpo1"]
+    assert list(tables) == ["names", "lookup", "bow", "search", "base", "sft", "scpo1"]
     assert all(row["valid"] == 0.0 for row in tables["names"].rows.values())  # v1 text names no tool
     assert all(set(t.rows) == {"original", "paraphrase", "requirements", "noise_light", "noise_moderate",
                                "noise_heavy"} and t.counts["original"] == 2 for t in tables.values())
@@ -219,6 +225,7 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["tables"]["sft"] == tables["sft"].to_dict() and report["settings"]["answer"] == "names"
     assert report["summary"]["final"] == "scpo1" and set(report["summary"]["noise_exec"]) == set(tables)
+    assert report["search_method"] in ("semantic", "lexical")
     assert "mean exec under noise (95% interval over clusters)" in table_text
     # SFT rehearses the base's tasks beside the train clusters: each task's original and one perturbed
     # variant, the type cycling through the five.

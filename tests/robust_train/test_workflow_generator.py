@@ -18,6 +18,7 @@ from resilibench.robust_train.generator import (
     execution_score,
     parse_workflow,
     reduced,
+    tools_workflow,
     workflow_text,
 )
 
@@ -43,6 +44,14 @@ def test_reduction_keeps_reachability_and_drops_implied_edges():
     chain = Workflow((Node("a"), Node("b"), Node("c")), ((0, 1), (1, 2), (0, 2)))
     assert reduced(chain).edges == ((0, 1), (1, 2))
     assert canonical_form(chain) == canonical_form(Workflow.chain(["a", "b", "c"]))
+
+
+def test_a_guessed_tool_order_against_the_dependencies_is_sorted_first():
+    task = load_tasks(split="test")[0]
+    workflow = tools_workflow(task, ["data_processing_validator", "data_processing_parser"])  # validator needs the parser
+    tools = [n.tool for n in workflow.nodes]
+    assert tools.index("data_processing_parser") < tools.index("data_processing_validator")
+    assert workflow == tools_workflow(task, ["data_processing_parser", "data_processing_validator"])
 
 
 def test_canonical_form_ignores_node_numbering_and_text():
