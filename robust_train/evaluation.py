@@ -28,8 +28,8 @@ from __future__ import annotations
 
 __all__ = [
     "COLUMNS", "NOISE_TYPES", "RobustnessTable", "generate_answers", "named_chain", "name_copy_answers",
-    "lookup_answers", "search_answers", "baseline_tables", "robustness_table", "Interval", "exec_interval", "paired_interval",
-    "format_tables",
+    "lookup_answers", "SEARCH_BASELINE", "search_answers", "baseline_tables", "robustness_table", "Interval",
+    "exec_interval", "paired_interval", "format_tables",
 ]
 
 import math
@@ -147,8 +147,8 @@ def search_answers(records: Sequence[ClusterRecord], search: SearchSettings = SE
                    ) -> dict[str, dict[str, str]]:
     """The search baseline's answers: for every variant, the tools ``scripted:search`` would choose (per
     clause of the text, its first sentence aside, the best of ``search.k`` hits not chosen yet with
-    relevance at least 0.1 as the text env shows it, to two places; ``agents.text_baselines``), completed into the task's optimal workflow for
-    them (``tools_workflow``); "" when no hit is relevant."""
+    relevance at least 0.1 as the text env shows it, to two places; ``agents.text_baselines``),
+    completed into the task's optimal workflow for them (``tools_workflow``); "" when none is relevant."""
     from ..agents.text_baselines import SearchTextAgent  # the text env's agents: loaded when asked
 
     agent = SearchTextAgent()
