@@ -17,22 +17,22 @@ from .scripted import (
     PlanFollowingTextAgent,
     PlannerTextAgent,
 )
-from .text_baselines import NameReadingTextAgent, SearchTextAgent
+from .text_baselines import NameReadingTextAgent, SearchingOptimalTextAgent, SearchTextAgent
 
-SCRIPTED_AGENTS = ("optimal", "plan", "names", "search")
+SCRIPTED_AGENTS = ("optimal", "plan", "names", "search", "search-optimal")
 
 
 def make_scripted_agent(kind: str) -> Agent:
-    """A scripted agent by name: ``optimal``, ``plan``, or the text-only baselines ``names`` and ``search``
-    (``resilibench.agents.text_baselines``)."""
+    """A scripted agent by name: ``optimal``, ``plan``, the text-only baselines ``names`` and ``search``, or
+    ``search-optimal`` (``resilibench.agents.text_baselines``)."""
     makers = {"optimal": OptimalTextAgent, "plan": PlanFollowingTextAgent, "names": NameReadingTextAgent,
-              "search": SearchTextAgent}
+              "search": SearchTextAgent, "search-optimal": SearchingOptimalTextAgent}
     if kind not in makers:
         raise ValueError(f"scripted agent must be one of {sorted(SCRIPTED_AGENTS)}, got {kind!r}")
     return makers[kind]()
 
 
-AGENT_SPECS = ("scripted:optimal, scripted:plan, scripted:names, scripted:search, a planner name (random_legal, in_order, dependency_aware, "
+AGENT_SPECS = ("scripted:optimal, scripted:plan, scripted:names, scripted:search, scripted:search-optimal, a planner name (random_legal, in_order, dependency_aware, "
                 "optimal), ppo:CHECKPOINT_DIR, hf:PATH, vllm:PATH or openai:URL?model=NAME")
 
 

@@ -1,4 +1,5 @@
-"""Two text-only baselines of the text protocol: they read nothing but the conversation.
+"""Two text-only baselines of the text protocol, which read nothing but the conversation, and an expert
+that searches as one of them does.
 
 * ``NameReadingTextAgent`` (``scripted:names``): calls the tool names written in the task text (any
   spelling: ``network_fetcher``, "network fetcher", an alias), in order of appearance. On world v0,
@@ -13,13 +14,18 @@
 Both execute their plan the same way: the first planned tool that has not succeeded and has calls
 left, retried on failure, with a dependency that the feedback names as unmet called first; then
 "Task completed.".
+
+* ``SearchingOptimalTextAgent`` (``scripted:search-optimal``): sends ``scripted:search``'s searches,
+  then plays the optimal policy of bound (iii) (it reads the episode, so it is an expert, not a
+  baseline). Its transcripts show each right tool next to the search results it can be read from: a
+  warm start's teacher for tasks whose tool sets the student has never seen.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "MAX_CALLS_PER_TOOL", "MAX_SEARCHES", "task_text", "clauses", "next_message", "NameReadingTextAgent",
-    "SearchTextAgent",
+    "SearchTextAgent", "SearchingOptimalTextAgent",
 ]
 
 import re
@@ -31,7 +37,7 @@ from resilibench.llm import Message
 from ..core.registry import ToolRegistry, default_registry, named_tools
 from ..core.text.toolbox import UnknownToolError, resolve_tool
 from ..envs.text.env import MAX_REQUESTS
-from .scripted import COMPLETION_MESSAGE, Batch, call_message
+from .scripted import COMPLETION_MESSAGE, Batch, OptimalTextAgent, call_message, episode_of
 
 MAX_CALLS_PER_TOOL = 4  # the default task's cap (1 + max_retries)
 MAX_SEARCHES = 10  # searches in all
@@ -121,6 +127,15 @@ class SearchTextAgent:
         parts = clauses(task_text(prompt))
         return parts[1:MAX_SEARCHES + 1] if len(parts) > 1 else parts  # the first sentence says what the job is
 
+    @classmethod
+    def search_message(cls, conversation: Sequence[Message]) -> str | None:
+        """The message of this turn's searches (as many as the env answers per message), or None once
+        every search has been sent."""
+        queries = cls.searches(conversation[0]["content"])
+        turn = len(conversation) // 2  # assistant messages so far
+        round_ = queries[turn * MAX_REQUESTS:(turn + 1) * MAX_REQUESTS]
+        return "".join(f"<tool_search>{q}</tool_search>" for q in round_) or None
+
     def plan(self, search_feedback: str) -> list[str]:
         """The tools ``choose`` picks from the search results in ``search_feedback``."""
         results = []
@@ -147,12 +162,20 @@ class SearchTextAgent:
     def respond(self, batch: Batch) -> list[str]:
         replies = []
         for conversation, _ in batch:
-            queries = self.searches(conversation[0]["content"])
-            rounds = [queries[i:i + MAX_REQUESTS] for i in range(0, len(queries), MAX_REQUESTS)]
-            turn = len(conversation) // 2  # assistant messages so far
-            if turn < len(rounds):
-                replies.append("".join(f"<tool_search>{q}</tool_search>" for q in rounds[turn]))
+            if search := self.search_message(conversation):
+                replies.append(search)
                 continue
-            feedback = "\n".join(conversation[2 * i + 2]["content"] for i in range(len(rounds)))
-            replies.append(next_message(self.plan(feedback), conversation, 2 * len(rounds) + 1))
+            rounds = -(-len(self.searches(conversation[0]["content"])) // MAX_REQUESTS)
+            feedback = "\n".join(conversation[2 * i + 2]["content"] for i in range(rounds))
+            replies.append(next_message(self.plan(feedback), conversation, 2 * rounds + 1))
         return replies
+
+
+class SearchingOptimalTextAgent:
+    """Searches as ``scripted:search`` does, then plays the optimal policy (module docstring)."""
+
+    name = "scripted:search-optimal"
+
+    def respond(self, batch: Batch) -> list[str]:
+        return [SearchTextAgent.search_message(conversation) or OptimalTextAgent.message(episode_of(env))
+                for conversation, env in batch]

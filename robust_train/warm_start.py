@@ -36,7 +36,7 @@ from ..agents.scripted import COMPLETION_MESSAGE, Agent
 from ..agents.specs import make_scripted_agent
 from ..core.text.toolbox import INFO_FUNCTION, SEARCH_FUNCTION, default_arguments, parse_message
 
-EXPERTS = ("optimal", "search")
+EXPERTS = ("optimal", "search", "search-optimal")
 WARM_STARTS = ("none", "sft")
 SFT_DIR = "sft"
 MERGED_DIR = "merged"

@@ -30,7 +30,8 @@ def one_task_per_type(world: str = "v1"):
     return [next(t for t in tasks if t.task_type == name) for name in TASK_TYPE_NAMES]
 
 
-@pytest.mark.parametrize("kind, world", [("optimal", "v1"), ("plan", "v1"), ("names", "v0"), ("search", "v1")])
+@pytest.mark.parametrize("kind, world", [("optimal", "v1"), ("plan", "v1"), ("names", "v0"), ("search", "v1"),
+                                         ("search-optimal", "v1")])
 def test_both_protocols_give_identical_outcomes(kind, world):
     """Every scripted agent makes the same decisions under both protocols (the tools one through
     ``tag_view``/``tool_message``): the same trace, grade and reward on every task and seed. (The

@@ -13,7 +13,7 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 from resilibench.cli import main
-from resilibench.core.text.toolbox import SearchSettings, parse_message
+from resilibench.core.text.toolbox import SEARCH_FUNCTION, SearchSettings, parse_message
 from resilibench.core.world import load_tasks
 from resilibench.envs.text.env import ResiliBenchTextEnv
 from resilibench.envs.text.trl import grpo_environment_class, task_rows
@@ -27,11 +27,13 @@ def _task():
     return next(t for t in load_tasks(split="train") if t.task_type == "simple_data_transformation")
 
 
-@pytest.mark.parametrize("surface", ["search", "all"])
-def test_an_expert_transcript_is_exactly_a_grpo_rollout_of_it(tool_calling_lm, tmp_path, monkeypatch, surface):
-    """The optimal agent's transcript, rendered, is the token sequence and tool mask that TRL's GRPO tool
-    loop builds when the policy generates the same assistant turns; TRL's parser reads back the same
-    calls, and they replay on the text env (tags protocol) to the same trace and level."""
+@pytest.mark.parametrize("surface, expert", [("search", "optimal"), ("all", "optimal"), ("search", "search-optimal")])
+def test_an_expert_transcript_is_exactly_a_grpo_rollout_of_it(tool_calling_lm, tmp_path, monkeypatch, surface,
+                                                              expert):
+    """An expert's transcript (the optimal agent's; the searching one's, searches first), rendered, is the
+    token sequence and tool mask that TRL's GRPO tool loop builds when the policy generates the same
+    assistant turns; TRL's parser reads back the same calls, and they replay on the text env (tags
+    protocol) to the same trace and level."""
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     from trl.chat_template_utils import parse_response
 
@@ -42,8 +44,7 @@ def test_an_expert_transcript_is_exactly_a_grpo_rollout_of_it(tool_calling_lm, t
     env_class = grpo_environment_class(surface=surface, outcomes=outcomes, search=SearchSettings(method="lexical"))
     rows = task_rows([_task()], [3]) * 2
     transcripts: list = []
-    expert = expert_outcomes("optimal", env_class, rows[:1], transcripts)
-    assert expert[0]["level"] == "full_success"
+    assert expert_outcomes(expert, env_class, rows[:1], transcripts)[0]["level"] == "full_success"
     conversation = transcripts[0]
     calls = [m for m in conversation if m.get("tool_calls")]
     assert calls and conversation[-1] == {"role": "assistant", "content": "Task completed."}
@@ -81,9 +82,14 @@ def test_an_expert_transcript_is_exactly_a_grpo_rollout_of_it(tool_calling_lm, t
     assert [[c["function"] for c in p] for p in parsed] == [[c["function"] for c in m["tool_calls"]] for m in calls]
     reference = ResiliBenchTextEnv(split=None, search=SearchSettings(method="lexical"))
     reference.reset(seed=3, options={"task_id": rows[0]["task_id"]})
+    searches = [c["function"]["arguments"]["query"] for m in parsed for c in m if c["function"]["name"] == SEARCH_FUNCTION]
+    assert bool(searches) == (expert == "search-optimal")
     for message in parsed:
         for call in message:
             function = call["function"]
+            if function["name"] == SEARCH_FUNCTION:
+                reference.step(f"<tool_search>{function['arguments']['query']}</tool_search>")
+                continue
             name, arguments = ((function["arguments"]["name"], function["arguments"]["arguments"])
                                if surface == "search" else (function["name"], function["arguments"]))
             tag = f"<tool_call>{name} {json.dumps(arguments)}</tool_call>"
@@ -91,7 +97,7 @@ def test_an_expert_transcript_is_exactly_a_grpo_rollout_of_it(tool_calling_lm, t
             reference.step(tag)
     reference.step("Task completed.")
     assert reference.episode.evaluation.level == "full_success"
-    assert len(reference.episode.trace) == len([c for m in parsed for c in m])
+    assert len(reference.episode.trace) == len([c for m in parsed for c in m]) - len(searches)
 
 
 def _train(model: Path, out: Path, *extra: str) -> list[str]:
