@@ -28,6 +28,7 @@ __all__ = [
     "SearchTextAgent", "SearchingOptimalTextAgent",
 ]
 
+import math
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -165,7 +166,7 @@ class SearchTextAgent:
             if search := self.search_message(conversation):
                 replies.append(search)
                 continue
-            rounds = -(-len(self.searches(conversation[0]["content"])) // MAX_REQUESTS)
+            rounds = math.ceil(len(self.searches(conversation[0]["content"])) / MAX_REQUESTS)
             feedback = "\n".join(conversation[2 * i + 2]["content"] for i in range(rounds))
             replies.append(next_message(self.plan(feedback), conversation, 2 * rounds + 1))
         return replies

@@ -92,6 +92,9 @@ class GRPOSettings(Settings):
     batch_size: int = setting(4, bounds=AT_LEAST_ONE, help="rollouts per device per step (a multiple of "
                                                            "num_generations)")
     gradient_accumulation_steps: int = setting(1, bounds=AT_LEAST_ONE, help="batches per optimizer step")
+    eval_batch_size: int | None = setting(None, bounds=AT_LEAST_ONE, help="held-out rollouts generated at once "
+                                          "(default 2 x batch_size): a batch lasts as long as its longest "
+                                          "rollout, so long budgets on a CPU favour small batches")
     learning_rate: float = setting(5e-5, above=0, help="AdamW learning rate")
     beta: float = setting(0.0, bounds=(0, None), help="KL penalty against the base model (0: none, no "
                                                       "reference pass)")
@@ -320,7 +323,7 @@ def make_grpo_trainer(settings: GRPOSettings, output_dir: Path, model, tokenizer
     from trl import GRPOConfig, GRPOTrainer  # pyright: ignore[reportPrivateImportUsage]: exported lazily
 
     device, _ = _device_args(settings.lora is not None)
-    eval_batch = max(1, min(2 * settings.batch_size, len(eval_rows)))  # batched generation is cheaper
+    eval_batch = max(1, min(settings.eval_batch_size or 2 * settings.batch_size, len(eval_rows)))
     args = GRPOConfig(
         output_dir=str(output_dir / CHECKPOINT_DIR), max_steps=settings.max_steps,
         learning_rate=settings.learning_rate, per_device_train_batch_size=settings.batch_size,

@@ -58,6 +58,23 @@ def test_a_tool_call_made_through_the_trainer_changes_the_episode_and_its_reward
     assert trainer._metrics["train"]["tools/call_frequency"] == [1.0]
 
 
+@pytest.mark.parametrize("eval_batch_size, expected", [(None, 4), (1, 1), (10, 6)])
+def test_held_out_rollouts_are_generated_in_batches_of_eval_batch_size(tool_calling_lm, tmp_path, monkeypatch,
+                                                                        eval_batch_size, expected):
+    """Default: twice the training batch; never more than the held-out rows."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from resilibench.envs.text.trl import grpo_environment_class, task_rows
+    from resilibench.robust_train.grpo import load_agent_model, make_grpo_trainer
+
+    settings = GRPOSettings(model=str(tool_calling_lm), num_generations=2, batch_size=2,
+                            eval_batch_size=eval_batch_size)
+    model, tokenizer = load_agent_model(settings, tmp_path)
+    rows = task_rows(load_tasks(split="test")[:6], [0])
+    trainer = make_grpo_trainer(settings, tmp_path, model, tokenizer, grpo_environment_class(), rows[:2], rows,
+                                progress=False)
+    assert trainer.args.per_device_eval_batch_size == expected
+
+
 def _train(model: Path, out: Path, *extra: str) -> list[str]:
     return ["train", "grpo", "--model", str(model), "--output-dir", str(out), "--num-generations", "2",
             "--batch-size", "2", "--max-completion-length", "24", "--train-tasks", "4", "--eval-tasks", "1",
@@ -101,6 +118,7 @@ def plain_model(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("flags, message", [
     (["--batch-size", "3"], "batch_size (3) must be a multiple of num_generations (2)"),
+    (["--eval-batch-size", "0"], "eval_batch_size"),
     (["--chat-template", "model"], "TRL cannot parse tool calls"),
     (["--chat-template", "auto"], "does not speak ChatML"),
 ])
