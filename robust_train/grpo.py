@@ -48,6 +48,7 @@ from .training import (
     _peft_config,
     _quiet,
     _quiet_trainer,
+    _renamed_checkpointing_calls_silenced,
     _require_llm,
     _run,
     set_torch_threads,
@@ -57,6 +58,7 @@ from .warm_start import EXPERTS, SFT_DIR, WARM_STARTS, expert_outcomes, train_wa
 
 CHAT_TEMPLATES = ("auto", "model", "qwen2_5")
 VLLM_MODES = ("colocate", "server")
+CHECKPOINTING = {"auto": None, "on": True, "off": False}  # activation checkpointing (auto: on a GPU)
 BASE_DIR = "base"
 SUMMARY_FILE = "summary.json"
 EVAL_FILES = ("eval_before.json", "eval_after.json")
@@ -89,13 +91,19 @@ class GRPOSettings(Settings):
                                             help="also stop after MIN minutes of this session's training")
     num_generations: int = setting(4, bounds=(2, None), reason=" (GRPO compares a group)",
                                    help="rollouts per task in a GRPO group")
-    batch_size: int = setting(4, bounds=AT_LEAST_ONE, help="rollouts per device per step (a multiple of "
+    batch_size: int = setting(4, bounds=AT_LEAST_ONE, help="rollouts per forward pass (batch_size x "
+                                                           "gradient_accumulation_steps: a multiple of "
                                                            "num_generations)")
-    gradient_accumulation_steps: int = setting(1, bounds=AT_LEAST_ONE, help="batches per optimizer step")
+    gradient_accumulation_steps: int = setting(1, bounds=AT_LEAST_ONE, help="batches per optimizer step: "
+                                                                            "a group's rollouts may be spread "
+                                                                            "over them, which bounds memory")
     eval_batch_size: int | None = setting(None, bounds=AT_LEAST_ONE, help="held-out rollouts generated at once "
                                           "(default 2 x batch_size): a batch lasts as long as its longest "
                                           "rollout, so long budgets on a CPU favour small batches")
     learning_rate: float = setting(5e-5, above=0, help="AdamW learning rate")
+    activation_checkpointing: str = setting("auto", choices=tuple(CHECKPOINTING), help="recompute activations in "
+                                            "the backward pass (auto: on a GPU only); on a CPU it saves "
+                                            "memory on long rollouts for a few percent of time")
     beta: float = setting(0.0, bounds=(0, None), help="KL penalty against the base model (0: none, no "
                                                       "reference pass)")
     temperature: float = setting(1.0, above=0, help="sampling temperature of rollouts (training and "
@@ -135,8 +143,9 @@ class GRPOSettings(Settings):
         super().__post_init__()
         if not self.model:
             raise ConfigError("model", "model must name a model directory, GGUF file or package")
-        if self.batch_size % self.num_generations:
-            raise ConfigError("batch_size", f"batch_size ({self.batch_size}) must be a multiple of "
+        if (self.batch_size * self.gradient_accumulation_steps) % self.num_generations:
+            raise ConfigError("batch_size", f"batch_size x gradient_accumulation_steps ({self.batch_size} x "
+                                            f"{self.gradient_accumulation_steps}) must be a multiple of "
                                             f"num_generations ({self.num_generations})")
         for name in ("seeds", "eval_seeds"):
             if not getattr(self, name):
@@ -270,7 +279,8 @@ def _evaluate(trainer, outcomes: list, tasks, config, path: Path, log: Callable[
 
     outcomes.clear()
     started = time.monotonic()
-    trainer.evaluate()
+    with _renamed_checkpointing_calls_silenced():
+        trainer.evaluate()
     summary = summarize(outcomes, tasks, config)
     summary["seconds"] = round(time.monotonic() - started, 1)
     write_json_atomic(path, {"summary": summary, "rollouts": list(outcomes)})
@@ -322,7 +332,7 @@ def make_grpo_trainer(settings: GRPOSettings, output_dir: Path, model, tokenizer
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer  # pyright: ignore[reportPrivateImportUsage]: exported lazily
 
-    device, _ = _device_args(settings.lora is not None)
+    device, _ = _device_args(settings.lora is not None, CHECKPOINTING[settings.activation_checkpointing])
     eval_batch = max(1, min(settings.eval_batch_size or 2 * settings.batch_size, len(eval_rows)))
     args = GRPOConfig(
         output_dir=str(output_dir / CHECKPOINT_DIR), max_steps=settings.max_steps,

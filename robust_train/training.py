@@ -251,17 +251,20 @@ def _check_rows(rows: Sequence[dict], keys: Sequence[str]) -> list[dict]:
 # --- shared run machinery ------------------------------------------------------------------------------
 
 
-def _device_args(lora: bool) -> tuple[dict[str, Any], Any]:
+def _device_args(lora: bool, checkpointing: bool | None = None) -> tuple[dict[str, Any], Any]:
     """Trainer arguments for this machine and the dtype to load the model in: CUDA with bf16 where the
     GPU supports it (a LoRA base model loads in bf16, a fully trained one in fp32 under autocast), else
-    CPU in fp32 without activation checkpointing (it only costs time there)."""
+    CPU in fp32. Activation checkpointing follows ``checkpointing``; None: on a GPU only (on a CPU it
+    costs time and is needed only for long sequences)."""
     import torch
 
     if torch.cuda.is_available():
         bf16 = torch.cuda.is_bf16_supported()
         dtype = torch.bfloat16 if bf16 and lora else torch.float32
-        return {"use_cpu": False, "bf16": bf16, "fp16": False, "activation_checkpointing": True}, dtype
-    return {"use_cpu": True, "bf16": False, "fp16": False, "activation_checkpointing": False}, torch.float32
+        on = True if checkpointing is None else checkpointing
+        return {"use_cpu": False, "bf16": bf16, "fp16": False, "activation_checkpointing": on}, dtype
+    on = bool(checkpointing)
+    return {"use_cpu": True, "bf16": False, "fp16": False, "activation_checkpointing": on}, torch.float32
 
 
 def _common_args(settings: SFTSettings | PreferenceSettings, checkpoints: Path, progress: bool) -> dict[str, Any]:
@@ -304,10 +307,19 @@ def _load_model(model_path: Path, lora: bool):
 
 
 @contextlib.contextmanager
+def _renamed_checkpointing_calls_silenced() -> Iterator[None]:
+    """PEFT and TRL call transformers' checkpointing methods by their old names (``gradient_...``), which
+    warn on every model wrap and every generation."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
+@contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """Silence the dataset-preparation and weight-loading progress bars of datasets and transformers
-    (restored afterwards; the training bar is ``_progress_bar_class``'s) and PEFT's call of a renamed
-    transformers property, which warns on every model wrap."""
+    (restored afterwards; the training bar is ``_progress_bar_class``'s) and the renamed checkpointing
+    calls."""
     import datasets
     from transformers.utils import logging as hf_logging
 
@@ -316,8 +328,7 @@ def _quiet() -> Iterator[None]:
     datasets.disable_progress_bars()
     hf_logging.disable_progress_bar()
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        with _renamed_checkpointing_calls_silenced():
             yield
     finally:
         if datasets_on:
@@ -407,7 +418,8 @@ def _run(trainer, output_dir: Path, resume: bool) -> TrainResult:
 
     checkpoints = output_dir / CHECKPOINT_DIR
     last = get_last_checkpoint(str(checkpoints)) if resume and checkpoints.is_dir() else None
-    output = trainer.train(resume_from_checkpoint=last)
+    with _renamed_checkpointing_calls_silenced():
+        output = trainer.train(resume_from_checkpoint=last)
     log = [dict(entry) for entry in trainer.state.log_history]
     result = TrainResult(output_dir / FINAL_DIR, trainer.state.global_step, output.training_loss, log,
                          resumed=last is not None)

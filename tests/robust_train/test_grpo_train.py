@@ -75,6 +75,27 @@ def test_held_out_rollouts_are_generated_in_batches_of_eval_batch_size(tool_call
     assert trainer.args.per_device_eval_batch_size == expected
 
 
+def test_a_group_spread_over_accumulation_steps_trains_with_activation_checkpointing(tool_calling_lm, tmp_path,
+                                                                                     monkeypatch):
+    """One rollout per forward pass, the group of 2 over 2 accumulation steps (TRL generates the group at
+    once), activations recomputed: a real optimizer step runs on the CPU."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from resilibench.envs.text.trl import grpo_environment_class, task_rows
+    from resilibench.robust_train.grpo import load_agent_model, make_grpo_trainer
+
+    settings = GRPOSettings(model=str(tool_calling_lm), num_generations=2, batch_size=1,
+                            gradient_accumulation_steps=2, activation_checkpointing="on", max_steps=1,
+                            max_completion_length=24)
+    model, tokenizer = load_agent_model(settings, tmp_path)
+    rows = task_rows(load_tasks(split="train")[:2], [0])
+    trainer = make_grpo_trainer(settings, tmp_path, model, tokenizer, grpo_environment_class(), rows, [],
+                                progress=False)
+    assert (trainer.args.per_device_train_batch_size, trainer.args.generation_batch_size) == (1, 2)
+    assert trainer.args.activation_checkpointing
+    assert trainer.train().global_step == 1
+    assert trainer.model.is_activation_checkpointing
+
+
 def _train(model: Path, out: Path, *extra: str) -> list[str]:
     return ["train", "grpo", "--model", str(model), "--output-dir", str(out), "--num-generations", "2",
             "--batch-size", "2", "--max-completion-length", "24", "--train-tasks", "4", "--eval-tasks", "1",
@@ -117,7 +138,8 @@ def plain_model(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--batch-size", "3"], "batch_size (3) must be a multiple of num_generations (2)"),
+    (["--batch-size", "3"], "batch_size x gradient_accumulation_steps (3 x 1) must be a multiple of num_generations (2)"),
+    (["--batch-size", "1", "--gradient-accumulation-steps", "3"], "(1 x 3) must be a multiple of num_generations"),
     (["--eval-batch-size", "0"], "eval_batch_size"),
     (["--chat-template", "model"], "TRL cannot parse tool calls"),
     (["--chat-template", "auto"], "does not speak ChatML"),
