@@ -258,13 +258,13 @@ def _device_args(lora: bool, checkpointing: bool | None = None) -> tuple[dict[st
     costs time and is needed only for long sequences)."""
     import torch
 
-    if torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    checkpoint = cuda if checkpointing is None else checkpointing
+    if cuda:
         bf16 = torch.cuda.is_bf16_supported()
         dtype = torch.bfloat16 if bf16 and lora else torch.float32
-        on = True if checkpointing is None else checkpointing
-        return {"use_cpu": False, "bf16": bf16, "fp16": False, "activation_checkpointing": on}, dtype
-    on = bool(checkpointing)
-    return {"use_cpu": True, "bf16": False, "fp16": False, "activation_checkpointing": on}, torch.float32
+        return {"use_cpu": False, "bf16": bf16, "fp16": False, "activation_checkpointing": checkpoint}, dtype
+    return {"use_cpu": True, "bf16": False, "fp16": False, "activation_checkpointing": checkpoint}, torch.float32
 
 
 def _common_args(settings: SFTSettings | PreferenceSettings, checkpoints: Path, progress: bool) -> dict[str, Any]:
