@@ -88,6 +88,7 @@ def generate_answers(backend: Backend, records: Sequence[ClusterRecord], fmt: Ge
 
     answers = {row["cluster_id"]: row["answers"] for row in run.existing.rows}
     pending = [r for r in records if r.cluster_id not in answers]
+    fmt.prepare(v.text for r in pending for v in r.variants)
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0)
     run.open_results(run_metadata(run.identity, None))
     with tqdm(total=len(records), initial=len(records) - len(pending), desc="generating workflows",

@@ -24,13 +24,13 @@ comes from here:
 from __future__ import annotations
 
 __all__ = [
-    "SYSTEM_PROMPT", "NAMES_PROMPT", "ANSWER_FORMS", "GeneratorFormat", "reduced", "workflow_text", "names_text",
+    "SYSTEM_PROMPT", "NAMES_PROMPT", "ANSWER_FORMS", "GeneratorFormat", "search_hints", "reduced", "workflow_text", "names_text",
     "GeneratorOutputError", "parse_workflow", "parse_names", "canonical_form", "tools_workflow", "execution_score",
 ]
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 
@@ -61,10 +61,16 @@ class GeneratorFormat:
 
     tool_list: bool = False
     answer: str = "json"
+    search_hits: int = 0
+    search_hits_only: bool = False
 
     def __post_init__(self) -> None:
         if self.answer not in ANSWER_FORMS:
             raise ValueError(f"GeneratorFormat.answer must be one of {', '.join(ANSWER_FORMS)}, got {self.answer!r}")
+        if not isinstance(self.search_hits, int) or self.search_hits < 0:
+            raise ValueError(f"GeneratorFormat.search_hits must be an integer >= 0, got {self.search_hits!r}")
+        if self.search_hits_only and not self.search_hits:
+            raise ValueError("GeneratorFormat.search_hits_only needs search_hits >= 1 (the hits to show)")
 
     @property
     def prompt(self) -> str:
@@ -76,8 +82,22 @@ class GeneratorFormat:
         """The system message: the answer format (and the tool list when asked)."""
         return f"{self.prompt}\nTools:\n{_tool_list()}" if self.tool_list else self.prompt
 
+    def user(self, instruction: str) -> str:
+        """The user message: the instruction, followed with ``search_hits`` by its search hits line (or
+        that line alone with ``search_hits_only``)."""
+        if not self.search_hits:
+            return instruction
+        hits = search_hints([instruction], self.search_hits)[0]
+        return hits if self.search_hits_only else f"{instruction}\n{hits}"
+
     def messages(self, instruction: str) -> list[dict[str, str]]:
-        return [{"role": "system", "content": self.system}, {"role": "user", "content": instruction}]
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user(instruction)}]
+
+    def prepare(self, instructions: Iterable[str]) -> None:
+        """Compute the search hits of many instructions at once (one embedding batch), so that the
+        ``messages`` that follow find them ready; nothing to do without ``search_hits``."""
+        if self.search_hits:
+            search_hints(list(instructions), self.search_hits)
 
     def answer_text(self, workflow: Workflow) -> str:
         """The answer the generator is taught for ``workflow`` in this format."""
@@ -88,7 +108,38 @@ class GeneratorFormat:
         return parse_names(text) if self.answer == "names" else parse_workflow(text)
 
     def to_dict(self) -> dict[str, object]:
-        return {"system": self.prompt, "tool_list": self.tool_list, "answer": self.answer}
+        """The format as stage records hold it (``search_hits`` only when set: the records of runs
+        without it stay what they were)."""
+        hits = {"search_hits": self.search_hits, "search_hits_only": self.search_hits_only} if self.search_hits else {}
+        return {"system": self.prompt, "tool_list": self.tool_list, "answer": self.answer, **hits}
+
+
+_HINTS: dict[tuple[str, int], str] = {}
+HINTS_BATCH = 512  # instructions searched per embedding batch (and per step of the progress bar)
+
+
+def search_hints(instructions: Sequence[str], k: int) -> list[str]:
+    """The search hits line of each instruction: for every clause the text env's ``scripted:search``
+    would search (``SearchTextAgent.searches``), its ``k`` best tools by the tool search of the env
+    (``search_tools_many``), clauses in the text's order: ``"Search hits: a b c | d e f"``. What the
+    search baseline reads, given to a generator so that it can map a wording it never saw; cached."""
+    from tqdm.auto import tqdm
+
+    from ..agents.text_baselines import SearchTextAgent  # the text env's agents: loaded when asked
+    from ..core.text.toolbox import search_tools_many
+
+    pending = [text for text in dict.fromkeys(instructions) if (text, k) not in _HINTS]
+    with tqdm(total=len(pending), desc="tool searches", unit="instruction", disable=len(pending) < HINTS_BATCH,
+              leave=False) as bar:
+        for start in range(0, len(pending), HINTS_BATCH):
+            batch = pending[start:start + HINTS_BATCH]
+            clauses = {text: SearchTextAgent.searches(text) for text in batch}
+            hits = iter(search_tools_many([q for text in batch for q in clauses[text]], k))
+            for text in batch:
+                groups = [" ".join(hit.name for hit in next(hits)) for _ in clauses[text]]
+                _HINTS[text, k] = "Search hits: " + " | ".join(groups)
+            bar.update(len(batch))
+    return [_HINTS[text, k] for text in instructions]
 
 
 def reduced(workflow: Workflow) -> Workflow:

@@ -99,6 +99,7 @@ def sft_rows(records: Sequence[ClusterRecord], fmt: GeneratorFormat, originals_o
              ) -> list[dict[str, Any]]:
     """Prompt-completion rows: each variant's instruction (or only the original's) with the cluster's
     reference workflow as the answer."""
+    fmt.prepare(v.text for record in records for v in record.variants)
     return [{"prompt": fmt.messages(v.text),
              "completion": [{"role": "assistant", "content": fmt.answer_text(record.reference)}]}
             for record in records for v in (record.variants[:1] if originals_only else record.variants)]
@@ -126,8 +127,9 @@ def run_sft(model_dir: str | Path, records: Sequence[ClusterRecord], output_dir:
 
 def generator_corpus(records: Sequence[ClusterRecord], fmt: GeneratorFormat) -> list[str]:
     """The text a from-scratch generator's tokenizer learns: the system line, every variant's
-    instruction and every reference answer."""
-    return [fmt.system, *(v.text for r in records for v in r.variants),
+    instruction (with its search hits when the format shows them) and every reference answer."""
+    fmt.prepare(v.text for r in records for v in r.variants)
+    return [fmt.system, *(fmt.user(v.text) for r in records for v in r.variants),
             *(fmt.answer_text(r.reference) for r in records)]
 
 
@@ -193,6 +195,9 @@ class DemoSettings(Settings):
                                  "earlier stage saw, for ScPO (no reference answer is used)")
     wording: str = setting("shared", choices=WORDINGS, help="held_out: test descriptions worded in phrase-bank "
                            "clauses no train task uses (core.tasks.wording)")
+    search_hits: int = setting(0, bounds=(0, None), metavar="K", help="show the generator the K best tool "
+                               "search hits of each clause of its instruction (GeneratorFormat.search_hits; 0: none)")
+    search_hits_only: bool = setting(False, help="show the generator the search hits instead of the instruction")
     seed: int = setting(0, bounds=(0, None), metavar="N", help="seed of every stage")
     answer: str = setting("names", choices=ANSWER_FORMS, help="the generator's answer form")
     hidden_size: int = setting(HIDDEN, bounds=AT_LEAST_ONE)
@@ -203,7 +208,11 @@ class DemoSettings(Settings):
     max_new_tokens: int = setting(MAX_NEW_TOKENS, bounds=AT_LEAST_ONE)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The settings as records hold them (``search_hits`` only when set, as in ``GeneratorFormat``)."""
+        settings = asdict(self)
+        if not self.search_hits:
+            del settings["search_hits"], settings["search_hits_only"]
+        return settings
 
 
 def check_demo_sizes(settings: DemoSettings, train_tasks: int | None = None) -> None:
@@ -261,7 +270,8 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    fmt = GeneratorFormat(answer=settings.answer)
+    fmt = GeneratorFormat(answer=settings.answer, search_hits=settings.search_hits,
+                          search_hits_only=settings.search_hits_only)
     demo = {"stage": "demo", "demo": settings.to_dict()}
     check_demo_sizes(settings)  # sizes the split cannot hold, then other sizes: refused before anything runs
     reuse_stage(output_dir, False, demo)
@@ -274,6 +284,9 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
 
     stage(f"cluster datasets ({settings.wording} wording)")
     train, test, pretrain, rehearsal, fresh = demo_clusters(output_dir, settings)
+    if settings.search_hits:
+        stage(f"search hits ({settings.search_hits} a clause) of every instruction")
+        fmt.prepare(v.text for records in (train, test, pretrain, rehearsal, fresh) for r in records for v in r.variants)
     stage("generator from scratch")
     scratch = build_generator(output_dir / "scratch", train + pretrain, fmt, hidden_size=settings.hidden_size,
                               num_layers=settings.num_layers, seed=settings.seed)

@@ -183,6 +183,7 @@ def sample_cluster_candidates(backend: Backend, records: Sequence[ClusterRecord]
                               settings: ScPOSettings, seed: int) -> list[list[Candidate]]:
     """``settings.candidates`` sampled answers to every variant of every record, in one generate call;
     judged. Returns the candidates per record."""
+    fmt.prepare(v.text for record in records for v in record.variants)
     jobs = [(i, v.variant_id, fmt.messages(v.text)) for i, record in enumerate(records)
             for v in record.variants for _ in range(settings.candidates)]
     config = GenerationConfig(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,

@@ -43,7 +43,8 @@ TRAINER_OPTIONS = ("epochs", "learning_rate", "batch_size", "gradient_accumulati
 LORA_OPTIONS = ("r", "alpha")
 PREFERENCE_OPTIONS = ("beta", "nll_alpha")
 SCPO_OPTIONS = ("iterations", "candidates", "temperature", "vote", "vote_weight", "max_new_tokens")
-DEMO_OPTIONS = ("train_clusters", "test_clusters", "pretrain_tasks", "scpo_clusters", "wording", "seed")
+DEMO_OPTIONS = ("train_clusters", "test_clusters", "pretrain_tasks", "scpo_clusters", "wording", "search_hits",
+                "search_hits_only", "seed")
 
 
 # --- clusters -----------------------------------------------------------------------------------------
@@ -176,7 +177,8 @@ def _clusters(path: str, option: str = "--clusters") -> list[Any]:
 def _format(args: argparse.Namespace):
     from resilibench.robust_train.generator import GeneratorFormat
 
-    return GeneratorFormat(tool_list=args.tool_list, answer=args.answer)
+    return GeneratorFormat(tool_list=args.tool_list, answer=args.answer, search_hits=args.search_hits,
+                           search_hits_only=args.search_hits_only)
 
 
 def _lora(args: argparse.Namespace, default: Any) -> Any:
@@ -208,6 +210,17 @@ def _train_flags(parser: argparse.ArgumentParser, defaults: Any) -> None:
     _format_flags(parser)
 
 
+def _hits(text: str) -> int:
+    """--search-hits' value: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"search hits must be an integer >= 0, got {text!r}")
+    return value
+
+
 def _format_flags(parser: argparse.ArgumentParser) -> None:
     """--tool-list and --answer: the generator's prompt and answer form (the same in every stage)."""
     from resilibench.robust_train.generator import ANSWER_FORMS
@@ -216,6 +229,10 @@ def _format_flags(parser: argparse.ArgumentParser) -> None:
                         help="put the 30 tools in the system message (models that have not learned them)")
     parser.add_argument("--answer", choices=ANSWER_FORMS, default="json",
                         help="json: a DAG; names: tool names in call order, one per line (default json)")
+    parser.add_argument("--search-hits", type=_hits, default=0, metavar="K",
+                        help="show the K best tool search hits of each clause after the instruction (default 0: none)")
+    parser.add_argument("--search-hits-only", action="store_true",
+                        help="show the search hits instead of the instruction (with --search-hits)")
 
 
 def cmd_sft(args: argparse.Namespace) -> int:

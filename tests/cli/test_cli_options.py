@@ -99,6 +99,9 @@ def test_train_ppo_options_are_the_config_fields():
     (["robust", "scpo", "m", "--clusters", "c", "--output-dir", "o", "--temperature", "0"],
      "--temperature: temperature must be a finite number > 0 (ScPO samples), got 0.0"),
     (["robust", "demo", "--train-clusters", "0"], "--train-clusters: train_clusters must be an integer >= 1"),
+    (["robust", "demo", "--search-hits", "-1"], "--search-hits: search_hits must be an integer >= 0"),
+    (["robust", "evaluate", "m", "--clusters", "c", "--output-dir", "o", "--search-hits", "-1"],
+     "--search-hits: search hits must be an integer >= 0, got '-1'"),
 ])
 def test_generated_options_of_the_commands_refuse_bad_values(argv, message, capsys):
     assert main(argv) == 2

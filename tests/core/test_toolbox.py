@@ -16,6 +16,7 @@ from resilibench.core.text.toolbox import (
     feedback_text,
     parse_message,
     search_tools,
+    search_tools_many,
 )
 
 STRICT = WorldConfig().replace(rules={"strict_dependencies": True})
@@ -53,6 +54,22 @@ def test_search_k_and_bad_input():
         search_tools("parse", k=0)
     with pytest.raises(ValueError, match="method"):
         search_tools("parse", method="fuzzy")
+
+
+@pytest.mark.parametrize("method", ["lexical", "semantic"])
+def test_search_many_answers_each_query_as_one_search_does(method):
+    queries = ["parse json", "read a csv file", "parse json", "keep only the rows that match the condition"]
+    batch = search_tools_many(queries, k=4, method=method)
+    assert len(batch) == len(queries) and batch[0] == batch[2]
+    for query, hits in zip(queries, batch, strict=True):
+        one = search_tools(query, k=4, method=method)
+        assert [h.name for h in hits] == [h.name for h in one]
+        assert [h.score for h in hits] == pytest.approx([h.score for h in one], abs=2e-4)  # batched float32 embeddings
+    assert search_tools_many([], method=method) == []
+    with pytest.raises(ValueError, match="every query"):
+        search_tools_many(["parse", " "], method=method)
+    with pytest.raises(ValueError, match="k must be"):
+        search_tools_many(["parse"], k=0, method=method)
 
 
 # --- describe -----------------------------------------------------------------------------------------

@@ -267,6 +267,23 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
                 originals_only=True, progress=False)
 
 
+def test_search_hits_reach_every_stage_s_prompts_and_the_records(cluster_records):
+    """With search hits the tokenizer's corpus and the SFT rows hold the hits line (alone with
+    search_hits_only); the demo's settings record them only when set, so earlier runs' records still match."""
+    from resilibench.robust_train.pipeline import DemoSettings, generator_corpus, sft_rows
+
+    records = cluster_records[:2]
+    texts = [v.text for r in records for v in r.variants]
+    for fmt in (GeneratorFormat(answer="names", search_hits=2),
+                GeneratorFormat(answer="names", search_hits=2, search_hits_only=True)):
+        users = [row["prompt"][1]["content"] for row in sft_rows(records, fmt)]
+        assert users == [fmt.user(t) for t in texts] and all("Search hits: " in u for u in users)
+        assert (users[0].startswith(texts[0])) != fmt.search_hits_only
+        assert set(users) <= set(generator_corpus(records, fmt))
+    assert "search_hits" not in DemoSettings().to_dict()
+    assert DemoSettings(search_hits=3, search_hits_only=True).to_dict()["search_hits_only"] is True
+
+
 def test_robust_commands_set_torch_threads_before_work(cluster_records, tmp_path):
     """One torch thread by default (as PPO), --torch-threads N otherwise, applied by every training command."""
     torch = pytest.importorskip("torch")

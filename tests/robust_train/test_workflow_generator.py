@@ -89,6 +89,25 @@ def test_messages_carry_the_format_and_optionally_the_tools():
     assert "file_operations_reader" in with_tools[0]["content"] and "file_operations_reader" not in plain[0]["content"]
 
 
+def test_search_hits_follow_the_instruction_clause_by_clause():
+    from resilibench.agents.text_baselines import SearchTextAgent
+    from resilibench.core.text.toolbox import search_tools
+
+    text = "A small job. Keep only the rows that match the condition. Then compress the archive data/a.zip."
+    fmt = GeneratorFormat(answer="names", search_hits=2)
+    instruction, hits = fmt.user(text).split("\n")
+    assert instruction == text and fmt.messages(text)[1]["content"] == fmt.user(text)
+    groups = [group.split() for group in hits.removeprefix("Search hits: ").split(" | ")]
+    assert groups == [[h.name for h in search_tools(q, 2)] for q in SearchTextAgent.searches(text)]
+    assert "data_processing_filter" in groups[0] and "file_operations_compressor" in groups[1]
+    assert GeneratorFormat(answer="names").user(text) == text
+    assert GeneratorFormat(search_hits=2, search_hits_only=True).user(text) == hits  # the hits instead of the text
+    assert fmt.to_dict()["search_hits"] == 2 and "search_hits" not in GeneratorFormat().to_dict()
+    for bad in ({"search_hits": -1}, {"search_hits": 1.5}, {"search_hits_only": True}):
+        with pytest.raises(ValueError, match="search_hits"):
+            GeneratorFormat(**bad)
+
+
 def test_names_answers_round_trip_in_call_order_with_the_same_score(tasks):
     from resilibench.robust_train.generator import names_text, parse_names
 
