@@ -38,6 +38,7 @@ import networkx as nx
 
 from ..core.registry import default_registry
 from ..core.tasks.library import Task, dependency_sort
+from ..core.text.toolbox import search_method, search_tools_many
 from ..core.workflow import Node, Workflow
 
 SYSTEM_PROMPT = ('Answer with the workflow for the task as JSON: {"nodes": [tool names in call order], '
@@ -94,7 +95,7 @@ class GeneratorFormat:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user(instruction)}]
 
     def prepare(self, instructions: Iterable[str]) -> None:
-        """Compute the search hits of many instructions at once (one embedding batch), so that the
+        """Compute the search hits of many instructions at once (in embedding batches), so that the
         ``messages`` that follow find them ready; nothing to do without ``search_hits``."""
         if self.search_hits:
             search_hints(list(instructions), self.search_hits)
@@ -108,9 +109,11 @@ class GeneratorFormat:
         return parse_names(text) if self.answer == "names" else parse_workflow(text)
 
     def to_dict(self) -> dict[str, object]:
-        """The format as stage records hold it (``search_hits`` only when set: the records of runs
-        without it stay what they were)."""
-        hits = {"search_hits": self.search_hits, "search_hits_only": self.search_hits_only} if self.search_hits else {}
+        """The format as stage records hold it; with search hits, also how they are searched (semantic or
+        lexical: another method shows other hits), and without, nothing more (the records of runs without
+        hits stay what they were)."""
+        hits = ({"search_hits": self.search_hits, "search_hits_only": self.search_hits_only,
+                 "search_method": search_method()} if self.search_hits else {})
         return {"system": self.prompt, "tool_list": self.tool_list, "answer": self.answer, **hits}
 
 
@@ -126,7 +129,6 @@ def search_hints(instructions: Sequence[str], k: int) -> list[str]:
     from tqdm.auto import tqdm
 
     from ..agents.text_baselines import SearchTextAgent  # the text env's agents: loaded when asked
-    from ..core.text.toolbox import search_tools_many
 
     pending = [text for text in dict.fromkeys(instructions) if (text, k) not in _HINTS]
     with tqdm(total=len(pending), desc="tool searches", unit="instruction", disable=len(pending) < HINTS_BATCH,

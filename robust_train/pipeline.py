@@ -268,10 +268,10 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
     search baseline's method (semantic or lexical)."""
     from .instructions import PERTURBATION_TYPES
 
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     fmt = GeneratorFormat(answer=settings.answer, search_hits=settings.search_hits,
                           search_hits_only=settings.search_hits_only)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
     demo = {"stage": "demo", "demo": settings.to_dict()}
     check_demo_sizes(settings)  # sizes the split cannot hold, then other sizes: refused before anything runs
     reuse_stage(output_dir, False, demo)

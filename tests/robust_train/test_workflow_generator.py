@@ -103,6 +103,7 @@ def test_search_hits_follow_the_instruction_clause_by_clause():
     assert GeneratorFormat(answer="names").user(text) == text
     assert GeneratorFormat(search_hits=2, search_hits_only=True).user(text) == hits  # the hits instead of the text
     assert fmt.to_dict()["search_hits"] == 2 and "search_hits" not in GeneratorFormat().to_dict()
+    assert fmt.to_dict()["search_method"] in ("semantic", "lexical")  # other hits, another record
     for bad in ({"search_hits": -1}, {"search_hits": 1.5}, {"search_hits_only": True}):
         with pytest.raises(ValueError, match="search_hits"):
             GeneratorFormat(**bad)
