@@ -38,7 +38,7 @@ import networkx as nx
 
 from ..core.registry import default_registry
 from ..core.tasks.library import Task, dependency_sort
-from ..core.text.toolbox import search_method, search_tools_many
+from ..core.text.toolbox import ToolHit, search_method, search_tools_many
 from ..core.workflow import Node, Workflow
 
 SYSTEM_PROMPT = ('Answer with the workflow for the task as JSON: {"nodes": [tool names in call order], '
@@ -64,6 +64,7 @@ class GeneratorFormat:
     answer: str = "json"
     search_hits: int = 0
     search_hits_only: bool = False
+    search_scores: bool = False
 
     def __post_init__(self) -> None:
         if self.answer not in ANSWER_FORMS:
@@ -72,6 +73,8 @@ class GeneratorFormat:
             raise ValueError(f"GeneratorFormat.search_hits must be an integer >= 0, got {self.search_hits!r}")
         if self.search_hits_only and not self.search_hits:
             raise ValueError("GeneratorFormat.search_hits_only needs search_hits >= 1 (the hits to show)")
+        if self.search_scores and not self.search_hits:
+            raise ValueError("GeneratorFormat.search_scores needs search_hits >= 1 (the hits to score)")
 
     @property
     def prompt(self) -> str:
@@ -85,10 +88,10 @@ class GeneratorFormat:
 
     def user(self, instruction: str) -> str:
         """The user message: the instruction, followed with ``search_hits`` by its search hits line (or
-        that line alone with ``search_hits_only``)."""
+        that line alone with ``search_hits_only``); ``search_scores`` writes each hit's relevance after it."""
         if not self.search_hits:
             return instruction
-        hits = search_hints([instruction], self.search_hits)[0]
+        hits = search_hints([instruction], self.search_hits, self.search_scores)[0]
         return hits if self.search_hits_only else f"{instruction}\n{hits}"
 
     def messages(self, instruction: str) -> list[dict[str, str]]:
@@ -98,7 +101,7 @@ class GeneratorFormat:
         """Compute the search hits of many instructions at once (in embedding batches), so that the
         ``messages`` that follow find them ready; nothing to do without ``search_hits``."""
         if self.search_hits:
-            search_hints(list(instructions), self.search_hits)
+            search_hints(list(instructions), self.search_hits, self.search_scores)
 
     def answer_text(self, workflow: Workflow) -> str:
         """The answer the generator is taught for ``workflow`` in this format."""
@@ -114,23 +117,26 @@ class GeneratorFormat:
         hits stay what they were)."""
         hits = ({"search_hits": self.search_hits, "search_hits_only": self.search_hits_only,
                  "search_method": search_method()} if self.search_hits else {})
+        if self.search_scores:
+            hits["search_scores"] = True
         return {"system": self.prompt, "tool_list": self.tool_list, "answer": self.answer, **hits}
 
 
-_HINTS: dict[tuple[str, int], str] = {}
+_HINTS: dict[tuple[str, int, bool], str] = {}
 HINTS_BATCH = 512  # instructions searched per embedding batch (and per step of the progress bar)
 
 
-def search_hints(instructions: Sequence[str], k: int) -> list[str]:
+def search_hints(instructions: Sequence[str], k: int, scores: bool = False) -> list[str]:
     """The search hits line of each instruction: for every clause the text env's ``scripted:search``
     would search (``SearchTextAgent.searches``), its ``k`` best tools by the tool search of the env
-    (``search_tools_many``), clauses in the text's order: ``"Search hits: a b c | d e f"``. What the
-    search baseline reads, given to a generator so that it can map a wording it never saw; cached."""
+    (``search_tools_many``), clauses in the text's order: ``"Search hits: a b c | d e f"``; with
+    ``scores``, each name followed by its relevance in hundredths (``"a 27 b 23"``, 0.27 and 0.23). What
+    the search baseline reads, given to a generator so that it can map a wording it never saw; cached."""
     from tqdm.auto import tqdm
 
     from ..agents.text_baselines import SearchTextAgent  # the text env's agents: loaded when asked
 
-    pending = [text for text in dict.fromkeys(instructions) if (text, k) not in _HINTS]
+    pending = [text for text in dict.fromkeys(instructions) if (text, k, scores) not in _HINTS]
     with tqdm(total=len(pending), desc="tool searches", unit="instruction", disable=len(pending) < HINTS_BATCH,
               leave=False) as bar:
         for start in range(0, len(pending), HINTS_BATCH):
@@ -138,10 +144,16 @@ def search_hints(instructions: Sequence[str], k: int) -> list[str]:
             clauses = {text: SearchTextAgent.searches(text) for text in batch}
             hits = iter(search_tools_many([q for text in batch for q in clauses[text]], k))
             for text in batch:
-                groups = [" ".join(hit.name for hit in next(hits)) for _ in clauses[text]]
-                _HINTS[text, k] = "Search hits: " + " | ".join(groups)
+                groups = [" ".join(_hit_text(hit, scores) for hit in next(hits)) for _ in clauses[text]]
+                _HINTS[text, k, scores] = "Search hits: " + " | ".join(groups)
             bar.update(len(batch))
-    return [_HINTS[text, k] for text in instructions]
+    return [_HINTS[text, k, scores] for text in instructions]
+
+
+def _hit_text(hit: ToolHit, score: bool) -> str:
+    """A hit as the hits line shows it: its name, with ``score`` then its relevance in hundredths (two
+    digits, 0 to 99)."""
+    return f"{hit.name} {min(99, max(0, round(hit.score * 100))):02d}" if score else hit.name
 
 
 def reduced(workflow: Workflow) -> Workflow:

@@ -198,6 +198,7 @@ class DemoSettings(Settings):
     search_hits: int = setting(0, bounds=(0, None), metavar="K", help="show the generator the K best tool "
                                "search hits of each clause of its instruction (GeneratorFormat.search_hits; 0: none)")
     search_hits_only: bool = setting(False, help="show the generator the search hits instead of the instruction")
+    search_scores: bool = setting(False, help="show each search hit's relevance after it (GeneratorFormat.search_scores)")
     seed: int = setting(0, bounds=(0, None), metavar="N", help="seed of every stage")
     answer: str = setting("names", choices=ANSWER_FORMS, help="the generator's answer form")
     hidden_size: int = setting(HIDDEN, bounds=AT_LEAST_ONE)
@@ -208,10 +209,12 @@ class DemoSettings(Settings):
     max_new_tokens: int = setting(MAX_NEW_TOKENS, bounds=AT_LEAST_ONE)
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings as records hold them (``search_hits`` only when set, as in ``GeneratorFormat``)."""
+        """The settings as records hold them (the search hit options only when set, as in ``GeneratorFormat``)."""
         settings = asdict(self)
         if not self.search_hits:
             del settings["search_hits"], settings["search_hits_only"]
+        if not self.search_scores:
+            del settings["search_scores"]
         return settings
 
 
@@ -269,7 +272,7 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
     from .instructions import PERTURBATION_TYPES
 
     fmt = GeneratorFormat(answer=settings.answer, search_hits=settings.search_hits,
-                          search_hits_only=settings.search_hits_only)
+                          search_hits_only=settings.search_hits_only, search_scores=settings.search_scores)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     demo = {"stage": "demo", "demo": settings.to_dict()}

@@ -44,7 +44,7 @@ LORA_OPTIONS = ("r", "alpha")
 PREFERENCE_OPTIONS = ("beta", "nll_alpha")
 SCPO_OPTIONS = ("iterations", "candidates", "temperature", "vote", "vote_weight", "max_new_tokens")
 DEMO_OPTIONS = ("train_clusters", "test_clusters", "pretrain_tasks", "scpo_clusters", "wording", "search_hits",
-                "search_hits_only", "seed")
+                "search_hits_only", "search_scores", "seed")
 
 
 # --- clusters -----------------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def _format(args: argparse.Namespace):
     from resilibench.robust_train.generator import GeneratorFormat
 
     return GeneratorFormat(tool_list=args.tool_list, answer=args.answer, search_hits=args.search_hits,
-                           search_hits_only=args.search_hits_only)
+                           search_hits_only=args.search_hits_only, search_scores=args.search_scores)
 
 
 def _lora(args: argparse.Namespace, default: Any) -> Any:
@@ -233,6 +233,8 @@ def _format_flags(parser: argparse.ArgumentParser) -> None:
                         help="show the K best tool search hits of each clause after the instruction (default 0: none)")
     parser.add_argument("--search-hits-only", action="store_true",
                         help="show the search hits instead of the instruction (with --search-hits)")
+    parser.add_argument("--search-scores", action="store_true",
+                        help="show each search hit's relevance in hundredths after its name (with --search-hits)")
 
 
 def cmd_sft(args: argparse.Namespace) -> int:

@@ -102,6 +102,7 @@ def test_train_ppo_options_are_the_config_fields():
     (["robust", "demo", "--search-hits", "-1"], "--search-hits: search_hits must be an integer >= 0"),
     (["robust", "evaluate", "m", "--clusters", "c", "--output-dir", "o", "--search-hits", "-1"],
      "--search-hits: search hits must be an integer >= 0, got '-1'"),
+    (["robust", "demo", "--search-scores"], "search_scores needs search_hits >= 1"),
 ])
 def test_generated_options_of_the_commands_refuse_bad_values(argv, message, capsys):
     assert main(argv) == 2

@@ -282,6 +282,8 @@ def test_search_hits_reach_every_stage_s_prompts_and_the_records(cluster_records
         assert set(users) <= set(generator_corpus(records, fmt))
     assert "search_hits" not in DemoSettings().to_dict()
     assert DemoSettings(search_hits=3, search_hits_only=True).to_dict()["search_hits_only"] is True
+    assert "search_scores" not in DemoSettings(search_hits=3).to_dict()
+    assert DemoSettings(search_hits=3, search_scores=True).to_dict()["search_scores"] is True
 
 
 def test_robust_commands_set_torch_threads_before_work(cluster_records, tmp_path):

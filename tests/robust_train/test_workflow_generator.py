@@ -104,9 +104,26 @@ def test_search_hits_follow_the_instruction_clause_by_clause():
     assert GeneratorFormat(search_hits=2, search_hits_only=True).user(text) == hits  # the hits instead of the text
     assert fmt.to_dict()["search_hits"] == 2 and "search_hits" not in GeneratorFormat().to_dict()
     assert fmt.to_dict()["search_method"] in ("semantic", "lexical")  # other hits, another record
-    for bad in ({"search_hits": -1}, {"search_hits": 1.5}, {"search_hits_only": True}):
+    for bad in ({"search_hits": -1}, {"search_hits": 1.5}, {"search_hits_only": True}, {"search_scores": True}):
         with pytest.raises(ValueError, match="search_hits"):
             GeneratorFormat(**bad)
+
+
+def test_search_scores_follow_each_hit_in_hundredths():
+    from resilibench.agents.text_baselines import SearchTextAgent
+    from resilibench.core.text.toolbox import search_tools
+
+    text = "A small job. Keep only the rows that match the condition. Then compress the archive data/a.zip."
+    fmt = GeneratorFormat(answer="names", search_hits=2, search_hits_only=True, search_scores=True)
+    groups = [group.split() for group in fmt.user(text).removeprefix("Search hits: ").split(" | ")]
+    expected = [[(h.name, f"{round(h.score * 100):02d}") for h in search_tools(q, 2)]
+                for q in SearchTextAgent.searches(text)]
+    assert groups == [[word for hit in group for word in hit] for group in expected]
+    assert all(len(score) == 2 and score.isdigit() for group in expected for _, score in group)
+    names_only = GeneratorFormat(answer="names", search_hits=2, search_hits_only=True).user(text)
+    assert [g.split() for g in names_only.removeprefix("Search hits: ").split(" | ")] == [g[::2] for g in groups]
+    assert fmt.to_dict()["search_scores"] is True
+    assert "search_scores" not in GeneratorFormat(search_hits=2).to_dict()  # earlier runs' records still match
 
 
 def test_names_answers_round_trip_in_call_order_with_the_same_score(tasks):
