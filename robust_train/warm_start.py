@@ -21,7 +21,7 @@ warm start teaches the tool-calling format and a first policy before RL:
 from __future__ import annotations
 
 __all__ = ["EXPERTS", "WARM_STARTS", "SFT_DIR", "MERGED_DIR", "TRANSCRIPTS_FILE", "environment_tools",
-           "play_expert", "expert_outcomes", "assistant_ids", "tool_suffix_ids", "render_transcript",
+           "play_expert", "expert_outcomes", "transcript_corpus", "assistant_ids", "tool_suffix_ids", "render_transcript",
            "train_warm_start"]
 
 import json
@@ -111,6 +111,21 @@ def expert_outcomes(expert: str, env_class, rows: Sequence[dict[str, Any]],
         if transcripts is not None:
             transcripts.append(conversation)
     return outcomes
+
+
+def transcript_corpus(expert: str, env_class, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The text of ``scripted:<expert>``'s transcripts of ``rows`` and of the environment's tool schemas, as
+    a tool-calling chat template writes them (what a model from scratch's tokenizer learns from)."""
+    from transformers.utils.chat_template_utils import get_json_schema
+
+    transcripts: list[list[Message]] = []
+    expert_outcomes(expert, env_class, rows, transcripts)
+    texts = [json.dumps(get_json_schema(tool)) for tool in environment_tools(env_class())]
+    for conversation in transcripts:
+        for message in conversation:
+            texts.append(str(message.get("content") or ""))
+            texts += [json.dumps(call["function"]) for call in message.get("tool_calls") or ()]
+    return texts
 
 
 # --- rendering -----------------------------------------------------------------------------------------

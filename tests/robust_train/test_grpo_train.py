@@ -16,7 +16,7 @@ from resilibench.cli import main
 from resilibench.core.text.toolbox import SearchSettings
 from resilibench.core.world import load_tasks
 from resilibench.envs.text.env import ResiliBenchTextEnv
-from resilibench.robust_train.grpo import GRPOSettings, locate_model
+from resilibench.robust_train.grpo import SCRATCH_SIZE, GRPOSettings, locate_model, scratch_size
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -149,6 +149,23 @@ def test_bad_settings_are_one_line_errors(plain_model, tmp_path, capsys, flags, 
     assert main(_train(plain_model, tmp_path / "bad", *flags)) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "scratch"], "lora: model 'scratch' starts from random weights"),
+    (["--model", "scratch-100x2", "--lora-r", "0"], "hidden size that is a multiple of 64"),
+    (["--model", "scratch-128x0", "--lora-r", "0"], "at least one layer"),
+])
+def test_bad_models_from_scratch_are_one_line_errors(tmp_path, capsys, flags, message):
+    assert main(["train", "grpo", "--output-dir", str(tmp_path / "bad"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()
+
+
+def test_scratch_size():
+    assert scratch_size("scratch") == SCRATCH_SIZE and scratch_size("scratch-128x2") == (128, 2)
+    assert scratch_size("scratchy") is None and scratch_size("runs/scratch") is None
 
 
 def test_locate_model(tool_calling_lm, tmp_path):

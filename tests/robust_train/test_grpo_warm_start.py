@@ -127,3 +127,56 @@ def test_train_grpo_with_a_warm_start(tool_calling_lm, tmp_path, capsys, monkeyp
     assert summary["steps"] == 1 and summary["nonzero_advantage_groups"] is not None
     printed = capsys.readouterr().out
     assert "sft+grpo" in printed and "groups with non-zero advantages" in printed
+
+
+def test_a_model_from_scratch_speaks_the_tool_template_its_tokenizer_learned(tmp_path, monkeypatch):
+    """`--model scratch-HxL`: a random ChatML model built once in DIR/base, its tokenizer trained on the
+    expert's transcripts (tool names and TRL's tool-call tags single tokens, turns ended by <|im_end|>),
+    whose rendering of a transcript TRL's parser reads back."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl.chat_template_utils import parse_response
+
+    from resilibench.core.registry import default_registry
+    from resilibench.robust_train.grpo import BASE_DIR, model_directory
+    from resilibench.robust_train.warm_start import transcript_corpus
+
+    settings = GRPOSettings(model="scratch-64x1", lora=None)
+    env_class = grpo_environment_class(surface="search", outcomes=[], search=SearchSettings(method="lexical"))
+    rows = task_rows([_task()], [3])
+    with pytest.raises(ValueError, match="needs the text its tokenizer learns from"):
+        model_directory(settings, tmp_path)
+    corpus = transcript_corpus("optimal", env_class, rows)
+    assert any('"name": "call_tool"' in text for text in corpus)
+    built = model_directory(settings, tmp_path, lambda: corpus)
+    assert built == tmp_path / BASE_DIR and (built / "config.json").is_file()
+    assert model_directory(settings, tmp_path, lambda: pytest.fail("built twice")) == built
+
+    model, tokenizer = load_agent_model(settings, tmp_path)
+    assert model.config.hidden_size == 64 and model.config.num_hidden_layers == 1
+    assert tokenizer.eos_token == "<|im_end|>"
+    for name in (*default_registry().names, "<tool_call>"):
+        assert len(tokenizer.encode(name, add_special_tokens=False)) == 1, name
+    transcripts: list = []
+    expert_outcomes("optimal", env_class, rows, transcripts)
+    tools = environment_tools(env_class())
+    rendered = render_transcript(tokenizer, tools, transcripts[0])
+    ids, mask = rendered["input_ids"], rendered["completion_mask"]
+    start = mask.index(1)
+    end = mask.index(0, start)
+    assert ids[end - 1] == tokenizer.eos_token_id
+    reply = parse_response(tokenizer, ids[start:end], prefix=ids[:start], tools=tools)
+    assert [c["function"] for c in reply["tool_calls"]] == [c["function"] for c in transcripts[0][2]["tool_calls"]]
+
+
+@pytest.mark.slow
+def test_train_grpo_from_scratch_with_a_warm_start(tmp_path, capsys, monkeypatch):
+    """`train grpo --model scratch-64x1 --lora-r 0 --warm-start sft`: the model is built, every weight
+    trained by the warm start and GRPO (no adapter), and evaluated beside the baselines."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    out = tmp_path / "run"
+    assert main(_train(Path("scratch-64x1"), out, "--lora-r", "0", "--search-k", "1", "--tools", "search")) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["warm_start"]["steps"] == 1 and summary["steps"] == 1
+    assert (out / "base" / "tokenizer.json").is_file() and not (out / "sft" / "merged").exists()
+    assert (out / "final" / "config.json").is_file() and not (out / "final" / "adapter_config.json").exists()
+    assert summary["after"]["rollouts"] == 1 and "sft+grpo" in capsys.readouterr().out
