@@ -137,6 +137,10 @@ class GRPOSettings(Settings):
                                                                 "training tasks before GRPO (DIR/sft)")
     expert: str = setting("optimal", choices=EXPERTS, help="the scripted agent whose transcripts the warm start "
                                                            "imitates")
+    sft_task_types: tuple[str, ...] | None = setting(None, choices=TASK_TYPE_NAMES, flag="--sft-task-type",
+                                                     metavar="TYPE", help="warm start on the training tasks of "
+                                                     "these types (default those GRPO trains on): more "
+                                                     "descriptions to learn the tools from")
     sft_tasks: int | None = setting(None, bounds=AT_LEAST_ONE, help="warm start on the first N training tasks "
                                                                     "(default those GRPO trains on)")
     sft_epochs: float = setting(1.0, above=0, help="warm start: passes over the transcripts")
@@ -292,8 +296,8 @@ def load_agent_model(settings: GRPOSettings, output_dir: Path, directory: Path |
 # --- evaluation ----------------------------------------------------------------------------------------
 
 
-def _selected(world: World, settings: GRPOSettings, split: str, limit: int | None):
-    tasks = world.tasks(split, settings.task_types)
+def _selected(world: World, split: str, task_types: Sequence[str] | None, limit: int | None):
+    tasks = world.tasks(split, task_types)
     return tasks[:limit] if limit else tasks
 
 
@@ -423,8 +427,9 @@ def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool =
             return json.loads((output_dir / SUMMARY_FILE).read_text())
         set_torch_threads(settings.torch_threads)
         world = get_world(settings.world)
-        train = _selected(world, settings, settings.split, settings.train_tasks)
-        held_out = _selected(world, settings, settings.eval_split, settings.eval_tasks) if settings.eval_tasks else []
+        train = _selected(world, settings.split, settings.task_types, settings.train_tasks)
+        held_out = (_selected(world, settings.eval_split, settings.task_types, settings.eval_tasks)
+                    if settings.eval_tasks else [])
         if not train:
             raise ValueError(f"no {settings.split} tasks of types {settings.task_types} in world {settings.world}")
         outcomes: list[dict[str, Any]] = []
@@ -444,7 +449,9 @@ def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool =
                 return make_grpo_trainer(settings, output_dir, model, tokenizer, env_class, train_rows, eval_rows,
                                          progress, callbacks)
 
-        sft_rows = task_rows(train[:settings.sft_tasks] if settings.sft_tasks else train, settings.seeds)
+        sft_tasks = (train if settings.sft_task_types is None
+                     else _selected(world, settings.split, settings.sft_task_types, None))
+        sft_rows = task_rows(sft_tasks[:settings.sft_tasks] if settings.sft_tasks else sft_tasks, settings.seeds)
         with _quiet():
             start = model_directory(settings, output_dir, lambda: transcript_corpus(settings.expert, env_class, sft_rows))
             model, tokenizer = load_agent_model(settings, output_dir, start)  # a template TRL cannot read fails here

@@ -120,8 +120,8 @@ GRPO_OPTIONS = ("model", "world", "split", "eval_split", "task_types", "train_ta
                 "eval_seeds", "max_steps", "time_budget_min", "num_generations", "batch_size",
                 "gradient_accumulation_steps", "eval_batch_size", "activation_checkpointing", "learning_rate", "beta",
                 "temperature", "max_completion_length", "tools", "search_k", "progress_weight", "chat_template",
-                "use_vllm", "vllm_mode", "warm_start", "expert", "sft_tasks", "sft_epochs", "sft_learning_rate",
-                "sft_batch_size", "save_steps", "logging_steps", "seed", "torch_threads")
+                "use_vllm", "vllm_mode", "warm_start", "expert", "sft_task_types", "sft_tasks", "sft_epochs",
+                "sft_learning_rate", "sft_batch_size", "save_steps", "logging_steps", "seed", "torch_threads")
 
 
 def _grpo_settings(args: argparse.Namespace):

@@ -171,12 +171,17 @@ def test_a_model_from_scratch_speaks_the_tool_template_its_tokenizer_learned(tmp
 @pytest.mark.slow
 def test_train_grpo_from_scratch_with_a_warm_start(tmp_path, capsys, monkeypatch):
     """`train grpo --model scratch-64x1 --lora-r 0 --warm-start sft`: the model is built, every weight
-    trained by the warm start and GRPO (no adapter), and evaluated beside the baselines."""
+    trained by the warm start (here on another task type than GRPO's, `--sft-task-type`) and GRPO (no
+    adapter), and evaluated beside the baselines."""
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     out = tmp_path / "run"
-    assert main(_train(Path("scratch-64x1"), out, "--lora-r", "0", "--search-k", "1", "--tools", "search")) == 0
+    assert main(_train(Path("scratch-64x1"), out, "--lora-r", "0", "--search-k", "1", "--tools", "search",
+                       "--sft-task-type", "basic_file_processing", "--sft-tasks", "2")) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["warm_start"]["steps"] == 1 and summary["steps"] == 1
+    lines = (out / "sft" / "transcripts.jsonl").read_text().splitlines()
+    assert [json.loads(line)["task_id"] for line in lines] == [t.instance_id for t in load_tasks(split="train")
+                                                               if t.task_type == "basic_file_processing"][:2]
     assert (out / "base" / "tokenizer.json").is_file() and not (out / "sft" / "merged").exists()
     assert (out / "final" / "config.json").is_file() and not (out / "final" / "adapter_config.json").exists()
     assert summary["after"]["rollouts"] == 1 and "sft+grpo" in capsys.readouterr().out
