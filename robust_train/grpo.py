@@ -449,9 +449,8 @@ def train_grpo(settings: GRPOSettings, output_dir: str | Path, *, resume: bool =
                 return make_grpo_trainer(settings, output_dir, model, tokenizer, env_class, train_rows, eval_rows,
                                          progress, callbacks)
 
-        sft_tasks = (train if settings.sft_task_types is None
-                     else _selected(world, settings.split, settings.sft_task_types, None))
-        sft_rows = task_rows(sft_tasks[:settings.sft_tasks] if settings.sft_tasks else sft_tasks, settings.seeds)
+        sft_pool = train if settings.sft_task_types is None else world.tasks(settings.split, settings.sft_task_types)
+        sft_rows = task_rows(sft_pool[:settings.sft_tasks], settings.seeds)
         with _quiet():
             start = model_directory(settings, output_dir, lambda: transcript_corpus(settings.expert, env_class, sft_rows))
             model, tokenizer = load_agent_model(settings, output_dir, start)  # a template TRL cannot read fails here
