@@ -28,7 +28,9 @@ __all__ = [
     "GeneratorOutputError", "parse_workflow", "parse_names", "canonical_form", "tools_workflow", "execution_score",
 ]
 
+import hashlib
 import json
+import random
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -65,6 +67,8 @@ class GeneratorFormat:
     search_hits: int = 0
     search_hits_only: bool = False
     search_scores: bool = False
+    search_hits_by_clause: bool = False
+    clause_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.answer not in ANSWER_FORMS:
@@ -75,6 +79,12 @@ class GeneratorFormat:
             raise ValueError("GeneratorFormat.search_hits_only needs search_hits >= 1 (the hits to show)")
         if self.search_scores and not self.search_hits:
             raise ValueError("GeneratorFormat.search_scores needs search_hits >= 1 (the hits to score)")
+        if self.search_hits_by_clause and (not self.search_hits or self.search_hits_only):
+            raise ValueError("GeneratorFormat.search_hits_by_clause needs search_hits >= 1 and not search_hits_only "
+                             "(each clause is shown with its hits)")
+        if not 0.0 <= self.clause_dropout < 1.0 or (self.clause_dropout and not self.search_hits_by_clause):
+            raise ValueError(f"GeneratorFormat.clause_dropout must be in [0, 1) and needs search_hits_by_clause, "
+                             f"got {self.clause_dropout!r}")
 
     @property
     def prompt(self) -> str:
@@ -86,16 +96,29 @@ class GeneratorFormat:
         """The system message: the answer format (and the tool list when asked)."""
         return f"{self.prompt}\nTools:\n{_tool_list()}" if self.tool_list else self.prompt
 
-    def user(self, instruction: str) -> str:
+    def user(self, instruction: str, *, training: bool = False) -> str:
         """The user message: the instruction, followed with ``search_hits`` by its search hits line (or
-        that line alone with ``search_hits_only``); ``search_scores`` writes each hit's relevance after it."""
+        that line alone with ``search_hits_only``); ``search_scores`` writes each hit's relevance after it.
+        With ``search_hits_by_clause``, the instruction's first clause, then one line a searched clause:
+        its words, ``=>``, its hits; in ``training`` prompts ``clause_dropout`` of those clauses (drawn
+        from the instruction's text, the same every run) show ``_`` in place of their words, so that a
+        generator learns to read the hits where the words are new to it."""
         if not self.search_hits:
             return instruction
+        if self.search_hits_by_clause:
+            head, searched = _search_clauses(instruction)
+            groups = _hit_groups([instruction], self.search_hits, self.search_scores)[0]
+            dropped = _dropped(instruction, len(searched), self.clause_dropout if training else 0.0)
+            lines = [f"{'_' if i in dropped else clause} => {hits}"
+                     for i, (clause, hits) in enumerate(zip(searched, groups, strict=True))]
+            return "\n".join([head, *lines] if head else lines)
         hits = search_hints([instruction], self.search_hits, self.search_scores)[0]
         return hits if self.search_hits_only else f"{instruction}\n{hits}"
 
-    def messages(self, instruction: str) -> list[dict[str, str]]:
-        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user(instruction)}]
+    def messages(self, instruction: str, *, training: bool = False) -> list[dict[str, str]]:
+        """The chat messages of an instruction (``training``: a training prompt; see ``user``)."""
+        return [{"role": "system", "content": self.system},
+                {"role": "user", "content": self.user(instruction, training=training)}]
 
     def prepare(self, instructions: Iterable[str]) -> None:
         """Compute the search hits of many instructions at once (in embedding batches), so that the
@@ -119,10 +142,12 @@ class GeneratorFormat:
                  "search_method": search_method()} if self.search_hits else {})
         if self.search_scores:
             hits["search_scores"] = True
+        if self.search_hits_by_clause:
+            hits |= {"search_hits_by_clause": True, "clause_dropout": self.clause_dropout}
         return {"system": self.prompt, "tool_list": self.tool_list, "answer": self.answer, **hits}
 
 
-_HINTS: dict[tuple[str, int, bool], str] = {}
+_HITS: dict[tuple[str, int, bool], tuple[str, ...]] = {}
 HINTS_BATCH = 512  # instructions searched per embedding batch (and per step of the progress bar)
 
 
@@ -132,22 +157,45 @@ def search_hints(instructions: Sequence[str], k: int, scores: bool = False) -> l
     (``search_tools_many``), clauses in the text's order: ``"Search hits: a b c | d e f"``; with
     ``scores``, each name followed by its relevance in hundredths (``"a 27 b 23"``, 0.27 and 0.23). What
     the search baseline reads, given to a generator so that it can map a wording it never saw; cached."""
+    return ["Search hits: " + " | ".join(groups) for groups in _hit_groups(instructions, k, scores)]
+
+
+def _hit_groups(instructions: Sequence[str], k: int, scores: bool) -> list[tuple[str, ...]]:
+    """Per instruction, the hits of each searched clause as text (``search_hints``' groups); cached, and
+    searched in embedding batches of ``HINTS_BATCH`` instructions."""
     from tqdm.auto import tqdm
 
-    from ..agents.text_baselines import SearchTextAgent  # the text env's agents: loaded when asked
-
-    pending = [text for text in dict.fromkeys(instructions) if (text, k, scores) not in _HINTS]
+    pending = [text for text in dict.fromkeys(instructions) if (text, k, scores) not in _HITS]
     with tqdm(total=len(pending), desc="tool searches", unit="instruction", disable=len(pending) < HINTS_BATCH,
               leave=False) as bar:
         for start in range(0, len(pending), HINTS_BATCH):
             batch = pending[start:start + HINTS_BATCH]
-            clauses = {text: SearchTextAgent.searches(text) for text in batch}
-            hits = iter(search_tools_many([q for text in batch for q in clauses[text]], k))
+            searched = {text: _search_clauses(text)[1] for text in batch}
+            hits = iter(search_tools_many([q for text in batch for q in searched[text]], k))
             for text in batch:
-                groups = [" ".join(_hit_text(hit, scores) for hit in next(hits)) for _ in clauses[text]]
-                _HINTS[text, k, scores] = "Search hits: " + " | ".join(groups)
+                _HITS[text, k, scores] = tuple(" ".join(_hit_text(hit, scores) for hit in next(hits))
+                                               for _ in searched[text])
             bar.update(len(batch))
-    return [_HINTS[text, k, scores] for text in instructions]
+    return [_HITS[text, k, scores] for text in instructions]
+
+
+def _search_clauses(instruction: str) -> tuple[str | None, list[str]]:
+    """The instruction's first clause when it is not searched (None when it is), and the clauses the
+    text env's ``scripted:search`` searches (``SearchTextAgent.searches``)."""
+    from ..agents.text_baselines import SearchTextAgent, clauses, task_text  # loaded when asked
+
+    searched = SearchTextAgent.searches(instruction)
+    parts = clauses(task_text(instruction))
+    return (parts[0] if len(parts) > 1 else None), searched
+
+
+def _dropped(instruction: str, count: int, rate: float) -> set[int]:
+    """Which of an instruction's ``count`` searched clauses a training prompt shows without words: each
+    with probability ``rate``, drawn from a generator seeded by the instruction's text (the same every run)."""
+    if not rate:
+        return set()
+    rng = random.Random(hashlib.sha256(instruction.encode()).digest())
+    return {i for i in range(count) if rng.random() < rate}
 
 
 def _hit_text(hit: ToolHit, score: bool) -> str:

@@ -21,7 +21,7 @@ difference (``ConfigChanged``), so a rerun never returns a model trained on some
 from __future__ import annotations
 
 __all__ = [
-    "MODEL", "STAGE_FILE", "stage_directory", "reuse_stage", "record_stage", "sft_rows", "run_sft",
+    "MODEL", "STAGE_FILE", "stage_directory", "reuse_stage", "record_stage", "sft_rows", "run_sft", "rows_too_long",
     "generator_corpus", "build_generator", "evaluate_generator", "DemoSettings", "check_demo_sizes", "demo_clusters",
     "run_demo", "demo_summary",
 ]
@@ -97,10 +97,10 @@ def record_stage(directory: Path, inputs: dict[str, Any]) -> None:
 
 def sft_rows(records: Sequence[ClusterRecord], fmt: GeneratorFormat, originals_only: bool = False
              ) -> list[dict[str, Any]]:
-    """Prompt-completion rows: each variant's instruction (or only the original's) with the cluster's
-    reference workflow as the answer."""
+    """Prompt-completion rows: each variant's instruction (or only the original's) as a training prompt
+    (``GeneratorFormat.user``) with the cluster's reference workflow as the answer."""
     fmt.prepare(v.text for record in records for v in record.variants)
-    return [{"prompt": fmt.messages(v.text),
+    return [{"prompt": fmt.messages(v.text, training=True),
              "completion": [{"role": "assistant", "content": fmt.answer_text(record.reference)}]}
             for record in records for v in (record.variants[:1] if originals_only else record.variants)]
 
@@ -159,6 +159,16 @@ def build_generator(directory: str | Path, records: Sequence[ClusterRecord], fmt
     return directory
 
 
+def rows_too_long(model_dir: str | Path, rows: Sequence[dict[str, Any]], max_length: int) -> int:
+    """How many prompt-completion ``rows`` (``sft_rows``) the tokenizer in ``model_dir`` writes in more
+    than ``max_length`` tokens: the trainer cuts them, their answers first."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    texts = [tokenizer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False) for row in rows]
+    return sum(len(ids) > max_length for ids in tokenizer(texts)["input_ids"])
+
+
 def evaluate_generator(model_dir: str | Path, records: Sequence[ClusterRecord], output_dir: str | Path,
                        fmt: GeneratorFormat | None = None, *, max_new_tokens: int = 256,
                        batch_size: int = 64, progress: bool = True) -> RobustnessTable:
@@ -199,6 +209,10 @@ class DemoSettings(Settings):
                                "search hits of each clause of its instruction (GeneratorFormat.search_hits; 0: none)")
     search_hits_only: bool = setting(False, help="show the generator the search hits instead of the instruction")
     search_scores: bool = setting(False, help="show each search hit's relevance after it (GeneratorFormat.search_scores)")
+    search_hits_by_clause: bool = setting(False, help="show each clause of the instruction followed by its search "
+                                          "hits (GeneratorFormat.search_hits_by_clause)")
+    clause_dropout: float = setting(0.0, bounds=(0.0, 0.99), metavar="P", help="the fraction of clauses shown "
+                                    "without their words in training prompts (GeneratorFormat.clause_dropout)")
     seed: int = setting(0, bounds=(0, None), metavar="N", help="seed of every stage")
     answer: str = setting("names", choices=ANSWER_FORMS, help="the generator's answer form")
     hidden_size: int = setting(HIDDEN, bounds=AT_LEAST_ONE)
@@ -208,6 +222,12 @@ class DemoSettings(Settings):
     scpo: ScPOSettings = SCPO
     max_new_tokens: int = setting(MAX_NEW_TOKENS, bounds=AT_LEAST_ONE)
 
+    def with_max_length(self, tokens: int) -> DemoSettings:
+        """These settings with every stage's training rows cut at ``tokens`` (the base, SFT and ScPO's pairs)."""
+        return replace(self, pretrain=replace(self.pretrain, max_length=tokens),
+                       sft=replace(self.sft, max_length=tokens),
+                       scpo=replace(self.scpo, preference=replace(self.scpo.preference, max_length=tokens)))
+
     def to_dict(self) -> dict[str, Any]:
         """The settings as records hold them (the search hit options only when set, as in ``GeneratorFormat``)."""
         settings = asdict(self)
@@ -215,6 +235,8 @@ class DemoSettings(Settings):
             del settings["search_hits"], settings["search_hits_only"]
         if not self.search_scores:
             del settings["search_scores"]
+        if not self.search_hits_by_clause:
+            del settings["search_hits_by_clause"], settings["clause_dropout"]
         return settings
 
 
@@ -272,7 +294,8 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
     from .instructions import PERTURBATION_TYPES
 
     fmt = GeneratorFormat(answer=settings.answer, search_hits=settings.search_hits,
-                          search_hits_only=settings.search_hits_only, search_scores=settings.search_scores)
+                          search_hits_only=settings.search_hits_only, search_scores=settings.search_scores,
+                          search_hits_by_clause=settings.search_hits_by_clause, clause_dropout=settings.clause_dropout)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     demo = {"stage": "demo", "demo": settings.to_dict()}
@@ -293,6 +316,10 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
     stage("generator from scratch")
     scratch = build_generator(output_dir / "scratch", train + pretrain, fmt, hidden_size=settings.hidden_size,
                               num_layers=settings.num_layers, seed=settings.seed)
+    longest = max(settings.pretrain.max_length, settings.sft.max_length)
+    if cut := rows_too_long(scratch, sft_rows(train + rehearsal + pretrain, fmt), longest):
+        log(f"warning: {cut} training rows are longer than max_length ({longest} tokens) and are cut, their "
+            "answers first (DemoSettings.with_max_length, --max-length)")
     stage(f"base generator: trained on {len(pretrain)} original instructions")
     base = run_sft(scratch, pretrain, output_dir / "base", settings.pretrain, fmt, originals_only=True,
                    progress=progress)

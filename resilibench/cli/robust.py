@@ -44,7 +44,7 @@ LORA_OPTIONS = ("r", "alpha")
 PREFERENCE_OPTIONS = ("beta", "nll_alpha")
 SCPO_OPTIONS = ("iterations", "candidates", "temperature", "vote", "vote_weight", "max_new_tokens")
 DEMO_OPTIONS = ("train_clusters", "test_clusters", "pretrain_tasks", "scpo_clusters", "wording", "search_hits",
-                "search_hits_only", "search_scores", "seed")
+                "search_hits_only", "search_scores", "search_hits_by_clause", "clause_dropout", "seed")
 
 
 # --- clusters -----------------------------------------------------------------------------------------
@@ -178,7 +178,8 @@ def _format(args: argparse.Namespace):
     from resilibench.robust_train.generator import GeneratorFormat
 
     return GeneratorFormat(tool_list=args.tool_list, answer=args.answer, search_hits=args.search_hits,
-                           search_hits_only=args.search_hits_only, search_scores=args.search_scores)
+                           search_hits_only=args.search_hits_only, search_scores=args.search_scores,
+                           search_hits_by_clause=args.search_hits_by_clause, clause_dropout=args.clause_dropout)
 
 
 def _lora(args: argparse.Namespace, default: Any) -> Any:
@@ -235,6 +236,11 @@ def _format_flags(parser: argparse.ArgumentParser) -> None:
                         help="show the search hits instead of the instruction (with --search-hits)")
     parser.add_argument("--search-scores", action="store_true",
                         help="show each search hit's relevance in hundredths after its name (with --search-hits)")
+    parser.add_argument("--search-hits-by-clause", action="store_true",
+                        help="show each clause of the instruction followed by its hits (with --search-hits)")
+    parser.add_argument("--clause-dropout", type=float, default=0.0, metavar="P",
+                        help="the fraction of clauses shown without their words in training prompts "
+                             "(with --search-hits-by-clause; default 0)")
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -326,6 +332,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     settings = replace(defaults, **changes)
     if args.scpo_iterations is not None:
         settings = replace(settings, scpo=replace(settings.scpo, iterations=args.scpo_iterations))
+    if args.max_length is not None:
+        settings = settings.with_max_length(args.max_length)
     check_directory(args.output_dir)
     with _errors_of("demo"):
         run_demo(args.output_dir, settings, log=print_to_stderr)
@@ -431,6 +439,8 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser, DemoSettings, DEMO_OPTIONS)
     parser.add_argument("--scpo-iterations", type=positive_int, metavar="N",
                         help=f"ScPO iterations (default {DemoSettings().scpo.iterations})")
+    parser.add_argument("--max-length", type=positive_int, metavar="N", help="tokens of a training row in "
+                        f"every stage (default {DemoSettings().sft.max_length}; longer rows are cut)")
     _torch_threads_flag(parser)
     parser.set_defaults(func=cmd_demo)
 

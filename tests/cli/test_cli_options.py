@@ -103,6 +103,11 @@ def test_train_ppo_options_are_the_config_fields():
     (["robust", "evaluate", "m", "--clusters", "c", "--output-dir", "o", "--search-hits", "-1"],
      "--search-hits: search hits must be an integer >= 0, got '-1'"),
     (["robust", "demo", "--search-scores"], "search_scores needs search_hits >= 1"),
+    (["robust", "demo", "--max-length", "0"], "--max-length: "),
+    (["robust", "demo", "--clause-dropout", "0.5"], "clause_dropout must be in [0, 1) and needs search_hits_by_clause"),
+    (["robust", "demo", "--clause-dropout", "1"], "--clause-dropout: clause_dropout must be a finite number in"),
+    (["robust", "demo", "--search-hits", "2", "--search-hits-only", "--search-hits-by-clause"],
+     "search_hits_by_clause needs search_hits >= 1 and not search_hits_only"),
 ])
 def test_generated_options_of_the_commands_refuse_bad_values(argv, message, capsys):
     assert main(argv) == 2

@@ -213,9 +213,10 @@ def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  #
         scpo=ScPOSettings(iterations=1, candidates=2, max_new_tokens=16,
                           preference=PreferenceSettings(max_steps=1, batch_size=2, gradient_accumulation_steps=1,
                                                         warmup_ratio=0)),
-        max_new_tokens=16)
+        max_new_tokens=16).with_max_length(192)
     logs: list[str] = []
     tables = run_demo(tmp_path, settings, progress=False, log=logs.append)
+    assert any(line.startswith("warning: ") and "longer than max_length (192 tokens)" in line for line in logs)
     assert list(tables) == ["names", "lookup", "bow", "search", "base", "sft", "scpo1"]
     assert all(row["valid"] == 0.0 for row in tables["names"].rows.values())  # v1 text names no tool
     assert all(set(t.rows) == {"original", "paraphrase", "requirements", "noise_light", "noise_moderate",
@@ -284,6 +285,29 @@ def test_search_hits_reach_every_stage_s_prompts_and_the_records(cluster_records
     assert DemoSettings(search_hits=3, search_hits_only=True).to_dict()["search_hits_only"] is True
     assert "search_scores" not in DemoSettings(search_hits=3).to_dict()
     assert DemoSettings(search_hits=3, search_scores=True).to_dict()["search_scores"] is True
+    by_clause = GeneratorFormat(answer="names", search_hits=2, search_hits_by_clause=True, clause_dropout=0.5)
+    users = [row["prompt"][1]["content"] for row in sft_rows(records, by_clause)]
+    assert users == [by_clause.user(t, training=True) for t in texts] != [by_clause.user(t) for t in texts]
+    assert "search_hits_by_clause" not in DemoSettings(search_hits=3).to_dict()
+    assert DemoSettings(search_hits=3, search_hits_by_clause=True, clause_dropout=0.5).to_dict()["clause_dropout"] == 0.5
+
+
+def test_rows_too_long_counts_the_rows_the_trainer_cuts_and_every_stage_takes_the_max_length(cluster_records,
+                                                                                            sft_generator):
+    from transformers import AutoTokenizer
+
+    from resilibench.robust_train.pipeline import DemoSettings, rows_too_long, sft_rows
+
+    rows = sft_rows(cluster_records, GeneratorFormat())
+    tokenizer = AutoTokenizer.from_pretrained(sft_generator)
+    lengths = sorted(len(tokenizer(tokenizer.apply_chat_template(r["prompt"] + r["completion"], tokenize=False))
+                         ["input_ids"]) for r in rows)
+    assert rows_too_long(sft_generator, rows, lengths[-1]) == 0 and rows_too_long(sft_generator, rows, 1) == len(rows)
+    middle = lengths[len(lengths) // 2]
+    assert rows_too_long(sft_generator, rows, middle) == sum(n > middle for n in lengths) > 0
+    settings = DemoSettings().with_max_length(384)
+    assert settings.pretrain.max_length == settings.sft.max_length == settings.scpo.preference.max_length == 384
+    assert settings.sft.epochs == DemoSettings().sft.epochs and settings.to_dict() != DemoSettings().to_dict()
 
 
 def test_robust_commands_set_torch_threads_before_work(cluster_records, tmp_path):

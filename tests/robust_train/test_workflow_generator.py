@@ -126,6 +126,37 @@ def test_search_scores_follow_each_hit_in_hundredths():
     assert "search_scores" not in GeneratorFormat(search_hits=2).to_dict()  # earlier runs' records still match
 
 
+def test_hits_by_clause_follow_each_clause_and_training_prompts_drop_words():
+    """One line a searched clause, its words then its hits (the hits line's groups); a training prompt
+    shows ``_`` for about ``clause_dropout`` of the clauses, the same ones every time, and only there."""
+    text = ("A small job. Keep only the rows that match the condition. Then compress the archive data/a.zip. "
+            "Next, tell the team by e-mail. Finally, keep the steps in this order.")
+    fmt = GeneratorFormat(answer="names", search_hits=2, search_hits_by_clause=True, clause_dropout=0.5)
+    groups = GeneratorFormat(search_hits=2, search_hits_only=True).user(text).removeprefix("Search hits: ").split(" | ")
+    head, *lines = fmt.user(text).split("\n")
+    assert head == "A small job" and [line.split(" => ") for line in lines] == [
+        ["Keep only the rows that match the condition", groups[0]], ["compress the archive data/a.zip", groups[1]],
+        ["tell the team by e-mail", groups[2]], ["keep the steps in this order", groups[3]]]
+    assert GeneratorFormat(answer="names", search_hits=2, search_hits_by_clause=True).user(text, training=True) \
+        == fmt.user(text)  # no dropout: training prompts are the evaluation's
+    training = fmt.user(text, training=True)
+    assert training == fmt.user(text, training=True) and training.split("\n")[0] == head
+    assert [line.split(" => ")[1] for line in training.split("\n")[1:]] == groups  # the hits stay
+    texts = [f"Job {i}. Keep only the rows above {i}. Then compress data/{i}.zip." for i in range(200)]
+    masked = [line.startswith("_ => ") for t in texts for line in fmt.user(t, training=True).split("\n")[1:]]
+    assert len(masked) == 400 and 0.4 < sum(masked) / 400 < 0.6
+    assert fmt.messages(texts[0], training=True)[1]["content"] == fmt.user(texts[0], training=True)
+    assert fmt.to_dict()["search_hits_by_clause"] is True and fmt.to_dict()["clause_dropout"] == 0.5
+    assert "search_hits_by_clause" not in GeneratorFormat(search_hits=2).to_dict()  # earlier runs' records match
+    for bad in ({"search_hits_by_clause": True}, {"search_hits": 2, "search_hits_only": True, "search_hits_by_clause": True}):
+        with pytest.raises(ValueError, match="search_hits_by_clause needs"):
+            GeneratorFormat(**bad)
+    for bad in ({"search_hits": 2, "clause_dropout": 0.5}, {"search_hits": 2, "search_hits_by_clause": True,
+                                                              "clause_dropout": 1.0}):
+        with pytest.raises(ValueError, match="clause_dropout must be in"):
+            GeneratorFormat(**bad)
+
+
 def test_names_answers_round_trip_in_call_order_with_the_same_score(tasks):
     from resilibench.robust_train.generator import names_text, parse_names
 
