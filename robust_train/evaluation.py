@@ -43,7 +43,7 @@ from typing import Any
 from resilibench.llm import Backend, GenerationConfig
 from resilibench.rundir import RunDirectory
 
-from ..core.text.toolbox import SearchSettings, search_tools
+from ..core.text.toolbox import SearchSettings, ToolHit, search_tools, search_tools_many
 from ..core.workflow import Node, Workflow
 from .clusters import ClusterRecord
 from .generator import (
@@ -144,36 +144,51 @@ def lookup_answers(train: Sequence[ClusterRecord], records: Sequence[ClusterReco
 SEARCH_BASELINE = SearchSettings(k=3)  # the GRPO demo's search surface: three hits a search
 
 
-def search_answers(records: Sequence[ClusterRecord], search: SearchSettings = SEARCH_BASELINE
-                   ) -> dict[str, dict[str, str]]:
+def search_answers(records: Sequence[ClusterRecord], search: SearchSettings = SEARCH_BASELINE,
+                   retriever: str | None = None) -> dict[str, dict[str, str]]:
     """The search baseline's answers: for every variant, the tools ``scripted:search`` would choose (per
     clause of the text, its first sentence aside, the best of ``search.k`` hits not chosen yet with
     relevance at least 0.1 as the text env shows it, to two places; ``agents.text_baselines``),
-    completed into the task's optimal workflow for them (``tools_workflow``); "" when none is relevant."""
+    completed into the task's optimal workflow for them (``tools_workflow``); "" when none is relevant.
+    ``retriever``: a tuned retriever's directory (``robust_train.retriever``) that searches in place of the
+    shipped model."""
     from ..agents.text_baselines import SearchTextAgent  # the text env's agents: loaded when asked
 
     agent = SearchTextAgent()
+    tuned: dict[str, list[ToolHit]] = {}
+    if retriever is not None:
+        from .retriever import retriever_encoder
+
+        queries = list(dict.fromkeys(q for r in records for v in r.variants for q in agent.searches(v.text)))
+        tuned = dict(zip(queries, search_tools_many(queries, search.k, encoder=retriever_encoder(str(retriever))),
+                         strict=True))
     answers: dict[str, dict[str, str]] = {}
     for record in records:
         answers[record.cluster_id] = {}
         for variant in record.variants:
-            results = [[(hit.name, round(hit.score, 2)) for hit in search_tools(query, search.k, method=search.method)]
+            results = [[(hit.name, round(hit.score, 2))
+                        for hit in (tuned[query] if tuned else search_tools(query, search.k, method=search.method))]
                        for query in agent.searches(variant.text)]  # relevance as the agent reads it
             tools = agent.choose(results)
             answers[record.cluster_id][variant.variant_id] = workflow_text(tools_workflow(record.task, tools)) if tools else ""
     return answers
 
 
-def baseline_tables(train: Sequence[ClusterRecord], records: Sequence[ClusterRecord], *, seed: int = 0
-                    ) -> dict[str, RobustnessTable]:
+def baseline_tables(train: Sequence[ClusterRecord], records: Sequence[ClusterRecord], *, seed: int = 0,
+                    retriever: str | None = None) -> dict[str, RobustnessTable]:
     """The robustness tables of the four baselines on ``records``: "names", "lookup", "bow" (the
-    bag-of-words generator trained on every variant of ``train``) and "search" (``search_answers``)."""
+    bag-of-words generator trained on every variant of ``train``) and "search" (``search_answers``); with
+    ``retriever`` (a retriever tuned on ``train``), a fifth, "search_tuned": the search baseline searching
+    with it."""
     from .bow import bow_answers
 
-    return {"names": robustness_table(records, name_copy_answers(records)),
-            "lookup": robustness_table(records, lookup_answers(train, records)),
-            "bow": robustness_table(records, bow_answers(train, records, seed=seed)),
-            "search": robustness_table(records, search_answers(records))}
+    tables = {"names": robustness_table(records, name_copy_answers(records)),
+              "lookup": robustness_table(records, lookup_answers(train, records)),
+              "bow": robustness_table(records, bow_answers(train, records, seed=seed)),
+              "search": robustness_table(records, search_answers(records))}
+    if retriever is not None:
+        tables["search_tuned"] = robustness_table(records, search_answers(records, retriever=retriever))
+    return tables
 
 
 def robustness_table(records: Sequence[ClusterRecord], answers: dict[str, dict[str, str]],

@@ -60,7 +60,9 @@ class GeneratorFormat:
     """How an instruction is put to the generator and how it answers. ``answer``: ``"json"`` (a DAG) or
     ``"names"`` (tool names in call order, one per line). ``tool_list`` appends the 30 tools with their
     descriptions to the system message (for pretrained models meeting our tools for the first time; a
-    generator trained on our data has learned them and saves the tokens)."""
+    generator trained on our data has learned them and saves the tokens). The search hit options are
+    ``user``'s; ``search_retriever``: the directory of a retriever tuned on train instructions
+    (``robust_train.retriever``) that searches the hits in place of the shipped model."""
 
     tool_list: bool = False
     answer: str = "json"
@@ -69,6 +71,7 @@ class GeneratorFormat:
     search_scores: bool = False
     search_hits_by_clause: bool = False
     clause_dropout: float = 0.0
+    search_retriever: str | None = None
 
     def __post_init__(self) -> None:
         if self.answer not in ANSWER_FORMS:
@@ -85,6 +88,8 @@ class GeneratorFormat:
         if not 0.0 <= self.clause_dropout < 1.0 or (self.clause_dropout and not self.search_hits_by_clause):
             raise ValueError(f"GeneratorFormat.clause_dropout must be in [0, 1) and needs search_hits_by_clause, "
                              f"got {self.clause_dropout!r}")
+        if self.search_retriever is not None and not self.search_hits:
+            raise ValueError("GeneratorFormat.search_retriever needs search_hits >= 1 (the hits it searches)")
 
     @property
     def prompt(self) -> str:
@@ -107,12 +112,12 @@ class GeneratorFormat:
             return instruction
         if self.search_hits_by_clause:
             head, searched = _search_clauses(instruction)
-            groups = _hit_groups([instruction], self.search_hits, self.search_scores)[0]
+            groups = _hit_groups([instruction], self.search_hits, self.search_scores, self.search_retriever)[0]
             dropped = _dropped(instruction, len(searched), self.clause_dropout if training else 0.0)
             lines = [f"{'_' if i in dropped else clause} => {hits}"
                      for i, (clause, hits) in enumerate(zip(searched, groups, strict=True))]
             return "\n".join([head, *lines] if head else lines)
-        hits = search_hints([instruction], self.search_hits, self.search_scores)[0]
+        hits = search_hints([instruction], self.search_hits, self.search_scores, self.search_retriever)[0]
         return hits if self.search_hits_only else f"{instruction}\n{hits}"
 
     def messages(self, instruction: str, *, training: bool = False) -> list[dict[str, str]]:
@@ -124,7 +129,7 @@ class GeneratorFormat:
         """Compute the search hits of many instructions at once (in embedding batches), so that the
         ``messages`` that follow find them ready; nothing to do without ``search_hits``."""
         if self.search_hits:
-            search_hints(list(instructions), self.search_hits, self.search_scores)
+            search_hints(list(instructions), self.search_hits, self.search_scores, self.search_retriever)
 
     def answer_text(self, workflow: Workflow) -> str:
         """The answer the generator is taught for ``workflow`` in this format."""
@@ -144,39 +149,51 @@ class GeneratorFormat:
             hits["search_scores"] = True
         if self.search_hits_by_clause:
             hits |= {"search_hits_by_clause": True, "clause_dropout": self.clause_dropout}
+        if self.search_retriever is not None:
+            from .training import model_digest
+
+            hits["search_retriever_sha256"] = model_digest(self.search_retriever)
         return {"system": self.prompt, "tool_list": self.tool_list, "answer": self.answer, **hits}
 
 
-_HITS: dict[tuple[str, int, bool], tuple[str, ...]] = {}
+_HITS: dict[tuple[str, int, bool, str | None], tuple[str, ...]] = {}
 HINTS_BATCH = 512  # instructions searched per embedding batch (and per step of the progress bar)
 
 
-def search_hints(instructions: Sequence[str], k: int, scores: bool = False) -> list[str]:
+def search_hints(instructions: Sequence[str], k: int, scores: bool = False, retriever: str | None = None
+                 ) -> list[str]:
     """The search hits line of each instruction: for every clause the text env's ``scripted:search``
     would search (``SearchTextAgent.searches``), its ``k`` best tools by the tool search of the env
     (``search_tools_many``), clauses in the text's order: ``"Search hits: a b c | d e f"``; with
     ``scores``, each name followed by its relevance in hundredths (``"a 27 b 23"``, 0.27 and 0.23). What
-    the search baseline reads, given to a generator so that it can map a wording it never saw; cached."""
-    return ["Search hits: " + " | ".join(groups) for groups in _hit_groups(instructions, k, scores)]
+    the search baseline reads, given to a generator so that it can map a wording it never saw; with
+    ``retriever``, searched with that tuned model (``robust_train.retriever``); cached."""
+    return ["Search hits: " + " | ".join(groups) for groups in _hit_groups(instructions, k, scores, retriever)]
 
 
-def _hit_groups(instructions: Sequence[str], k: int, scores: bool) -> list[tuple[str, ...]]:
+def _hit_groups(instructions: Sequence[str], k: int, scores: bool, retriever: str | None = None
+                ) -> list[tuple[str, ...]]:
     """Per instruction, the hits of each searched clause as text (``search_hints``' groups); cached, and
     searched in embedding batches of ``HINTS_BATCH`` instructions."""
     from tqdm.auto import tqdm
 
-    pending = [text for text in dict.fromkeys(instructions) if (text, k, scores) not in _HITS]
+    encoder = None
+    if retriever is not None:
+        from .retriever import retriever_encoder
+
+        encoder = retriever_encoder(str(retriever))
+    pending = [text for text in dict.fromkeys(instructions) if (text, k, scores, retriever) not in _HITS]
     with tqdm(total=len(pending), desc="tool searches", unit="instruction", disable=len(pending) < HINTS_BATCH,
               leave=False) as bar:
         for start in range(0, len(pending), HINTS_BATCH):
             batch = pending[start:start + HINTS_BATCH]
             searched = {text: _search_clauses(text)[1] for text in batch}
-            hits = iter(search_tools_many([q for text in batch for q in searched[text]], k))
+            hits = iter(search_tools_many([q for text in batch for q in searched[text]], k, encoder=encoder))
             for text in batch:
-                _HITS[text, k, scores] = tuple(" ".join(_hit_text(hit, scores) for hit in next(hits))
+                _HITS[text, k, scores, retriever] = tuple(" ".join(_hit_text(hit, scores) for hit in next(hits))
                                                for _ in searched[text])
             bar.update(len(batch))
-    return [_HITS[text, k, scores] for text in instructions]
+    return [_HITS[text, k, scores, retriever] for text in instructions]
 
 
 def _search_clauses(instruction: str) -> tuple[str | None, list[str]]:

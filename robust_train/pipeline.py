@@ -6,6 +6,8 @@
   cluster paired with the cluster's reference (instruction-augmented SFT, RobustFlow eq. 8), or only the
   originals (how the demo trains its base generator before augmentation); a LoRA adapter (paper
   defaults) is merged into the model afterwards so that sampling and the next stage load one directory;
+- ``run_retriever``: the tool search's model tuned on the train clusters' clauses
+  (``robust_train.retriever``), for a generator that reads search hits of a wording it never saw;
 - ``evaluate_generator``: greedy answers to every variant and the robustness table
   (``robust_train.evaluation``);
 - ``run_demo``: all of it on the built-in library, small enough for a 2-core machine
@@ -21,7 +23,8 @@ difference (``ConfigChanged``), so a rerun never returns a model trained on some
 from __future__ import annotations
 
 __all__ = [
-    "MODEL", "STAGE_FILE", "stage_directory", "reuse_stage", "record_stage", "sft_rows", "run_sft", "rows_too_long",
+    "MODEL", "STAGE_FILE", "stage_directory", "reuse_stage", "record_stage", "sft_rows", "run_sft", "run_retriever",
+    "rows_too_long",
     "generator_corpus", "build_generator", "evaluate_generator", "DemoSettings", "check_demo_sizes", "demo_clusters",
     "run_demo", "demo_summary",
 ]
@@ -49,6 +52,7 @@ from .evaluation import (
     robustness_table,
 )
 from .generator import ANSWER_FORMS, GeneratorFormat
+from .retriever import RetrieverSettings
 from .scpo import ScPOSettings, run_scpo
 from .training import PreferenceSettings, SFTSettings, json_digest, model_digest
 
@@ -65,6 +69,7 @@ SFT = SFTSettings(epochs=5.0, learning_rate=1e-3, batch_size=16, gradient_accumu
 SCPO = ScPOSettings(iterations=2, max_new_tokens=MAX_NEW_TOKENS, clusters_per_batch=32, batch_size=128,
                     preference=PreferenceSettings(batch_size=8, gradient_accumulation_steps=1, max_length=256,
                                                   lora=None))
+RETRIEVER = RetrieverSettings()  # one epoch: the held-out clauses' first hits stop improving after it
 
 MODEL = "model"  # the directory name of a stage's resulting model
 STAGE_FILE = "stage.json"  # a stage's recorded inputs
@@ -123,6 +128,21 @@ def run_sft(model_dir: str | Path, records: Sequence[ClusterRecord], output_dir:
     result = train_sft(model_dir, sft_rows(records, fmt, originals_only), output_dir / "train", settings,
                        progress=progress)
     return trained_model(model_dir, result, settings.lora, output_dir / MODEL)
+
+
+def run_retriever(records: Sequence[ClusterRecord], output_dir: str | Path,
+                  settings: RetrieverSettings | None = None, *, progress: bool = True) -> Path:
+    """Tune the search's model on the clauses of ``records`` (every variant); returns ``output_dir/model``.
+    Returns at once when it is done with the same inputs and refuses others (``ConfigChanged``); an
+    interrupted run starts over (it takes minutes)."""
+    from .retriever import clause_tools, train_retriever
+
+    settings, output_dir = settings or RetrieverSettings(), Path(output_dir)
+    inputs = {"stage": "retriever", "clusters_sha256": clusters_digest(records), "settings": asdict(settings)}
+    if reuse_stage(output_dir, (output_dir / MODEL).is_dir(), inputs):
+        return output_dir / MODEL
+    record_stage(output_dir, inputs)
+    return train_retriever(clause_tools(records), output_dir / MODEL, settings, progress=progress)
 
 
 def generator_corpus(records: Sequence[ClusterRecord], fmt: GeneratorFormat) -> list[str]:
@@ -213,6 +233,8 @@ class DemoSettings(Settings):
                                           "hits (GeneratorFormat.search_hits_by_clause)")
     clause_dropout: float = setting(0.0, bounds=(0.0, 0.99), metavar="P", help="the fraction of clauses shown "
                                     "without their words in training prompts (GeneratorFormat.clause_dropout)")
+    tune_retriever: bool = setting(False, help="tune the tool search's model on the train clusters' clauses and show "
+                                   "the generator its hits (GeneratorFormat.search_retriever; needs search_hits)")
     seed: int = setting(0, bounds=(0, None), metavar="N", help="seed of every stage")
     answer: str = setting("names", choices=ANSWER_FORMS, help="the generator's answer form")
     hidden_size: int = setting(HIDDEN, bounds=AT_LEAST_ONE)
@@ -237,6 +259,8 @@ class DemoSettings(Settings):
             del settings["search_scores"]
         if not self.search_hits_by_clause:
             del settings["search_hits_by_clause"], settings["clause_dropout"]
+        if not self.tune_retriever:
+            del settings["tune_retriever"]
         return settings
 
 
@@ -289,10 +313,15 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
     test clusters after each stage, beside the four baselines ("names", "lookup", "bow", trained on the
     SFT stage's instructions: the train clusters and the rehearsal, and "search";
     ``robust_train.evaluation``) and the 95% intervals over clusters of the mean execution score under
-    noise (``demo_summary``). Every stage resumes from ``output_dir``; ``report.json`` records the
-    search baseline's method (semantic or lexical)."""
+    noise (``demo_summary``). With ``tune_retriever``, a retriever tuned on the train clusters first
+    (``run_retriever``) searches the hits the generator reads, and a fifth baseline, "search_tuned",
+    searches with it. Every stage resumes from ``output_dir``; ``report.json`` records the search
+    baseline's method (semantic or lexical)."""
     from .instructions import PERTURBATION_TYPES
 
+    if settings.tune_retriever and not settings.search_hits:
+        raise ConfigError("DemoSettings.tune_retriever", "DemoSettings.tune_retriever needs search_hits >= 1 "
+                          "(the hits the tuned retriever searches)")
     fmt = GeneratorFormat(answer=settings.answer, search_hits=settings.search_hits,
                           search_hits_only=settings.search_hits_only, search_scores=settings.search_scores,
                           search_hits_by_clause=settings.search_hits_by_clause, clause_dropout=settings.clause_dropout)
@@ -310,6 +339,12 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
 
     stage(f"cluster datasets ({settings.wording} wording)")
     train, test, pretrain, rehearsal, fresh = demo_clusters(output_dir, settings)
+    retriever = None
+    if settings.tune_retriever:
+        stage(f"retriever: the search's model tuned on the clauses of the {len(train)} train clusters")
+        retriever = str(run_retriever(train, output_dir / "retriever", replace(RETRIEVER, seed=settings.seed),
+                                      progress=progress))
+        fmt = replace(fmt, search_retriever=retriever)
     if settings.search_hits:
         stage(f"search hits ({settings.search_hits} a clause) of every instruction")
         fmt.prepare(v.text for records in (train, test, pretrain, rehearsal, fresh) for r in records for v in r.variants)
@@ -339,7 +374,7 @@ def run_demo(output_dir: str | Path, settings: DemoSettings = DemoSettings(), *,
         tables[name] = evaluate_generator(model, test, output_dir / "eval" / name, fmt,
                                           max_new_tokens=settings.max_new_tokens, progress=progress)
     stage("baselines")
-    tables = {**baseline_tables(train + rehearsal, test, seed=settings.seed), **tables}
+    tables = {**baseline_tables(train + rehearsal, test, seed=settings.seed, retriever=retriever), **tables}
     stage("done")
     kinds = ("original", *PERTURBATION_TYPES)
     summary = demo_summary(tables, list(models)[-1])

@@ -174,3 +174,20 @@ def optimal_text_outcome(task_id: str, seed: int, **env_options: Any) -> dict[st
     while info["level"] is None:
         _, _, _, _, info = env.step(agent.respond([(env.messages, env)])[0])
     return info
+
+
+def toy_demo_settings(**changes):
+    """The demo at toy sizes: every stage runs in seconds (two steps each, one ScPO iteration)."""
+    from resilibench.robust_train.pipeline import DemoSettings
+    from resilibench.robust_train.scpo import ScPOSettings
+    from resilibench.robust_train.training import LoraSettings, PreferenceSettings, SFTSettings
+
+    steps = {"max_steps": 2, "batch_size": 4, "gradient_accumulation_steps": 1, "warmup_ratio": 0}
+    return DemoSettings(
+        train_clusters=3, test_clusters=2, pretrain_tasks=5, scpo_clusters=3, hidden_size=32, num_layers=1,
+        pretrain=SFTSettings(lora=None, learning_rate=1e-3, prompt_loss=True, **steps),
+        sft=SFTSettings(lora=LoraSettings(r=4, alpha=8), **steps),
+        scpo=ScPOSettings(iterations=1, candidates=2, max_new_tokens=16,
+                          preference=PreferenceSettings(max_steps=1, batch_size=2, gradient_accumulation_steps=1,
+                                                        warmup_ratio=0)),
+        max_new_tokens=16, **changes)

@@ -44,7 +44,7 @@ LORA_OPTIONS = ("r", "alpha")
 PREFERENCE_OPTIONS = ("beta", "nll_alpha")
 SCPO_OPTIONS = ("iterations", "candidates", "temperature", "vote", "vote_weight", "max_new_tokens")
 DEMO_OPTIONS = ("train_clusters", "test_clusters", "pretrain_tasks", "scpo_clusters", "wording", "search_hits",
-                "search_hits_only", "search_scores", "search_hits_by_clause", "clause_dropout", "seed")
+                "search_hits_only", "search_scores", "search_hits_by_clause", "clause_dropout", "tune_retriever", "seed")
 
 
 # --- clusters -----------------------------------------------------------------------------------------
@@ -179,7 +179,16 @@ def _format(args: argparse.Namespace):
 
     return GeneratorFormat(tool_list=args.tool_list, answer=args.answer, search_hits=args.search_hits,
                            search_hits_only=args.search_hits_only, search_scores=args.search_scores,
-                           search_hits_by_clause=args.search_hits_by_clause, clause_dropout=args.clause_dropout)
+                           search_hits_by_clause=args.search_hits_by_clause, clause_dropout=args.clause_dropout,
+                           search_retriever=_retriever(args.search_retriever))
+
+
+def _retriever(path: str | None) -> str | None:
+    """--search-retriever's directory, checked: a tuned retriever's model directory."""
+    if path is not None and not Path(path, "config.json").is_file():
+        raise CliError(f"--search-retriever {path}: not a tuned retriever's directory (no config.json); "
+                       "`resilibench robust demo --tune-retriever` writes one in OUTPUT_DIR/retriever/model")
+    return path
 
 
 def _lora(args: argparse.Namespace, default: Any) -> Any:
@@ -241,6 +250,9 @@ def _format_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clause-dropout", type=float, default=0.0, metavar="P",
                         help="the fraction of clauses shown without their words in training prompts "
                              "(with --search-hits-by-clause; default 0)")
+    parser.add_argument("--search-retriever", metavar="DIR",
+                        help="search the hits with this tuned retriever (robust_train.retriever) in place of the "
+                             "shipped model (with --search-hits)")
 
 
 def cmd_sft(args: argparse.Namespace) -> int:

@@ -108,6 +108,7 @@ def test_train_ppo_options_are_the_config_fields():
     (["robust", "demo", "--clause-dropout", "1"], "--clause-dropout: clause_dropout must be a finite number in"),
     (["robust", "demo", "--search-hits", "2", "--search-hits-only", "--search-hits-by-clause"],
      "search_hits_by_clause needs search_hits >= 1 and not search_hits_only"),
+    (["robust", "demo", "--tune-retriever"], "DemoSettings.tune_retriever needs search_hits >= 1"),
 ])
 def test_generated_options_of_the_commands_refuse_bad_values(argv, message, capsys):
     assert main(argv) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from helpers import PIPELINE, make_task, scripted_episode
@@ -70,6 +71,20 @@ def test_search_many_answers_each_query_as_one_search_does(method):
         search_tools_many(["parse", " "], method=method)
     with pytest.raises(ValueError, match="k must be"):
         search_tools_many(["parse"], k=0, method=method)
+
+
+def test_search_many_searches_with_the_encoder_it_is_given():
+    """An encoder replaces the shipped model: the shipped model's own ``embed`` as the encoder answers as
+    semantic search does; one that sees every text alike ranks every tool level, ties by name."""
+    pytest.importorskip("sentence_transformers")
+    from resilibench.core.matching import embed
+
+    queries = ["parse json", "keep only the rows that match the condition"]
+    assert [[h.name for h in hits] for hits in search_tools_many(queries, 3, encoder=embed)] == \
+        [[h.name for h in hits] for hits in search_tools_many(queries, 3, method="semantic")]
+    level = search_tools_many(queries, 3, encoder=lambda texts: np.ones((len(texts), 4)) / 2)
+    assert [h.name for h in level[0]] == sorted(default_registry().names)[:3] and level[0] == level[1]
+    assert {h.score for h in level[0]} == {1.0}
 
 
 # --- describe -----------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import json
 import pytest
 from tiny_lm import torch_one_thread  # noqa: F401 (fixture)
 
+from helpers import toy_demo_settings
 from resilibench.core.workflow import Workflow
 from resilibench.errors import ConfigChanged
 from resilibench.robust_train.generator import GeneratorFormat, canonical_form, parse_workflow, workflow_text
@@ -83,15 +84,6 @@ def test_pair_rows_use_the_prompts_that_produced_the_worse_answer(cluster_record
                and r["weight"] == gap for r in rows)
     json.dumps(rows)  # rows are plain JSON
     assert workflow_text(record.reference).startswith('{"nodes": [')
-
-
-@pytest.fixture(scope="module")
-def cluster_records():
-    from resilibench.core.world import load_tasks
-    from resilibench.robust_train.clusters import build_clusters
-
-    tasks = [t for t in load_tasks(split="train") if t.task_type == "basic_file_processing"][:4]
-    return list(build_clusters(tasks, types=("paraphrase", "noise_heavy"), seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -197,23 +189,17 @@ def test_cli_sft_scpo_evaluate(cluster_records, sft_generator, tmp_path, capsys)
     assert main(["robust", "evaluate", str(sft_generator), "--clusters", str(clusters), "--baselines",
                  str(tmp_path / "none"), "--output-dir", str(tmp_path / "x")]) == 2
     assert "--baselines" in capsys.readouterr().err and not (tmp_path / "x").exists()  # refused before any work
+    assert main(["robust", "evaluate", str(sft_generator), "--clusters", str(clusters), "--search-hits", "2",
+                 "--search-retriever", str(tmp_path / "none"), "--output-dir", str(tmp_path / "x")]) == 2
+    assert "--search-retriever" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
 def test_demo_runs_every_stage_small_and_resumes(tmp_path, torch_one_thread):  # noqa: F811
     """The demo's orchestration at toy sizes: datasets, scratch model, base, SFT, one ScPO iteration, a
     table per stage; a rerun finds everything done."""
-    from resilibench.robust_train.pipeline import DemoSettings, run_demo
-    from resilibench.robust_train.training import LoraSettings, PreferenceSettings, SFTSettings
+    from resilibench.robust_train.pipeline import run_demo
 
-    steps = {"max_steps": 2, "batch_size": 4, "gradient_accumulation_steps": 1, "warmup_ratio": 0}
-    settings = DemoSettings(
-        train_clusters=3, test_clusters=2, pretrain_tasks=5, scpo_clusters=3, hidden_size=32, num_layers=1,
-        pretrain=SFTSettings(lora=None, learning_rate=1e-3, prompt_loss=True, **steps),
-        sft=SFTSettings(lora=LoraSettings(r=4, alpha=8), **steps),
-        scpo=ScPOSettings(iterations=1, candidates=2, max_new_tokens=16,
-                          preference=PreferenceSettings(max_steps=1, batch_size=2, gradient_accumulation_steps=1,
-                                                        warmup_ratio=0)),
-        max_new_tokens=16).with_max_length(192)
+    settings = toy_demo_settings().with_max_length(192)
     logs: list[str] = []
     tables = run_demo(tmp_path, settings, progress=False, log=logs.append)
     assert any(line.startswith("warning: ") and "longer than max_length (192 tokens)" in line for line in logs)
