@@ -68,7 +68,9 @@ class LoraSettings(Settings):
     section = "LoraSettings"
     r: int = setting(16, bounds=AT_LEAST_ONE, flag="--lora-r", metavar="R", help="LoRA rank")
     alpha: int = setting(32, bounds=AT_LEAST_ONE, flag="--lora-alpha", metavar="A", help="LoRA alpha")
-    dropout: float = setting(0.05, bounds=(0, 1), help="below 1")
+    dropout: float = setting(0.05, bounds=(0, 1), flag="--lora-dropout", metavar="P",
+                             help="dropout on the adapter's input, below 1; 0 saves about a fifth of a "
+                                  "training step on a CPU")
     target_modules: str | tuple[str, ...] = setting("all-linear", help="'all-linear' or module names")
 
     def __post_init__(self) -> None:

@@ -40,7 +40,7 @@ from resilibench.rundir import check_directory
 # Settings fields with command-line options (built from the fields: resilibench.cli.options).
 TRAINER_OPTIONS = ("epochs", "learning_rate", "batch_size", "gradient_accumulation_steps", "max_steps", "max_length",
                    "seed")
-LORA_OPTIONS = ("r", "alpha")
+LORA_OPTIONS = ("r", "alpha", "dropout")
 PREFERENCE_OPTIONS = ("beta", "nll_alpha")
 SCPO_OPTIONS = ("iterations", "candidates", "temperature", "vote", "vote_weight", "max_new_tokens")
 DEMO_OPTIONS = ("train_clusters", "test_clusters", "pretrain_tasks", "scpo_clusters", "wording", "search_hits",

@@ -115,7 +115,8 @@ def cmd_train_ppo(args: argparse.Namespace) -> int:
 
 # --- train grpo ----------------------------------------------------------------------------------------
 
-# GRPOSettings fields with `train grpo` options (built from the fields); --lora-r sets the adapter.
+# GRPOSettings fields with `train grpo` options (built from the fields); --lora-r and --lora-dropout set the
+# adapter.
 GRPO_OPTIONS = ("model", "world", "split", "eval_split", "task_types", "train_tasks", "eval_tasks", "seeds",
                 "eval_seeds", "max_steps", "time_budget_min", "num_generations", "batch_size",
                 "gradient_accumulation_steps", "eval_batch_size", "activation_checkpointing", "learning_rate", "beta",
@@ -130,8 +131,14 @@ def _grpo_settings(args: argparse.Namespace):
     from resilibench.robust_train.training import LoraSettings
 
     values = option_values(args, GRPOSettings, GRPO_OPTIONS)
-    if args.lora_r is not None:
-        values["lora"] = None if args.lora_r == 0 else LoraSettings(r=args.lora_r, alpha=2 * args.lora_r)
+    dropout = option_values(args, LoraSettings, ("dropout",))
+    if args.lora_r == 0:
+        if dropout:
+            raise CliError("--lora-dropout: --lora-r 0 trains every weight, without an adapter")
+        values["lora"] = None
+    elif args.lora_r is not None or dropout:
+        r = args.lora_r or LoraSettings().r
+        values["lora"] = LoraSettings(r=r, alpha=2 * r, **dropout)
     return GRPOSettings(**values)
 
 
@@ -180,10 +187,12 @@ def _ppo_arguments(parser: argparse.ArgumentParser) -> None:
 def _grpo_arguments(parser: argparse.ArgumentParser) -> None:
     """One option per GRPOSettings field, its help from the field."""
     from resilibench.robust_train.grpo import GRPOSettings
+    from resilibench.robust_train.training import LoraSettings
 
     add_options(parser, GRPOSettings, GRPO_OPTIONS)
     parser.add_argument("--lora-r", type=nonnegative_int, metavar="R",
                         help="LoRA rank, alpha 2R (default 16, alpha 32); 0 trains every weight")
+    add_options(parser, LoraSettings, ("dropout",))
     add_output_dir_option(parser, "runs/grpo")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in DIR from its last checkpoint (refused if the settings changed)")

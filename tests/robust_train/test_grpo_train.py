@@ -12,11 +12,13 @@ from tiny_lm import build_tiny_lm, torch_one_thread  # noqa: F401  (fixture)
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-from resilibench.cli import main
+from resilibench.cli import build_parser, main
+from resilibench.cli.train import _grpo_settings
 from resilibench.core.text.toolbox import SearchSettings
 from resilibench.core.world import load_tasks
 from resilibench.envs.text.env import ResiliBenchTextEnv
 from resilibench.robust_train.grpo import SCRATCH_SIZE, GRPOSettings, locate_model, scratch_size
+from resilibench.robust_train.training import LoraSettings
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -158,6 +160,28 @@ def test_bad_settings_are_one_line_errors(plain_model, tmp_path, capsys, flags, 
 ])
 def test_bad_models_from_scratch_are_one_line_errors(tmp_path, capsys, flags, message):
     assert main(["train", "grpo", "--output-dir", str(tmp_path / "bad"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("flags, lora", [
+    ([], LoraSettings()),
+    (["--lora-dropout", "0"], LoraSettings(dropout=0.0)),
+    (["--lora-r", "8", "--lora-dropout", "0.1"], LoraSettings(r=8, alpha=16, dropout=0.1)),
+    (["--lora-r", "0"], None),
+])
+def test_the_adapter_options_of_train_grpo(flags, lora):
+    args = build_parser().parse_args(["train", "grpo", "--model", "m", *flags])
+    assert _grpo_settings(args).lora == lora
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lora-r", "0", "--lora-dropout", "0"], "--lora-dropout: --lora-r 0 trains every weight, without an adapter"),
+    (["--lora-dropout", "1"], "LoraSettings.dropout must be in [0, 1), got 1.0"),
+])
+def test_bad_adapter_options_are_one_line_errors(tmp_path, capsys, flags, message):
+    assert main(["train", "grpo", "--model", "m", "--output-dir", str(tmp_path / "bad"), *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "bad").exists()
